@@ -1,0 +1,155 @@
+"""``df.cosim``: the accessor on dask, pandas and cudf DataFrames.
+
+On a dask DataFrame it validates against ``_meta`` (never by computing), derives the result
+meta from the input meta (cudf in, cudf out) and makes exactly one ``map_partitions``
+call.  On an eager frame it runs the same partition function directly.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable
+from typing import Any
+
+import dask
+import dask.config
+import pandas as pd
+import torch
+from dask.dataframe.extensions import register_dataframe_accessor as register_dask_accessor
+
+from dask_cosim import backends, partition
+
+__all__ = ["CosimAccessor", "register_cudf_accessor"]
+
+_DEVICE_HELP = "use 'auto', 'cpu', 'cuda' or 'cuda:N'"
+
+
+class CosimAccessor:
+    """Cosine similarity between embedding columns: ``df.cosim.pairwise("a", "b")``."""
+
+    def __init__(self, obj: Any) -> None:
+        # Only a reference: dask-expr swaps a collection's expression in place, so nothing
+        # derived from it may be cached here.
+        self._obj = obj
+
+    def pairwise(
+        self,
+        a: str,
+        b: str,
+        *,
+        eps: float | None = None,
+        dtype: Any = None,
+        device: str | None = None,
+        name: Hashable | None = None,
+    ) -> Any:
+        """res[i] = cos(df[a][i], df[b][i]), one value per row.
+
+        Parameters
+        ----------
+        a, b : str
+            Embedding columns: Arrow ``fixed_size_list``/``list`` of floats, object columns
+            holding one numpy array or torch tensor per row (any shape with D elements),
+            or cudf list columns.  ``a == b`` is allowed.
+        eps : float, default config ``cosim.eps`` (1e-8)
+            cos = (a / max(|a|, eps)) . (b / max(|b|, eps)); a zero vector gives 0.0.
+        dtype : {None, "float32", "float64"}, default config ``cosim.dtype`` (None)
+            None: float64 when both columns are float64 (known from the metadata), else
+            float32.  Accumulation is float32 at least (fp16/bf16 are upcast).
+        device : {"auto", "cpu", "cuda", "cuda:N"}, default config ``cosim.device``
+            "auto" computes on the worker's GPU when it has one, else on the CPU.
+        name : hashable, default "cos"
+            Name of the result Series.
+
+        Returns
+        -------
+        Series
+            Lazy dask Series (dask input; same index and divisions, pandas- or
+            cudf-backed like the input) or eager pandas/cudf Series.  Null rows give
+            NaN (pandas) or null (cudf); NaN/inf in a row gives NaN.
+
+        Raises
+        ------
+        KeyError
+            A column is not in the frame.
+        TypeError
+            A column does not hold vectors (strings, scalars, ...).
+        ValueError
+            The fixed vector sizes of ``a`` and ``b`` differ, or a bad option.  At compute
+            time: ragged rows or rows of different lengths in ``a`` and ``b``.
+        """
+        obj = self._obj
+        lazy = dask.is_dask_collection(obj)
+        meta = obj._meta if lazy else obj
+        eps = _check_eps(dask.config.get("cosim.eps") if eps is None else eps)
+        device = _check_device(dask.config.get("cosim.device") if device is None else device)
+        dtype = partition.as_torch_dtype(dask.config.get("cosim.dtype") if dtype is None else dtype)
+        name = "cos" if name is None else name
+
+        for column in (a, b):
+            if column not in meta.columns:
+                raise KeyError(
+                    f"column {column!r} not found; available: {list(meta.columns)}"
+                )
+        spec_a = backends.vector_spec(meta[a], a)
+        spec_b = backends.vector_spec(meta[b], b)
+        if spec_a.dim is not None and spec_b.dim is not None and spec_a.dim != spec_b.dim:
+            raise ValueError(
+                f"column {a!r} holds vectors of {spec_a.dim} values and column {b!r} of "
+                f"{spec_b.dim}; cosine similarity needs vectors of the same length"
+            )
+        options = dict(
+            eps=eps,
+            device=device,
+            name=name,
+            chunk_bytes=dict(dask.config.get("cosim.chunk-bytes")),
+        )
+        if not lazy:
+            return partition.pairwise_partition(obj, a, b, dtype=dtype, **options)
+
+        if dtype is None:
+            # Decided here, from the metadata, so that every partition agrees with the
+            # meta (object columns reveal their dtype only at compute time: float32).
+            both64 = all(str(s.dtype) == "float64" for s in (spec_a, spec_b))
+            dtype = torch.float64 if both64 else torch.float32
+        meta_out = backends.make_result(meta[a], torch.empty(0, dtype=dtype), None, name)
+        columns = [a] if a == b else [a, b]
+        return obj[columns].map_partitions(
+            partition.pairwise_partition,
+            a,
+            b,
+            dtype=dtype,
+            meta=meta_out,
+            token="cosim-pairwise",
+            **options,
+        )
+
+
+def _check_eps(eps: Any) -> float:
+    try:
+        value = float(eps)
+    except (TypeError, ValueError):
+        value = math.nan
+    if not (math.isfinite(value) and value >= 0):
+        raise ValueError(f"eps={eps!r} must be a finite number >= 0 (default 1e-8)")
+    return value
+
+
+def _check_device(device: Any) -> str:
+    """Validate the spelling only: probing CUDA here would touch the GPU in the client."""
+    text = str(device)
+    if text in ("auto", "cpu", "cuda") or (
+        text.startswith("cuda:") and text[5:].isdigit()
+    ):
+        return text
+    raise ValueError(f"device={device!r} is not a device; {_DEVICE_HELP}")
+
+
+def register_cudf_accessor(cudf_module: Any = None) -> None:
+    """Register ``.cosim`` on cudf.DataFrame (run when cudf is imported)."""
+    if cudf_module is None:
+        import cudf as cudf_module
+    cudf_module.api.extensions.register_dataframe_accessor("cosim")(CosimAccessor)
+
+
+register_dask_accessor("cosim")(CosimAccessor)
+pd.api.extensions.register_dataframe_accessor("cosim")(CosimAccessor)

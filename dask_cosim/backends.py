@@ -1,0 +1,412 @@
+"""Columns <-> tensors, per dataframe library: the only module that knows pandas from cudf.
+
+Three dispatchers, keyed on the Series type:
+
+- ``vector_spec(meta_series, column)``: what a (possibly empty) column holds, from its dtype
+  alone, or a ``TypeError`` saying what is wrong and how to fix it;
+- ``to_vectors(series, column)``: the column's rows as (N, D) tensors, zero-copy where the
+  layout allows;
+- ``make_result(like, values, null, name)``: a Series of the library of ``like``.
+
+pandas is registered here; cudf lazily (``register_lazy("cudf")``) so cudf is imported only
+when the user already has cudf objects.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import torch
+from dask.utils import Dispatch
+
+__all__ = [
+    "VectorSpec",
+    "Vectors",
+    "vector_spec",
+    "to_vectors",
+    "make_result",
+    "stack_object_column",
+    "ACCEPTED",
+]
+
+ACCEPTED = (
+    "Arrow fixed_size_list or list of floats (pd.ArrowDtype(pa.list_(pa.float32(), D))), "
+    "an object column holding one numpy array or torch tensor per row, "
+    "or a cudf list column"
+)
+
+
+@dataclass(frozen=True)
+class VectorSpec:
+    """What the metadata says about an embedding column.
+
+    ``dim`` is None when only the data can tell (variable lists, object columns);
+    ``dtype`` (numpy) is None for object columns.
+    """
+
+    dim: int | None
+    dtype: np.dtype | None
+
+
+@dataclass
+class Vectors:
+    """A column's rows as tensors.
+
+    ``blocks`` are (rows, dim) tensors covering the rows in order (one per Arrow chunk, so
+    no chunk is concatenated); ``null`` marks null rows (numpy bool on the host, or a
+    device tensor for cudf) or is None when there are none.
+    """
+
+    blocks: list[torch.Tensor]
+    null: Any
+    dim: int
+    length: int
+
+
+vector_spec = Dispatch("vector_spec")
+to_vectors = Dispatch("to_vectors")
+make_result = Dispatch("make_result")
+
+
+# --------------------------------------------------------------------------- errors
+
+
+def string_column_error(column: str, dtype: Any) -> TypeError:
+    return TypeError(
+        f"column {column!r} holds strings ({dtype}), not vectors. dask's "
+        "'dataframe.convert-string' turns object columns of arrays or tensors into text "
+        "(e.g. '[0.1 0.2 ...]', truncated) when a pandas frame goes through dd.from_pandas. "
+        "Build the dask frame with dask_cosim.from_pandas(pdf) instead, or set "
+        "dask.config.set({'dataframe.convert-string': False}) before dd.from_pandas."
+    )
+
+
+def not_vectors_error(column: str, dtype: Any) -> TypeError:
+    return TypeError(
+        f"column {column!r} has dtype {dtype}, which is not a column of vectors; "
+        f"expected {ACCEPTED}"
+    )
+
+
+def ragged_error(column: str, label: Any, length: int, first_label: Any, dim: int) -> ValueError:
+    return ValueError(
+        f"column {column!r}: row {label!r} has {length} values but row {first_label!r} "
+        f"has {dim}; every row of an embedding column needs the same length"
+    )
+
+
+def row_label(index: Any, position: int) -> Any:
+    """The index label at ``position``, as a plain Python value (for error messages)."""
+    if hasattr(index, "to_pandas"):  # cudf: only on the error path, so a copy is fine
+        index = index.to_pandas()
+    label = index[position]
+    return label.item() if hasattr(label, "item") else label
+
+
+# --------------------------------------------------------------------------- numpy -> torch
+
+
+def _as_tensor(array: np.ndarray) -> torch.Tensor:
+    """Zero-copy numpy -> torch view of ``array``.
+
+    DLPack rather than ``torch.from_numpy``: Arrow buffers are read-only, and from_numpy
+    warns on those, while DLPack shares them silently (nothing here writes to an input).
+    """
+    return torch.from_dlpack(array)
+
+
+# --------------------------------------------------------------------------- pandas meta
+
+
+def _arrow_value_spec(column: str, dtype: pd.ArrowDtype) -> VectorSpec:
+    t = dtype.pyarrow_dtype
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        raise string_column_error(column, dtype)
+    if pa.types.is_fixed_size_list(t):
+        dim: int | None = t.list_size
+    elif pa.types.is_list(t) or pa.types.is_large_list(t):
+        dim = None
+    else:
+        raise not_vectors_error(column, dtype)
+    value = t.value_type
+    if pa.types.is_floating(value) or pa.types.is_integer(value):
+        return VectorSpec(dim, np.dtype(value.to_pandas_dtype()))
+    if pa.types.is_list(value) or pa.types.is_fixed_size_list(value) or pa.types.is_large_list(value):
+        raise TypeError(
+            f"column {column!r} holds nested lists ({dtype}); flatten each row to one "
+            "list of D numbers (pyarrow.compute.list_flatten, or reshape(-1) before writing)"
+        )
+    raise not_vectors_error(column, dtype)
+
+
+@vector_spec.register(pd.Series)
+def _pandas_vector_spec(meta: pd.Series, column: str) -> VectorSpec:
+    dtype = meta.dtype
+    if isinstance(dtype, pd.ArrowDtype):
+        return _arrow_value_spec(column, dtype)
+    if dtype == object:
+        return VectorSpec(None, None)
+    if pd.api.types.is_string_dtype(dtype):
+        raise string_column_error(column, dtype)
+    raise not_vectors_error(column, dtype)
+
+
+# --------------------------------------------------------------------------- pandas data
+
+
+def _list_chunk_values(chunk: pa.Array, column: str, index: Any, row0: int) -> tuple[np.ndarray, np.ndarray | None]:
+    """One Arrow list chunk -> ((rows, D) numpy view or copy, null mask or None)."""
+    n = len(chunk)
+    null = chunk.is_null().to_numpy(zero_copy_only=False) if chunk.null_count else None
+    if pa.types.is_fixed_size_list(chunk.type):
+        dim = chunk.type.list_size
+        # .values ignores the chunk's slice offset; .flatten() would drop null rows.
+        values = chunk.values.slice(chunk.offset * dim, n * dim)
+        return _float_values(values).reshape(n, dim), null
+
+    offsets = chunk.offsets.to_numpy()
+    lengths = np.diff(offsets)
+    valid_lengths = lengths if null is None else lengths[~null]
+    if len(valid_lengths) == 0:
+        return np.zeros((n, 0), dtype=np.float32), null
+    dim = int(valid_lengths[0])
+    bad = np.flatnonzero(lengths != dim)
+    if null is not None:
+        bad = bad[~null[bad]]
+    if len(bad):
+        first_valid = 0 if null is None else int(np.flatnonzero(~null)[0])
+        raise ragged_error(
+            column,
+            row_label(index, row0 + int(bad[0])),
+            int(lengths[bad[0]]),
+            row_label(index, row0 + first_valid),
+            dim,
+        )
+    values = chunk.values  # the whole child array: offsets index into it
+    if (offsets[-1] - offsets[0]) == n * dim:
+        # Every row, null ones included, is D long: the values are evenly strided.
+        start = int(offsets[0])
+        return _float_values(values.slice(start, n * dim)).reshape(n, dim), null
+    # Null rows of length 0 break the stride: gather the valid rows (one vectorised copy).
+    flat = _float_values(values)
+    out = np.zeros((n, dim), dtype=flat.dtype)
+    valid = np.flatnonzero(~null)
+    out[valid] = flat[offsets[valid][:, None] + np.arange(dim)]
+    return out, null
+
+
+def _float_values(values: pa.Array) -> np.ndarray:
+    """Arrow numeric values -> numpy, zero-copy unless they hold nulls (which become NaN)."""
+    if values.null_count:
+        # A null inside a vector makes the whole row NaN, like NaN itself.
+        return values.cast(pa.float64() if values.type == pa.float64() else pa.float32()).to_numpy(
+            zero_copy_only=False
+        )
+    return values.to_numpy(zero_copy_only=True)
+
+
+def _is_null_cell(x: Any) -> bool:
+    return x is None or x is pd.NA or (isinstance(x, float) and math.isnan(x))
+
+
+def stack_object_column(values: np.ndarray, index: Any, column: str) -> tuple[np.ndarray | torch.Tensor, np.ndarray | None]:
+    """An object column of per-row vectors -> ((N, D) array or tensor, null mask or None).
+
+    Cells may be numpy arrays, torch tensors or sequences of numbers, of any shape with D
+    elements (a (300, 1) tensor is a 300-vector); None/NaN cells are null rows. Ragged rows
+    and non-numeric cells raise, naming the column and the row label. One vectorised stack
+    for the whole column: torch tensors stay torch (no numpy round trip), all else numpy.
+    """
+    n = len(values)
+    null_list = [_is_null_cell(x) for x in values]
+    null = np.array(null_list, dtype=bool) if any(null_list) else None
+    positions = np.arange(n) if null is None else np.flatnonzero(~null)
+    cells = values if null is None else values[positions]
+    if len(cells) == 0:
+        return np.zeros((n, 0), dtype=np.float32), null
+
+    all_torch = all(isinstance(x, torch.Tensor) for x in cells)
+    if all_torch:
+        flat_cells: list[Any] = [t.detach().reshape(-1) for t in cells]
+        sizes = [t.numel() for t in flat_cells]
+    else:
+        flat_cells = []
+        for pos, x in zip(positions, cells):
+            arr = x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
+            if arr.dtype.kind not in "fiu":
+                raise TypeError(
+                    f"column {column!r}: row {row_label(index, int(pos))!r} holds "
+                    f"{type(x).__name__} {_short(x)}, not a vector of numbers; expected one "
+                    "numpy array, torch tensor or list of numbers per row"
+                )
+            flat_cells.append(arr.reshape(-1))
+        sizes = [a.size for a in flat_cells]
+    dim = sizes[0]
+    bad = next((i for i, s in enumerate(sizes) if s != dim), None)
+    if bad is not None:
+        raise ragged_error(
+            column,
+            row_label(index, int(positions[bad])),
+            sizes[bad],
+            row_label(index, int(positions[0])),
+            dim,
+        )
+    if all_torch:
+        dense = torch.stack([t.cpu() for t in flat_cells])
+        if null is None:
+            return dense, None
+        full_t = dense.new_zeros((n, dim))
+        full_t[torch.from_numpy(positions)] = dense
+        return full_t, null
+    stacked = np.stack(flat_cells)
+    if null is None:
+        return stacked, None
+    full = np.zeros((n, dim), dtype=stacked.dtype)
+    full[positions] = stacked
+    return full, null
+
+
+def _short(x: Any) -> str:
+    text = repr(x)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+@to_vectors.register(pd.Series)
+def _pandas_to_vectors(s: pd.Series, column: str) -> Vectors:
+    n = len(s)
+    if isinstance(s.dtype, pd.ArrowDtype):
+        _arrow_value_spec(column, s.dtype)  # same checks as at graph time
+        chunked = pa.array(s.array)
+        chunks = chunked.chunks if isinstance(chunked, pa.ChunkedArray) else [chunked]
+        blocks, nulls, row0, dims = [], [], 0, []
+        for chunk in chunks:
+            if len(chunk) == 0:
+                continue
+            values, null = _list_chunk_values(chunk, column, s.index, row0)
+            blocks.append(values)
+            nulls.append(np.zeros(len(chunk), bool) if null is None else null)
+            if values.shape[1] or null is None or not null.all():
+                dims.append((row0, values.shape[1]))
+            row0 += len(chunk)
+        dim = _check_chunk_dims(dims, column, s.index)
+        blocks = [b if b.shape[1] == dim else np.zeros((len(b), dim), b.dtype) for b in blocks]
+        null_all = np.concatenate(nulls) if nulls else np.zeros(0, bool)
+        return Vectors(
+            [_as_tensor(b) for b in blocks], null_all if null_all.any() else None, dim, n
+        )
+    if s.dtype == object:
+        stacked, null = stack_object_column(s.to_numpy(), s.index, column)
+        tensor = stacked if isinstance(stacked, torch.Tensor) else _as_tensor(stacked)
+        return Vectors([tensor], null, tensor.shape[1], n)
+    vector_spec(s, column)  # raises the right TypeError
+    raise not_vectors_error(column, s.dtype)
+
+
+def _check_chunk_dims(dims: list[tuple[int, int]], column: str, index: Any) -> int:
+    """Chunks of a variable list column must agree on D too."""
+    if not dims:
+        return 0
+    first_row, dim = dims[0]
+    for row, d in dims[1:]:
+        if d != dim:
+            raise ragged_error(column, row_label(index, row), d, row_label(index, first_row), dim)
+    return dim
+
+
+@make_result.register(pd.Series)
+def _pandas_make_result(like: pd.Series, values: torch.Tensor, null: Any, name: Any) -> pd.Series:
+    array = values.detach().cpu().numpy()
+    if null is not None:
+        array[np.asarray(null)] = np.nan
+    return pd.Series(array, index=like.index, name=name, copy=False)
+
+
+# --------------------------------------------------------------------------- cudf (lazy)
+
+
+@vector_spec.register_lazy("cudf")
+@to_vectors.register_lazy("cudf")
+@make_result.register_lazy("cudf")
+def _register_cudf() -> None:
+    import cudf
+
+    @vector_spec.register(cudf.Series)
+    def _cudf_vector_spec(meta: Any, column: str) -> VectorSpec:
+        dtype = meta.dtype
+        if isinstance(dtype, cudf.ListDtype):
+            leaf = dtype.element_type
+            if isinstance(leaf, cudf.ListDtype):
+                raise TypeError(
+                    f"column {column!r} holds nested lists ({dtype}); flatten each row to "
+                    "one list of D numbers (Series.list.leaves per row, or reshape(-1) "
+                    "before writing)"
+                )
+            leaf = np.dtype(leaf)
+            if leaf.kind in "fiu":
+                return VectorSpec(None, leaf)
+            raise not_vectors_error(column, dtype)
+        if dtype == object or pd.api.types.is_string_dtype(dtype):
+            raise string_column_error(column, dtype)
+        raise not_vectors_error(column, dtype)
+
+    @to_vectors.register(cudf.Series)
+    def _cudf_to_vectors(s: Any, column: str) -> Vectors:
+        import cupy
+
+        _cudf_vector_spec(s, column)
+        n = len(s)
+        null_series = s.isna()
+        has_nulls = bool(s.null_count)
+        lengths = s.list.len().fillna(-1).values  # cupy; -1 marks null rows
+        valid = lengths >= 0
+        valid_lengths = lengths[valid]
+        if valid_lengths.size == 0:
+            return Vectors([torch.zeros((n, 0), device="cuda")], None, 0, n)
+        dim = int(valid_lengths[0])
+        bad = cupy.flatnonzero(valid & (lengths != dim))
+        if bad.size:
+            first = int(bad[0])
+            first_valid = int(cupy.flatnonzero(valid)[0])
+            raise ragged_error(column, row_label(s.index, first), int(lengths[first]),
+                               row_label(s.index, first_valid), dim)
+        leaves = s.list.leaves
+        n_valid = int(valid_lengths.size)
+        if len(leaves) not in (n * dim, n_valid * dim):
+            # A sliced column: its child may hold rows outside the slice.  explode()
+            # yields exactly this slice's values, in order (one copy).
+            leaves = s[~null_series].explode()
+        if leaves.null_count:
+            flat = leaves.astype("float64" if leaves.dtype == np.float64 else "float32").to_cupy(
+                na_value=np.nan
+            )
+        else:
+            flat = leaves.values
+        if flat.size == n * dim:
+            dense = flat.reshape(n, dim)
+        else:
+            dense = cupy.zeros((n, dim), dtype=flat.dtype)
+            dense[valid] = flat.reshape(n_valid, dim)
+        tensor = torch.from_dlpack(dense)
+        null = torch.from_dlpack(null_series.values) if has_nulls else None
+        return Vectors([tensor], null, dim, n)
+
+    @make_result.register(cudf.Series)
+    def _cudf_make_result(like: Any, values: torch.Tensor, null: Any, name: Any) -> Any:
+        import cupy
+
+        if values.numel() == 0:
+            # Also builds the meta on the client: touch no GPU there.
+            return cudf.Series([], dtype=str(values.dtype).replace("torch.", ""), index=like.index, name=name)
+        if values.device.type != "cuda":
+            # A cudf frame computed on the CPU (device="cpu"): back to the GPU, once.
+            values = values.cuda()
+        out = cudf.Series(cupy.from_dlpack(values.contiguous()), index=like.index, name=name)
+        if null is not None:
+            # Null rows stay null (not NaN), so cudf reductions skip them as pandas skips NaN.
+            out = out.mask(cudf.Series(cupy.from_dlpack(null), index=like.index))
+        return out

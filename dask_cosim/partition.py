@@ -1,0 +1,168 @@
+"""One partition in, one Series out: the function dask maps.  Knows no dask.
+
+``pairwise_partition(df, a, b, ...)[i] = cos(df[a][i], df[b][i])`` for a pandas or cudf
+DataFrame; the dataframe specifics live in :mod:`dask_cosim.backends`, the math in
+:mod:`dask_cosim.kernels`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import torch
+
+from dask_cosim import backends, kernels
+
+__all__ = ["pairwise_partition", "resolve_device", "as_torch_dtype"]
+
+_DTYPES = {
+    "float32": torch.float32,
+    "float64": torch.float64,
+}
+
+
+def as_torch_dtype(dtype: Any) -> torch.dtype | None:
+    """None, "float32"/"float64", numpy or torch dtype -> torch dtype (or None).
+
+    Raises ``ValueError`` for anything but float32 and float64.
+    """
+    if dtype is None:
+        return None
+    if isinstance(dtype, torch.dtype):
+        key = str(dtype).removeprefix("torch.")
+    else:
+        try:
+            key = np.dtype(dtype).name
+        except TypeError:
+            key = str(dtype)
+    if key not in _DTYPES:
+        raise ValueError(f"dtype={dtype!r} is not supported; use 'float32' or 'float64'")
+    return _DTYPES[key]
+
+
+def resolve_device(device: str | torch.device, data_device: torch.device) -> torch.device:
+    """"auto" -> the data's GPU, else this process's GPU (cuda:0 under dask-cuda), else CPU."""
+    if isinstance(device, torch.device):
+        return device
+    if device == "auto":
+        if data_device.type == "cuda":
+            return data_device
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        resolved = torch.device(device)
+    except RuntimeError as err:
+        raise ValueError(
+            f"device={device!r} is not a device; use 'auto', 'cpu', 'cuda' or 'cuda:N'"
+        ) from err
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError(
+            f"device={device!r} but torch sees no CUDA device in this process; "
+            "use device='auto' or 'cpu', or run on a GPU worker"
+        )
+    return resolved
+
+
+def pairwise_partition(
+    df: Any,
+    a: str,
+    b: str,
+    *,
+    eps: float,
+    dtype: Any = None,
+    device: str | torch.device = "auto",
+    name: Any = "cos",
+    chunk_bytes: Any = None,
+) -> Any:
+    """res[i] = cos(df[a][i], df[b][i]), a Series of df's library with df's index.
+
+    Parameters
+    ----------
+    df : pandas.DataFrame or cudf.DataFrame
+        One partition.
+    a, b : str
+        Embedding columns (see :data:`dask_cosim.backends.ACCEPTED`).
+    eps : float
+        Lower bound on each vector's norm (see :func:`dask_cosim.kernels.pairwise_cosine`).
+    dtype : {None, "float32", "float64"}, default None
+        Result dtype; None means float64 when both inputs are float64, else float32.
+    device : {"auto", "cpu", "cuda", "cuda:N"}, default "auto"
+    name : hashable, default "cos"
+    chunk_bytes : int or str, optional
+        Kernel temporaries budget; default from config ``cosim.chunk-bytes``.
+
+    Null rows give NaN (pandas) or null (cudf).  Raises ``ValueError`` naming the first
+    row whose vectors differ in length (ragged rows, or a and b of different lengths).
+    """
+    va = backends.to_vectors(df[a], a)
+    vb = va if b == a else backends.to_vectors(df[b], b)
+    null = _either(va.null, vb.null)
+    n = va.length
+
+    out_dtype = as_torch_dtype(dtype)
+    in_dtypes = [t.dtype for t in va.blocks + vb.blocks]
+    if out_dtype is None:
+        both64 = in_dtypes and all(dt == torch.float64 for dt in in_dtypes)
+        out_dtype = torch.float64 if both64 else torch.float32
+
+    data_device = va.blocks[0].device if va.blocks else torch.device("cpu")
+    target = resolve_device(device, data_device)
+    result = torch.full((n,), float("nan"), dtype=out_dtype, device=target)
+
+    if n and va.dim != vb.dim:
+        both = _valid_positions(null, n)
+        if len(both):
+            label = backends.row_label(df.index, int(both[0]))
+            raise ValueError(
+                f"row {label!r}: column {a!r} has {va.dim} values and column {b!r} has "
+                f"{vb.dim}; both columns need vectors of the same length"
+            )
+        # Not one row has both vectors: every result is null.
+        return backends.make_result(df[a], result, null, name)
+
+    for start, x, y in _aligned(va.blocks, vb.blocks):
+        res = kernels.pairwise_cosine(
+            x, y, eps=eps, device=target, dtype=out_dtype, chunk_bytes=chunk_bytes
+        )
+        result[start : start + len(res)] = res
+    return backends.make_result(df[a], result, null, name)
+
+
+def _either(x: Any, y: Any) -> Any:
+    """Union of two null masks (numpy or torch, or None for "no nulls")."""
+    if x is None:
+        return y
+    if y is None or y is x:
+        return x
+    if isinstance(x, torch.Tensor):
+        return torch.logical_or(x, y)
+    return np.logical_or(x, y)
+
+
+def _valid_positions(null: Any, n: int) -> np.ndarray:
+    if null is None:
+        return np.arange(n)
+    if isinstance(null, torch.Tensor):
+        null = null.cpu().numpy()
+    return np.flatnonzero(~np.asarray(null))
+
+
+def _aligned(
+    blocks_a: list[torch.Tensor], blocks_b: list[torch.Tensor]
+) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
+    """Walk two block lists covering the same rows; yield (first row, a view, b view).
+
+    The Arrow chunks of two columns need not start at the same rows; views, not copies.
+    """
+    ia = ib = oa = ob = start = 0
+    while ia < len(blocks_a) and ib < len(blocks_b):
+        xa, xb = blocks_a[ia], blocks_b[ib]
+        take = min(len(xa) - oa, len(xb) - ob)
+        if take > 0:
+            yield start, xa[oa : oa + take], xb[ob : ob + take]
+        start, oa, ob = start + take, oa + take, ob + take
+        if oa >= len(xa):
+            ia, oa = ia + 1, 0
+        if ob >= len(xb):
+            ib, ob = ib + 1, 0
