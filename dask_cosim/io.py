@@ -120,10 +120,35 @@ def read_parquet(path: Any, columns: list[str] | None = None, **kwargs: Any) -> 
     """
     if dask.config.get("dataframe.backend", "pandas") == "cudf":
         return dd.read_parquet(path, columns=columns, **kwargs)
-    kwargs.setdefault("dtype_backend", "pyarrow")
+    arrow_to_pandas = dict(kwargs.pop("arrow_to_pandas", None) or {})
+    arrow_to_pandas.setdefault("types_mapper", arrow_vector_types)
+    kwargs["arrow_to_pandas"] = arrow_to_pandas
     if "filesystem" not in kwargs and "storage_options" not in kwargs and _all_local(path):
-        kwargs["filesystem"] = "arrow"
+        try:
+            return dd.read_parquet(path, columns=columns, filesystem="arrow", **kwargs)
+        except NotImplementedError as err:
+            # dask's pyarrow-filesystem reader builds its meta from the pandas metadata
+            # that pandas itself wrote for fixed_size_list columns and cannot parse back
+            # (seen with pandas 3.1); the fsspec reader honours our types_mapper instead.
+            if "type specific parameters" not in str(err):
+                raise
     return dd.read_parquet(path, columns=columns, **kwargs)
+
+
+def arrow_vector_types(arrow_type: pa.DataType) -> pd.ArrowDtype | None:
+    """``types_mapper`` for ``Table.to_pandas``: list columns stay Arrow, all else default.
+
+    Mapping them explicitly also keeps pandas from parsing the dtype string it wrote into
+    the file's metadata, which it cannot do for fixed_size_list ("Passing pyarrow type
+    specific parameters ([300]) in the string is not supported").
+    """
+    if (
+        pa.types.is_fixed_size_list(arrow_type)
+        or pa.types.is_list(arrow_type)
+        or pa.types.is_large_list(arrow_type)
+    ):
+        return pd.ArrowDtype(arrow_type)
+    return None
 
 
 def _all_local(path: Any) -> bool:
