@@ -1,0 +1,174 @@
+"""kernels.pairwise_cosine against the float64 reference and scikit-learn."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from sklearn.metrics.pairwise import paired_cosine_distances
+
+from dask_cosim import kernels
+from tests.conftest import random_pairs, reference
+
+
+@pytest.mark.parametrize("chunk_rows", [None, 1, 7, 64, 10_000])
+def test_matches_reference_and_sklearn(chunk_rows: int | None) -> None:
+    a, b = random_pairs(513, 300)
+    res = kernels.pairwise_cosine(torch.from_numpy(a), torch.from_numpy(b), chunk_rows=chunk_rows)
+    assert res.dtype == torch.float32 and res.shape == (513,)
+    np.testing.assert_allclose(res.numpy(), reference(a, b), atol=1e-6, rtol=0)
+    np.testing.assert_allclose(res.numpy(), 1 - paired_cosine_distances(a, b), atol=1e-6, rtol=0)
+
+
+def test_zero_vector_gives_zero_and_nonfinite_gives_nan() -> None:
+    a = torch.tensor([[0.0, 0.0], [1.0, 0.0], [np.nan, 1.0], [np.inf, 0.0], [1.0, 1.0], [0.0, 0.0]])
+    b = torch.tensor([[1.0, 2.0], [0.0, 0.0], [1.0, 1.0], [1.0, 0.0], [-np.inf, 1.0], [0.0, 0.0]])
+    res = kernels.pairwise_cosine(a, b)
+    assert res[:2].tolist() == [0.0, 0.0]
+    assert torch.isnan(res[2:5]).all()
+    assert res[5].item() == 0.0
+
+
+def test_parallel_and_antiparallel_clamped() -> None:
+    a = torch.full((3, 1000), 0.1)
+    res = kernels.pairwise_cosine(a, a * 3)
+    assert (res <= 1).all() and torch.allclose(res, torch.ones(3))
+    assert torch.allclose(kernels.pairwise_cosine(a, -a), -torch.ones(3))
+
+
+def test_fp16_accumulates_in_float32_without_overflow() -> None:
+    # 60000 is near fp16's maximum: the squared norm over 4096 values is ~1.5e13.
+    a = torch.full((4, 4096), 60000.0, dtype=torch.float16)
+    b = a.clone()
+    b[1] = -b[1]
+    b[2, :2048] = 0
+    res = kernels.pairwise_cosine(a, b)
+    assert res.dtype == torch.float32
+    np.testing.assert_allclose(res.numpy(), reference(a.float().numpy(), b.float().numpy()), atol=1e-6)
+
+
+def test_bf16_and_float64() -> None:
+    a, b = random_pairs(100, 33, dtype=np.float64)
+    res64 = kernels.pairwise_cosine(torch.from_numpy(a), torch.from_numpy(b))
+    assert res64.dtype == torch.float64
+    np.testing.assert_allclose(res64.numpy(), reference(a, b), atol=1e-12)
+    abf, bbf = torch.from_numpy(a).bfloat16(), torch.from_numpy(b).bfloat16()
+    res = kernels.pairwise_cosine(abf, bbf)
+    assert res.dtype == torch.float32
+    np.testing.assert_allclose(res.numpy(), reference(abf.float().numpy(), bbf.float().numpy()), atol=1e-6)
+
+
+def test_requested_float64_accumulation() -> None:
+    a, b = random_pairs(50, 20)
+    res = kernels.pairwise_cosine(torch.from_numpy(a), torch.from_numpy(b), dtype=torch.float64)
+    assert res.dtype == torch.float64
+    np.testing.assert_allclose(res.numpy(), reference(a, b), atol=1e-12)
+
+
+def test_float32_overflow_rows_are_recomputed() -> None:
+    # |x| = 1e30: x*x overflows float32; the rows are redone in float64.
+    a, b = random_pairs(10, 16)
+    a[3] *= 1e30
+    b[3] *= 1e30
+    b[5] *= 1e25
+    res = kernels.pairwise_cosine(torch.from_numpy(a), torch.from_numpy(b), chunk_rows=4)
+    np.testing.assert_allclose(res.numpy(), reference(a, b), atol=1e-6)
+
+
+def test_integer_inputs_are_upcast() -> None:
+    a = torch.tensor([[1, 2, 3], [0, 0, 0]])
+    b = torch.tensor([[2, 4, 6], [1, 1, 1]])
+    assert kernels.pairwise_cosine(a, b).tolist() == pytest.approx([1.0, 0.0])
+
+
+def test_shape_errors() -> None:
+    with pytest.raises(ValueError, match=r"a \(3, 2\) and b \(3, 4\)"):
+        kernels.pairwise_cosine(torch.ones(3, 2), torch.ones(3, 4))
+    with pytest.raises(ValueError, match="two \\(N, D\\) tensors"):
+        kernels.pairwise_cosine(torch.ones(3), torch.ones(3))
+
+
+def test_chunk_budget() -> None:
+    # float32, D=300: 1 MiB of temporaries is 873 rows, a third of that when converting.
+    assert kernels.chunk_rows_for(300, torch.float32, "cpu", chunk_bytes="1MiB") == 873
+    assert kernels.chunk_rows_for(300, torch.float32, "cpu", converts=True, chunk_bytes=2**20) == 291
+    assert kernels.chunk_rows_for(300, torch.float32, "cuda", chunk_bytes={"cpu": 1, "cuda": "12KB"}) == 10
+    assert kernels.chunk_rows_for(10**9, torch.float64, "cpu") == 1
+    import dask
+
+    with dask.config.set({"cosim.chunk-bytes.cpu": "2400B"}):
+        assert kernels.chunk_rows_for(300, torch.float32) == 2
+
+
+def test_does_not_materialise_whole_partition(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kernel never calls F.cosine_similarity (N x D temporaries) and every product it
+    forms is at most one chunk."""
+    sizes: list[int] = []
+    real_vecdot = torch.linalg.vecdot
+
+    def spy(x: torch.Tensor, y: torch.Tensor, **kw: object) -> torch.Tensor:
+        sizes.append(x.shape[0])
+        return real_vecdot(x, y, **kw)
+
+    def forbidden(*args: object, **kw: object) -> None:
+        raise AssertionError("F.cosine_similarity called")
+
+    monkeypatch.setattr(torch.linalg, "vecdot", spy)
+    monkeypatch.setattr(torch.nn.functional, "cosine_similarity", forbidden)
+    a, b = random_pairs(10_000, 300)
+    with __import__("dask").config.set({"cosim.chunk-bytes.cpu": "1MiB"}):
+        kernels.pairwise_cosine(torch.from_numpy(a), torch.from_numpy(b))
+    assert max(sizes) == 873 and sum(sizes) == 3 * 10_000  # a.b, a.a, b.b
+
+
+FLOAT_DTYPES = st.sampled_from([np.float16, np.float32, np.float64])
+
+
+@st.composite
+def pair_batches(draw: st.DrawFn) -> tuple[np.ndarray, np.ndarray]:
+    n = draw(st.integers(1, 40))
+    d = draw(st.integers(1, 1024))
+    dtype = draw(FLOAT_DTYPES)
+    seed = draw(st.integers(0, 2**32 - 1))
+    rng = np.random.default_rng(seed)
+    limit = 4 if dtype == np.float16 else (30 if dtype == np.float32 else 100)
+    scale_a = 10.0 ** draw(st.integers(-limit, limit))
+    scale_b = 10.0 ** draw(st.integers(-limit, limit))
+    a = (rng.standard_normal((n, d)) * scale_a).astype(dtype)
+    b = (rng.standard_normal((n, d)) * scale_b).astype(dtype)
+    specials = draw(st.lists(st.tuples(st.integers(0, n - 1), st.integers(0, d - 1),
+                                       st.sampled_from(["zero_row", "nan", "inf", "-inf"])),
+                             max_size=3))
+    for row, col, kind in specials:
+        target = a if (row + col) % 2 else b
+        if kind == "zero_row":
+            target[row] = 0
+        else:
+            target[row, col] = float(kind)
+    return a, b
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(pair_batches(), st.integers(1, 64))
+def test_property_matches_float64_reference(pair: tuple[np.ndarray, np.ndarray], chunk_rows: int) -> None:
+    a, b = pair
+    res = kernels.pairwise_cosine(torch.from_numpy(a), torch.from_numpy(b), chunk_rows=chunk_rows).numpy()
+    ref = reference(a, b)
+    np.testing.assert_array_equal(np.isnan(res), np.isnan(ref))
+    tol = 1e-12 if a.dtype == np.float64 else 1e-6
+    np.testing.assert_allclose(res[~np.isnan(ref)], ref[~np.isnan(ref)], atol=tol, rtol=0)
+    assert (np.abs(res[~np.isnan(res)]) <= 1).all()
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 300), st.integers(0, 2**32 - 1), st.floats(-1e3, 1e3).filter(lambda k: abs(k) > 1e-3))
+def test_property_symmetric_scale_invariant_self_is_one(d: int, seed: int, k: float) -> None:
+    a, b = random_pairs(8, d, seed=seed)
+    ta, tb = torch.from_numpy(a), torch.from_numpy(b)
+    ab = kernels.pairwise_cosine(ta, tb)
+    assert torch.equal(ab, kernels.pairwise_cosine(tb, ta))
+    scaled = kernels.pairwise_cosine(ta * k, tb)
+    torch.testing.assert_close(scaled, ab * np.sign(k), atol=2e-6, rtol=0)
+    torch.testing.assert_close(kernels.pairwise_cosine(ta, ta), torch.ones(8), atol=2e-6, rtol=0)
