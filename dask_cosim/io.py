@@ -126,11 +126,12 @@ def read_parquet(path: Any, columns: list[str] | None = None, **kwargs: Any) -> 
     if "filesystem" not in kwargs and "storage_options" not in kwargs and _all_local(path):
         try:
             return dd.read_parquet(path, columns=columns, filesystem="arrow", **kwargs)
-        except NotImplementedError as err:
-            # dask's pyarrow-filesystem reader builds its meta from the pandas metadata
-            # that pandas itself wrote for fixed_size_list columns and cannot parse back
-            # (seen with pandas 3.1); the fsspec reader honours our types_mapper instead.
-            if "type specific parameters" not in str(err):
+        except (NotImplementedError, TypeError) as err:
+            # dask's pyarrow-filesystem reader builds its meta from the pandas metadata in
+            # the file, where pandas wrote Arrow list dtypes as strings it cannot parse
+            # back ("list<item: float>[pyarrow]", seen with pandas 3.1); the fsspec reader
+            # honours our types_mapper instead.
+            if "[pyarrow]" not in str(err) and "type specific parameters" not in str(err):
                 raise
     return dd.read_parquet(path, columns=columns, **kwargs)
 

@@ -1,0 +1,120 @@
+"""CUDA paths.  Marked gpu: skipped without a GPU, run with `pytest -m gpu` on a GPU box.
+
+The torch/cupy tests need only torch with CUDA (and cupy); the cudf ones also cudf /
+dask_cudf / dask_cuda and skip cleanly where those are not installed.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+import dask_cosim
+from dask_cosim import kernels
+from dask_cosim.partition import pairwise_partition
+from tests.conftest import pairs_frame, random_pairs, reference
+
+pytestmark = pytest.mark.gpu
+
+
+def test_kernel_on_cuda_matches_reference() -> None:
+    a, b = random_pairs(5000, 300)
+    res = kernels.pairwise_cosine(torch.from_numpy(a).cuda(), torch.from_numpy(b).cuda())
+    assert res.device.type == "cuda" and res.dtype == torch.float32
+    np.testing.assert_allclose(res.cpu().numpy(), reference(a, b), atol=1e-6)
+
+
+def test_kernel_moves_host_chunks_to_the_device() -> None:
+    a, b = random_pairs(3000, 64)
+    res = kernels.pairwise_cosine(torch.from_numpy(a), torch.from_numpy(b), device="cuda", chunk_rows=700)
+    assert res.device.type == "cuda"
+    np.testing.assert_allclose(res.cpu().numpy(), reference(a, b), atol=1e-6)
+
+
+def test_fp16_on_cuda_no_overflow() -> None:
+    a = torch.full((4, 4096), 60000.0, dtype=torch.float16, device="cuda")
+    res = kernels.pairwise_cosine(a, -a)
+    torch.testing.assert_close(res, -torch.ones(4, device="cuda"), atol=1e-6, rtol=0)
+
+
+def test_cuda_chunk_budget_bounds_peak_memory() -> None:
+    a, b = (torch.from_numpy(x).cuda() for x in random_pairs(200_000, 300))
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    kernels.pairwise_cosine(a, b, chunk_bytes="16MiB")
+    peak = torch.cuda.max_memory_allocated() - base
+    # Three N-sized float32 outputs plus one chunk of temporaries (and allocator rounding).
+    assert peak <= 3 * 200_000 * 4 + 16 * 2**20 + 4 * 2**20
+
+
+@pytest.mark.parametrize("fmt", ["fixed_size_list", "object_torch_300x1"])
+def test_pandas_partition_on_gpu_returns_host_series(fmt: str) -> None:
+    a, b = random_pairs(257, 300)
+    res = pairwise_partition(pairs_frame(a, b, fmt), "embeds_a", "embeds_b", eps=1e-8, device="auto")
+    assert isinstance(res, pd.Series)
+    np.testing.assert_allclose(res.to_numpy(), reference(a, b), atol=1e-6)
+
+
+def _cudf_frame(a: np.ndarray, b: np.ndarray, null_a: list[int] = ()) -> "object":  # type: ignore[assignment]
+    cudf = pytest.importorskip("cudf")
+    rows_a = [None if i in null_a else list(map(float, r)) for i, r in enumerate(a)]
+    return cudf.DataFrame({"embeds_a": rows_a, "embeds_b": [list(map(float, r)) for r in b]})
+
+
+def test_cudf_partition_zero_copy_and_nulls() -> None:
+    cudf = pytest.importorskip("cudf")
+    a, b = random_pairs(100, 16)
+    gdf = _cudf_frame(a, b, null_a=[3])
+    res = pairwise_partition(gdf, "embeds_a", "embeds_b", eps=1e-8, device="auto")
+    assert isinstance(res, cudf.Series)
+    host = res.to_pandas()
+    assert host.isna().tolist() == [i == 3 for i in range(100)]
+    ref = reference(a, b)
+    np.testing.assert_allclose(host.drop(3).to_numpy(), np.delete(ref, 3), atol=1e-6)
+    # The eager accessor is registered on cudf frames too.
+    assert isinstance(gdf.cosim.pairwise("embeds_a", "embeds_b"), cudf.Series)
+    # A sliced partition (child values beyond the slice) gives the same rows.
+    sliced = pairwise_partition(gdf.iloc[10:40], "embeds_a", "embeds_b", eps=1e-8)
+    np.testing.assert_allclose(sliced.to_pandas().to_numpy(), ref[10:40], atol=1e-6)
+
+
+def test_cudf_ragged_row_named() -> None:
+    cudf = pytest.importorskip("cudf")
+    gdf = cudf.DataFrame({"a": [[1.0, 2.0], [1.0], [3.0, 4.0]]}, index=[5, 6, 7])
+    with pytest.raises(ValueError, match="column 'a': row 6 has 1 values but row 5 has 2"):
+        pairwise_partition(gdf, "a", "a", eps=1e-8)
+
+
+def test_dask_cudf_accessor_and_read_parquet(tmp_path: object) -> None:
+    dask_cudf = pytest.importorskip("dask_cudf")
+    import dask
+
+    a, b = random_pairs(1000, 32)
+    gdf = _cudf_frame(a, b)
+    ddf = dask_cudf.from_cudf(gdf, npartitions=4)
+    cos = ddf.cosim.pairwise("embeds_a", "embeds_b")
+    assert type(cos._meta).__module__.startswith("cudf")
+    np.testing.assert_allclose(cos.compute().to_pandas().to_numpy(), reference(a, b), atol=1e-6)
+    ddf.to_parquet(str(tmp_path))
+    with dask.config.set({"dataframe.backend": "cudf"}):
+        back = dask_cosim.read_parquet(str(tmp_path))
+    assert type(back._meta).__module__.startswith("cudf")
+    res = back.cosim.pairwise("embeds_a", "embeds_b").compute().to_pandas().sort_index()
+    np.testing.assert_allclose(res.to_numpy(), reference(a, b), atol=1e-6)
+
+
+def test_local_cuda_cluster_one_worker_per_gpu() -> None:
+    pytest.importorskip("dask_cuda")
+    n = torch.cuda.device_count()
+    with dask_cosim.local_cluster(dashboard_address="127.0.0.1:0") as client:
+        assert len(client.scheduler_info()["workers"]) == n
+        # Each worker sees its own GPU as cuda:0 (CUDA_VISIBLE_DEVICES rotated).
+        visible = client.run(lambda: __import__("os").environ["CUDA_VISIBLE_DEVICES"].split(",")[0])
+        assert len(set(visible.values())) == n
+        a, b = random_pairs(4000, 300)
+        ddf = dask_cosim.from_pandas(pairs_frame(a, b, "fixed_size_list"), npartitions=2 * n)
+        res = ddf.cosim.pairwise("embeds_a", "embeds_b").compute()
+        np.testing.assert_allclose(res.to_numpy(), reference(a, b), atol=1e-6)
