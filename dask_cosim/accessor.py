@@ -87,9 +87,7 @@ class CosimAccessor:
 
         for column in (a, b):
             if column not in meta.columns:
-                raise KeyError(
-                    f"column {column!r} not found; available: {list(meta.columns)}"
-                )
+                raise KeyError(f"column {column!r} not found; available: {list(meta.columns)}")
         spec_a = backends.vector_spec(meta[a], a)
         spec_b = backends.vector_spec(meta[b], b)
         if spec_a.dim is not None and spec_b.dim is not None and spec_a.dim != spec_b.dim:
@@ -97,7 +95,7 @@ class CosimAccessor:
                 f"column {a!r} holds vectors of {spec_a.dim} values and column {b!r} of "
                 f"{spec_b.dim}; cosine similarity needs vectors of the same length"
             )
-        options = dict(
+        options: dict[str, Any] = dict(
             eps=eps,
             device=device,
             name=name,
@@ -137,9 +135,7 @@ def _check_eps(eps: Any) -> float:
 def _check_device(device: Any) -> str:
     """Validate the spelling only: probing CUDA here would touch the GPU in the client."""
     text = str(device)
-    if text in ("auto", "cpu", "cuda") or (
-        text.startswith("cuda:") and text[5:].isdigit()
-    ):
+    if text in ("auto", "cpu", "cuda") or (text.startswith("cuda:") and text[5:].isdigit()):
         return text
     raise ValueError(f"device={device!r} is not a device; {_DEVICE_HELP}")
 
@@ -147,7 +143,9 @@ def _check_device(device: Any) -> str:
 def register_cudf_accessor(cudf_module: Any = None) -> None:
     """Register ``.cosim`` on cudf.DataFrame (run when cudf is imported)."""
     if cudf_module is None:
-        import cudf as cudf_module
+        import cudf
+
+        cudf_module = cudf
     cudf_module.api.extensions.register_dataframe_accessor("cosim")(CosimAccessor)
 
 

@@ -136,7 +136,11 @@ def _arrow_value_spec(column: str, dtype: pd.ArrowDtype) -> VectorSpec:
     value = t.value_type
     if pa.types.is_floating(value) or pa.types.is_integer(value):
         return VectorSpec(dim, np.dtype(value.to_pandas_dtype()))
-    if pa.types.is_list(value) or pa.types.is_fixed_size_list(value) or pa.types.is_large_list(value):
+    if (
+        pa.types.is_list(value)
+        or pa.types.is_fixed_size_list(value)
+        or pa.types.is_large_list(value)
+    ):
         raise TypeError(
             f"column {column!r} holds nested lists ({dtype}); flatten each row to one "
             "list of D numbers (pyarrow.compute.list_flatten, or reshape(-1) before writing)"
@@ -149,7 +153,7 @@ def _pandas_vector_spec(meta: pd.Series, column: str) -> VectorSpec:
     dtype = meta.dtype
     if isinstance(dtype, pd.ArrowDtype):
         return _arrow_value_spec(column, dtype)
-    if dtype == object:
+    if pd.api.types.is_object_dtype(dtype):
         return VectorSpec(None, None)
     if pd.api.types.is_string_dtype(dtype):
         raise string_column_error(column, dtype)
@@ -159,7 +163,9 @@ def _pandas_vector_spec(meta: pd.Series, column: str) -> VectorSpec:
 # --------------------------------------------------------------------------- pandas data
 
 
-def _list_chunk_values(chunk: pa.Array, column: str, index: Any, row0: int) -> tuple[np.ndarray, np.ndarray | None]:
+def _list_chunk_values(
+    chunk: pa.Array, column: str, index: Any, row0: int
+) -> tuple[np.ndarray, np.ndarray | None]:
     """One Arrow list chunk -> ((rows, D) numpy view or copy, null mask or None)."""
     n = len(chunk)
     null = chunk.is_null().to_numpy(zero_copy_only=False) if chunk.null_count else None
@@ -195,6 +201,7 @@ def _list_chunk_values(chunk: pa.Array, column: str, index: Any, row0: int) -> t
     # Null rows of length 0 break the stride: gather the valid rows (one vectorised copy).
     flat = _float_values(values)
     out = np.zeros((n, dim), dtype=flat.dtype)
+    assert null is not None  # a stride break comes only from null rows of length 0
     valid = np.flatnonzero(~null)
     out[valid] = flat[offsets[valid][:, None] + np.arange(dim)]
     return out, null
@@ -214,7 +221,9 @@ def _is_null_cell(x: Any) -> bool:
     return x is None or x is pd.NA or (isinstance(x, float) and math.isnan(x))
 
 
-def stack_object_column(values: np.ndarray, index: Any, column: str) -> tuple[np.ndarray | torch.Tensor, np.ndarray | None]:
+def stack_object_column(
+    values: np.ndarray, index: Any, column: str
+) -> tuple[np.ndarray | torch.Tensor, np.ndarray | None]:
     """An object column of per-row vectors -> ((N, D) array or tensor, null mask or None).
 
     Cells may be numpy arrays, torch tensors or sequences of numbers, of any shape with D
@@ -299,7 +308,7 @@ def _pandas_to_vectors(s: pd.Series, column: str) -> Vectors:
         return Vectors(
             [_as_tensor(b) for b in blocks], null_all if null_all.any() else None, dim, n
         )
-    if s.dtype == object:
+    if pd.api.types.is_object_dtype(s.dtype):
         stacked, null = stack_object_column(s.to_numpy(), s.index, column)
         tensor = stacked if isinstance(stacked, torch.Tensor) else _as_tensor(stacked)
         return Vectors([tensor], null, tensor.shape[1], n)
@@ -350,7 +359,7 @@ def _register_cudf() -> None:
             if leaf.kind in "fiu":
                 return VectorSpec(None, leaf)
             raise not_vectors_error(column, dtype)
-        if dtype == object or pd.api.types.is_string_dtype(dtype):
+        if pd.api.types.is_object_dtype(dtype) or pd.api.types.is_string_dtype(dtype):
             raise string_column_error(column, dtype)
         raise not_vectors_error(column, dtype)
 
@@ -372,8 +381,13 @@ def _register_cudf() -> None:
         if bad.size:
             first = int(bad[0])
             first_valid = int(cupy.flatnonzero(valid)[0])
-            raise ragged_error(column, row_label(s.index, first), int(lengths[first]),
-                               row_label(s.index, first_valid), dim)
+            raise ragged_error(
+                column,
+                row_label(s.index, first),
+                int(lengths[first]),
+                row_label(s.index, first_valid),
+                dim,
+            )
         leaves = s.list.leaves
         n_valid = int(valid_lengths.size)
         if len(leaves) not in (n * dim, n_valid * dim):
@@ -401,7 +415,9 @@ def _register_cudf() -> None:
 
         if values.numel() == 0:
             # Also builds the meta on the client: touch no GPU there.
-            return cudf.Series([], dtype=str(values.dtype).replace("torch.", ""), index=like.index, name=name)
+            return cudf.Series(
+                [], dtype=str(values.dtype).replace("torch.", ""), index=like.index, name=name
+            )
         if values.device.type != "cuda":
             # A cudf frame computed on the CPU (device="cpu"): back to the GPU, once.
             values = values.cuda()

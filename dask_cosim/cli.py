@@ -53,8 +53,13 @@ def summarize(cos: dd.Series) -> dict[str, Any]:
     )
     counts = np.sum(list(parts), axis=0) if len(parts) else np.zeros(10, int)
     return dict(
-        rows=int(rows), nulls=int(nulls), mean=float(mean), min=float(lo), max=float(hi),
-        edges=edges, counts=counts,
+        rows=int(rows),
+        nulls=int(nulls),
+        mean=float(mean),
+        min=float(lo),
+        max=float(hi),
+        edges=edges,
+        counts=counts,
     )
 
 
@@ -80,8 +85,9 @@ def format_summary(summary: dict[str, Any], seconds: float, embedding_bytes: int
 
 
 def _write_pairs(path: Path, rows: int, dim: int, first_id: int) -> None:
-    table = pa.Table.from_pandas(make_pairs(rows, dim, seed=first_id, first_id=first_id),
-                                 preserve_index=False)
+    table = pa.Table.from_pandas(
+        make_pairs(rows, dim, seed=first_id, first_id=first_id), preserve_index=False
+    )
     pq.write_table(table.replace_schema_metadata(None), path)
 
 
@@ -93,10 +99,18 @@ def main() -> None:
 @main.command()
 @click.option("--rows", default=1_000_000, show_default=True, type=click.IntRange(1))
 @click.option("--dim", default=300, show_default=True, type=click.IntRange(1))
-@click.option("--partitions", default=None, type=click.IntRange(1),
-              help="Parquet files to generate (default: about 64 MiB each).")
-@click.option("--workers", default=None, type=click.IntRange(1),
-              help="Local workers (default: one per GPU, else one per core).")
+@click.option(
+    "--partitions",
+    default=None,
+    type=click.IntRange(1),
+    help="Parquet files to generate (default: about 64 MiB each).",
+)
+@click.option(
+    "--workers",
+    default=None,
+    type=click.IntRange(1),
+    help="Local workers (default: one per GPU, else one per core).",
+)
 def demo(rows: int, dim: int, partitions: int | None, workers: int | None) -> None:
     """Generate pairs into a temporary folder and score them on a local cluster."""
     import dask_cosim
@@ -107,18 +121,23 @@ def demo(rows: int, dim: int, partitions: int | None, workers: int | None) -> No
     folder = Path(tempfile.mkdtemp(prefix="dask-cosim-demo-"))
     try:
         with dask_cosim.local_cluster(workers) as client:
-            click.echo(f"cluster     {len(client.scheduler_info()['workers'])} workers, "
-                       f"dashboard {client.dashboard_link}")
+            click.echo(
+                f"cluster     {len(client.scheduler_info()['workers'])} workers, "
+                f"dashboard {client.dashboard_link}"
+            )
             t0 = time.perf_counter()
             (folder / "pairs").mkdir()
             writes = [
-                dask.delayed(_write_pairs)(folder / "pairs" / f"part.{i:05d}.parquet",
-                                           int(hi - lo), dim, int(lo))
+                dask.delayed(_write_pairs)(
+                    folder / "pairs" / f"part.{i:05d}.parquet", int(hi - lo), dim, int(lo)
+                )
                 for i, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:]))
             ]
             dask.compute(*writes)
-            click.echo(f"generated   {rows:,} pairs of {dim} float32 in {partitions} files "
-                       f"({time.perf_counter() - t0:.1f} s) under {folder}")
+            click.echo(
+                f"generated   {rows:,} pairs of {dim} float32 in {partitions} files "
+                f"({time.perf_counter() - t0:.1f} s) under {folder}"
+            )
 
             t0 = time.perf_counter()
             df = dask_cosim.read_parquet(folder / "pairs")

@@ -25,7 +25,9 @@ __all__ = ["from_pandas", "read_parquet", "vectors_to_arrow", "vector_columns"]
 _TARGET_PARTITION_BYTES = 128 * 2**20
 
 
-def vectors_to_arrow(values: np.ndarray | torch.Tensor, null: np.ndarray | None = None) -> pd.arrays.ArrowExtensionArray:
+def vectors_to_arrow(
+    values: np.ndarray | torch.Tensor, null: np.ndarray | None = None
+) -> pd.arrays.ArrowExtensionArray:
     """(N, D) numbers -> an Arrow fixed_size_list<D> extension array (null rows masked).
 
     bfloat16, which numpy and Arrow lack, becomes float32.
@@ -41,9 +43,7 @@ def vectors_to_arrow(values: np.ndarray | torch.Tensor, null: np.ndarray | None 
     if null is not None and null.any():
         # A bit-packed validity buffer (from_arrays gained mask= only in newer pyarrow).
         validity = pa.array(~np.asarray(null, dtype=bool)).buffers()[1]
-    array = pa.Array.from_buffers(
-        pa.list_(flat.type, dim), n, [validity], children=[flat]
-    )
+    array = pa.Array.from_buffers(pa.list_(flat.type, dim), n, [validity], children=[flat])
     return pd.arrays.ArrowExtensionArray(array)
 
 

@@ -113,13 +113,9 @@ def pairwise_cosine(
     target = torch.device(device) if device is not None else a.device
     dtype = compute_dtype_for(a.dtype, b.dtype, *([dtype] if dtype is not None else []))
     n, dim = a.shape
-    converts = (
-        a.dtype != dtype or b.dtype != dtype or a.device != target or b.device != target
-    )
+    converts = a.dtype != dtype or b.dtype != dtype or a.device != target or b.device != target
     if chunk_rows is None:
-        chunk_rows = chunk_rows_for(
-            dim, dtype, target, converts=converts, chunk_bytes=chunk_bytes
-        )
+        chunk_rows = chunk_rows_for(dim, dtype, target, converts=converts, chunk_bytes=chunk_bytes)
     chunk_rows = max(1, int(chunk_rows))
 
     dot = torch.empty(n, dtype=dtype, device=target)
@@ -168,7 +164,7 @@ def _recompute_overflowed(
     x = a.index_select(0, rows_cpu).to(device=device, dtype=torch.float64)
     y = b.index_select(0, rows_cpu.to(b.device)).to(device=device, dtype=torch.float64)
     dot = torch.linalg.vecdot(x, y)
-    den = torch.linalg.vecdot(x, x).sqrt().clamp_min(eps) * torch.linalg.vecdot(y, y).sqrt().clamp_min(
-        eps
-    )
+    den = torch.linalg.vecdot(x, x).sqrt().clamp_min(eps) * torch.linalg.vecdot(
+        y, y
+    ).sqrt().clamp_min(eps)
     res.index_copy_(0, rows, (dot / den).to(res.dtype))

@@ -43,7 +43,7 @@ def as_torch_dtype(dtype: Any) -> torch.dtype | None:
 
 
 def resolve_device(device: str | torch.device, data_device: torch.device) -> torch.device:
-    """"auto" -> the data's GPU, else this process's GPU (cuda:0 under dask-cuda), else CPU."""
+    """ "auto" -> the data's GPU, else this process's GPU (cuda:0 under dask-cuda), else CPU."""
     if isinstance(device, torch.device):
         return device
     if device == "auto":

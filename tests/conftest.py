@@ -33,7 +33,9 @@ def reference(a: np.ndarray, b: np.ndarray, eps: float = 1e-8) -> np.ndarray:
     return np.clip(res, -1, 1)
 
 
-def random_pairs(n: int, d: int, seed: int = 0, dtype: type = np.float32) -> tuple[np.ndarray, np.ndarray]:
+def random_pairs(
+    n: int, d: int, seed: int = 0, dtype: type = np.float32
+) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(seed)
     a = rng.standard_normal((n, d)).astype(dtype)
     b = (0.5 * a + rng.standard_normal((n, d))).astype(dtype)
@@ -43,7 +45,9 @@ def random_pairs(n: int, d: int, seed: int = 0, dtype: type = np.float32) -> tup
 FORMATS = ["fixed_size_list", "list", "object_numpy", "object_torch_300x1", "object_lists"]
 
 
-def as_column(x: np.ndarray, fmt: str, null: np.ndarray | None = None) -> pd.Series | pd.api.extensions.ExtensionArray:
+def as_column(
+    x: np.ndarray, fmt: str, null: np.ndarray | None = None
+) -> pd.Series | pd.api.extensions.ExtensionArray:
     """An (N, D) array as a column in one of FORMATS; rows where ``null`` is True are null."""
     n, d = x.shape
     null = np.zeros(n, bool) if null is None else null
@@ -65,7 +69,9 @@ def as_column(x: np.ndarray, fmt: str, null: np.ndarray | None = None) -> pd.Ser
     return out
 
 
-def pairs_frame(a: np.ndarray, b: np.ndarray, fmt: str, index: pd.Index | None = None, **nulls: np.ndarray) -> pd.DataFrame:
+def pairs_frame(
+    a: np.ndarray, b: np.ndarray, fmt: str, index: pd.Index | None = None, **nulls: np.ndarray
+) -> pd.DataFrame:
     return pd.DataFrame(
         {
             "embeds_a": as_column(a, fmt, nulls.get("null_a")),

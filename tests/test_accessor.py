@@ -8,14 +8,15 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pytest
-import torch
 from sklearn.metrics.pairwise import paired_cosine_distances
 
 import dask_cosim
 from tests.conftest import FORMATS, pairs_frame, random_pairs, reference
 
 
-def dask_frame(fmt: str, n: int = 101, d: int = 300, npartitions: int = 7, dtype: type = np.float32) -> tuple[dd.DataFrame, np.ndarray, np.ndarray]:
+def dask_frame(
+    fmt: str, n: int = 101, d: int = 300, npartitions: int = 7, dtype: type = np.float32
+) -> tuple[dd.DataFrame, np.ndarray, np.ndarray]:
     a, b = random_pairs(n, d, dtype=dtype)
     pdf = pairs_frame(a, b, fmt, index=pd.Index(np.arange(n) * 10, name="key"))
     with dask.config.set({"dataframe.convert-string": False}):
@@ -111,19 +112,31 @@ def test_errors_at_graph_build_time(lazy: bool) -> None:
     pdf["five"] = pd.array(pa.array([[0.0] * 5] * 6, t5), dtype=pd.ArrowDtype(t5))
     frame = dd.from_pandas(pdf, npartitions=2) if lazy else pdf
     acc = frame.cosim
-    with pytest.raises(KeyError, match=r"column 'embeds_c' not found; available: \['embeds_a', 'embeds_b', 'id', 'text', 'score', 'five'\]"):
+    with pytest.raises(
+        KeyError,
+        match=r"column 'embeds_c' not found; available: \['embeds_a', 'embeds_b', 'id', 'text', 'score', 'five'\]",
+    ):
         acc.pairwise("embeds_a", "embeds_c")
-    with pytest.raises(TypeError, match="column 'id' has dtype int64, which is not a column of vectors; expected Arrow"):
+    with pytest.raises(
+        TypeError,
+        match="column 'id' has dtype int64, which is not a column of vectors; expected Arrow",
+    ):
         acc.pairwise("id", "embeds_b")
-    with pytest.raises(TypeError, match="column 'score' has dtype float64, which is not a column of vectors"):
+    with pytest.raises(
+        TypeError, match="column 'score' has dtype float64, which is not a column of vectors"
+    ):
         acc.pairwise("embeds_a", "score")
     with pytest.raises(TypeError, match="column 'text' holds strings .* dask_cosim.from_pandas"):
         acc.pairwise("text", "embeds_b")
-    with pytest.raises(ValueError, match="column 'embeds_a' holds vectors of 4 values and column 'five' of 5"):
+    with pytest.raises(
+        ValueError, match="column 'embeds_a' holds vectors of 4 values and column 'five' of 5"
+    ):
         acc.pairwise("embeds_a", "five")
     with pytest.raises(ValueError, match="eps=-1 must be a finite number >= 0"):
         acc.pairwise("embeds_a", "embeds_b", eps=-1)
-    with pytest.raises(ValueError, match="device='tpu' is not a device; use 'auto', 'cpu', 'cuda' or 'cuda:N'"):
+    with pytest.raises(
+        ValueError, match="device='tpu' is not a device; use 'auto', 'cpu', 'cuda' or 'cuda:N'"
+    ):
         acc.pairwise("embeds_a", "embeds_b", device="tpu")
     with pytest.raises(ValueError, match="dtype='float16' is not supported"):
         acc.pairwise("embeds_a", "embeds_b", dtype="float16")
@@ -135,7 +148,10 @@ def test_dd_from_pandas_string_trap_is_explained() -> None:
     pdf = pairs_frame(a, b, "object_torch_300x1")
     with dask.config.set({"dataframe.convert-string": True}):
         ddf = dd.from_pandas(pdf, npartitions=2)
-    with pytest.raises(TypeError, match=r"column 'embeds_a' holds strings .*convert-string.*dask_cosim.from_pandas\(pdf\)"):
+    with pytest.raises(
+        TypeError,
+        match=r"column 'embeds_a' holds strings .*convert-string.*dask_cosim.from_pandas\(pdf\)",
+    ):
         ddf.cosim.pairwise("embeds_a", "embeds_b")
 
 
@@ -144,8 +160,13 @@ def test_ragged_rows_fail_at_compute_naming_the_row() -> None:
     rows = [list(r) for r in a]
     rows[6] = rows[6][:2]
     t = pa.list_(pa.float32())
-    pdf = pd.DataFrame({"a": pd.array(pa.array(rows, t), dtype=pd.ArrowDtype(t)), "b": pd.array(pa.array(list(b), t), dtype=pd.ArrowDtype(t))},
-                       index=pd.Index(np.arange(10) + 100))
+    pdf = pd.DataFrame(
+        {
+            "a": pd.array(pa.array(rows, t), dtype=pd.ArrowDtype(t)),
+            "b": pd.array(pa.array(list(b), t), dtype=pd.ArrowDtype(t)),
+        },
+        index=pd.Index(np.arange(10) + 100),
+    )
     cos = dd.from_pandas(pdf, npartitions=3).cosim.pairwise("a", "b")
     with pytest.raises(ValueError, match="column 'a': row 106 has 2 values but row 104 has 4"):
         cos.compute()
@@ -183,4 +204,6 @@ def test_read_parquet_every_layout(tmp_path: object) -> None:
     dd.from_pandas(pairs_frame(a, b, "fixed_size_list"), npartitions=2).to_parquet(f"{base}/dask")
     ddf = dask_cosim.read_parquet(f"{base}/dask", columns=["embeds_a", "embeds_b"])
     assert list(ddf.columns) == ["embeds_a", "embeds_b"]
-    np.testing.assert_allclose(ddf.cosim.pairwise("embeds_a", "embeds_b").compute().to_numpy(), reference(a, b), atol=1e-6)
+    np.testing.assert_allclose(
+        ddf.cosim.pairwise("embeds_a", "embeds_b").compute().to_numpy(), reference(a, b), atol=1e-6
+    )

@@ -20,7 +20,9 @@ def test_pairwise_on_worker_processes(client: Client, tmp_path: object) -> None:
     workers = client.run(os.getpid)
     assert len(workers) == 2 and os.getpid() not in workers.values()
     a, b = random_pairs(3000, 300)
-    pdf = __import__("tests.conftest", fromlist=["pairs_frame"]).pairs_frame(a, b, "object_torch_300x1")
+    pdf = __import__("tests.conftest", fromlist=["pairs_frame"]).pairs_frame(
+        a, b, "object_torch_300x1"
+    )
     ddf = dask_cosim.from_pandas(pdf, npartitions=7)
     ddf["cos"] = ddf.cosim.pairwise("embeds_a", "embeds_b")
     with get_task_stream(client) as stream:
@@ -59,7 +61,9 @@ def test_local_cluster_cpu_binds_localhost() -> None:
         assert all(w.startswith("tcp://127.0.0.1:") for w in info["workers"])
         assert all(v["nthreads"] == 1 for v in info["workers"].values())
         a, b = random_pairs(500, 300)
-        pdf = __import__("tests.conftest", fromlist=["pairs_frame"]).pairs_frame(a, b, "fixed_size_list")
+        pdf = __import__("tests.conftest", fromlist=["pairs_frame"]).pairs_frame(
+            a, b, "fixed_size_list"
+        )
         cos = dask_cosim.from_pandas(pdf, npartitions=4).cosim.pairwise("embeds_a", "embeds_b")
         np.testing.assert_allclose(cos.compute().to_numpy(), reference(a, b), atol=1e-6)
 
@@ -76,8 +80,21 @@ def test_local_cluster_argument_errors() -> None:
 
 def test_demo_command_runs_end_to_end() -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "dask_cosim", "demo", "--rows", "3000", "--dim", "16", "--workers", "2"],
-        capture_output=True, text=True, timeout=240,
+        [
+            sys.executable,
+            "-m",
+            "dask_cosim",
+            "demo",
+            "--rows",
+            "3000",
+            "--dim",
+            "16",
+            "--workers",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
     )
     assert proc.returncode == 0, proc.stderr
     assert "rows        3,000" in proc.stdout and "histogram" in proc.stdout

@@ -28,7 +28,9 @@ def test_kernel_on_cuda_matches_reference() -> None:
 
 def test_kernel_moves_host_chunks_to_the_device() -> None:
     a, b = random_pairs(3000, 64)
-    res = kernels.pairwise_cosine(torch.from_numpy(a), torch.from_numpy(b), device="cuda", chunk_rows=700)
+    res = kernels.pairwise_cosine(
+        torch.from_numpy(a), torch.from_numpy(b), device="cuda", chunk_rows=700
+    )
     assert res.device.type == "cuda"
     np.testing.assert_allclose(res.cpu().numpy(), reference(a, b), atol=1e-6)
 
@@ -53,12 +55,14 @@ def test_cuda_chunk_budget_bounds_peak_memory() -> None:
 @pytest.mark.parametrize("fmt", ["fixed_size_list", "object_torch_300x1"])
 def test_pandas_partition_on_gpu_returns_host_series(fmt: str) -> None:
     a, b = random_pairs(257, 300)
-    res = pairwise_partition(pairs_frame(a, b, fmt), "embeds_a", "embeds_b", eps=1e-8, device="auto")
+    res = pairwise_partition(
+        pairs_frame(a, b, fmt), "embeds_a", "embeds_b", eps=1e-8, device="auto"
+    )
     assert isinstance(res, pd.Series)
     np.testing.assert_allclose(res.to_numpy(), reference(a, b), atol=1e-6)
 
 
-def _cudf_frame(a: np.ndarray, b: np.ndarray, null_a: list[int] = ()) -> "object":  # type: ignore[assignment]
+def _cudf_frame(a: np.ndarray, b: np.ndarray, null_a: list[int] = ()) -> object:  # type: ignore[assignment]
     cudf = pytest.importorskip("cudf")
     rows_a = [None if i in null_a else list(map(float, r)) for i, r in enumerate(a)]
     return cudf.DataFrame({"embeds_a": rows_a, "embeds_b": [list(map(float, r)) for r in b]})

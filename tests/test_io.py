@@ -49,7 +49,9 @@ def test_from_pandas_errors_name_column_and_row() -> None:
     pdf = pairs_frame(a, b, "object_numpy", index=pd.Index(["w", "x", "y", "z"]))
     ragged = pdf.copy()
     ragged.at["y", "embeds_b"] = np.ones(5, np.float32)
-    with pytest.raises(ValueError, match="column 'embeds_b': row 'y' has 5 values but row 'w' has 6"):
+    with pytest.raises(
+        ValueError, match="column 'embeds_b': row 'y' has 5 values but row 'w' has 6"
+    ):
         dask_cosim.from_pandas(ragged)
     words = pdf.copy()
     words.at["x", "embeds_a"] = np.array(["a", "b"])

@@ -46,7 +46,9 @@ def test_fp16_accumulates_in_float32_without_overflow() -> None:
     b[2, :2048] = 0
     res = kernels.pairwise_cosine(a, b)
     assert res.dtype == torch.float32
-    np.testing.assert_allclose(res.numpy(), reference(a.float().numpy(), b.float().numpy()), atol=1e-6)
+    np.testing.assert_allclose(
+        res.numpy(), reference(a.float().numpy(), b.float().numpy()), atol=1e-6
+    )
 
 
 def test_bf16_and_float64() -> None:
@@ -57,7 +59,9 @@ def test_bf16_and_float64() -> None:
     abf, bbf = torch.from_numpy(a).bfloat16(), torch.from_numpy(b).bfloat16()
     res = kernels.pairwise_cosine(abf, bbf)
     assert res.dtype == torch.float32
-    np.testing.assert_allclose(res.numpy(), reference(abf.float().numpy(), bbf.float().numpy()), atol=1e-6)
+    np.testing.assert_allclose(
+        res.numpy(), reference(abf.float().numpy(), bbf.float().numpy()), atol=1e-6
+    )
 
 
 def test_requested_float64_accumulation() -> None:
@@ -93,8 +97,13 @@ def test_shape_errors() -> None:
 def test_chunk_budget() -> None:
     # float32, D=300: 1 MiB of temporaries is 873 rows, a third of that when converting.
     assert kernels.chunk_rows_for(300, torch.float32, "cpu", chunk_bytes="1MiB") == 873
-    assert kernels.chunk_rows_for(300, torch.float32, "cpu", converts=True, chunk_bytes=2**20) == 291
-    assert kernels.chunk_rows_for(300, torch.float32, "cuda", chunk_bytes={"cpu": 1, "cuda": "12KB"}) == 10
+    assert (
+        kernels.chunk_rows_for(300, torch.float32, "cpu", converts=True, chunk_bytes=2**20) == 291
+    )
+    assert (
+        kernels.chunk_rows_for(300, torch.float32, "cuda", chunk_bytes={"cpu": 1, "cuda": "12KB"})
+        == 10
+    )
     assert kernels.chunk_rows_for(10**9, torch.float64, "cpu") == 1
     import dask
 
@@ -138,9 +147,16 @@ def pair_batches(draw: st.DrawFn) -> tuple[np.ndarray, np.ndarray]:
     scale_b = 10.0 ** draw(st.integers(-limit, limit))
     a = (rng.standard_normal((n, d)) * scale_a).astype(dtype)
     b = (rng.standard_normal((n, d)) * scale_b).astype(dtype)
-    specials = draw(st.lists(st.tuples(st.integers(0, n - 1), st.integers(0, d - 1),
-                                       st.sampled_from(["zero_row", "nan", "inf", "-inf"])),
-                             max_size=3))
+    specials = draw(
+        st.lists(
+            st.tuples(
+                st.integers(0, n - 1),
+                st.integers(0, d - 1),
+                st.sampled_from(["zero_row", "nan", "inf", "-inf"]),
+            ),
+            max_size=3,
+        )
+    )
     for row, col, kind in specials:
         target = a if (row + col) % 2 else b
         if kind == "zero_row":
@@ -152,9 +168,13 @@ def pair_batches(draw: st.DrawFn) -> tuple[np.ndarray, np.ndarray]:
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(pair_batches(), st.integers(1, 64))
-def test_property_matches_float64_reference(pair: tuple[np.ndarray, np.ndarray], chunk_rows: int) -> None:
+def test_property_matches_float64_reference(
+    pair: tuple[np.ndarray, np.ndarray], chunk_rows: int
+) -> None:
     a, b = pair
-    res = kernels.pairwise_cosine(torch.from_numpy(a), torch.from_numpy(b), chunk_rows=chunk_rows).numpy()
+    res = kernels.pairwise_cosine(
+        torch.from_numpy(a), torch.from_numpy(b), chunk_rows=chunk_rows
+    ).numpy()
     ref = reference(a, b)
     np.testing.assert_array_equal(np.isnan(res), np.isnan(ref))
     tol = 1e-12 if a.dtype == np.float64 else 1e-6
@@ -163,7 +183,11 @@ def test_property_matches_float64_reference(pair: tuple[np.ndarray, np.ndarray],
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.integers(1, 300), st.integers(0, 2**32 - 1), st.floats(-1e3, 1e3).filter(lambda k: abs(k) > 1e-3))
+@given(
+    st.integers(1, 300),
+    st.integers(0, 2**32 - 1),
+    st.floats(-1e3, 1e3).filter(lambda k: abs(k) > 1e-3),
+)
 def test_property_symmetric_scale_invariant_self_is_one(d: int, seed: int, k: float) -> None:
     a, b = random_pairs(8, d, seed=seed)
     ta, tb = torch.from_numpy(a), torch.from_numpy(b)

@@ -47,7 +47,9 @@ def test_requested_dtype() -> None:
     res = pairwise_partition(df, "embeds_a", "embeds_b", dtype="float64", **OPTS)
     assert res.dtype == np.float64
     np.testing.assert_allclose(res.to_numpy(), reference(a, b), atol=1e-12)
-    with pytest.raises(ValueError, match="dtype='int8' is not supported; use 'float32' or 'float64'"):
+    with pytest.raises(
+        ValueError, match="dtype='int8' is not supported; use 'float32' or 'float64'"
+    ):
         pairwise_partition(df, "embeds_a", "embeds_b", dtype="int8", **OPTS)
 
 
@@ -55,9 +57,13 @@ def test_arrow_chunks_and_slices_not_aligned() -> None:
     """Columns made of several Arrow chunks, cut at different rows, and sliced."""
     a, b = random_pairs(50, 8)
     t = pa.list_(pa.float32(), 8)
-    ca = pa.chunked_array([pa.array(list(a[:10]), t), pa.array(list(a[10:33]), t), pa.array(list(a[33:]), t)])
+    ca = pa.chunked_array(
+        [pa.array(list(a[:10]), t), pa.array(list(a[10:33]), t), pa.array(list(a[33:]), t)]
+    )
     cb = pa.chunked_array([pa.array(list(b[:25]), t), pa.array(list(b[25:]), t)])
-    df = pd.DataFrame({"a": pd.arrays.ArrowExtensionArray(ca), "b": pd.arrays.ArrowExtensionArray(cb)})
+    df = pd.DataFrame(
+        {"a": pd.arrays.ArrowExtensionArray(ca), "b": pd.arrays.ArrowExtensionArray(cb)}
+    )
     res = pairwise_partition(df, "a", "b", **OPTS)
     np.testing.assert_allclose(res.to_numpy(), reference(a, b), atol=1e-6)
     part = df.iloc[7:41]
@@ -71,7 +77,9 @@ def test_variable_list_with_empty_null_rows_and_null_values() -> None:
     t = pa.list_(pa.float32())
     col_a = pa.array([list(a[0]), None, list(a[2]), list(a[3])], t)  # null row of length 0
     col_b = pa.array([list(b[0]), list(b[1]), [1.0, None, 2.0], list(b[3])], t)  # a null value
-    df = pd.DataFrame({"a": pd.array(col_a, dtype=pd.ArrowDtype(t)), "b": pd.array(col_b, dtype=pd.ArrowDtype(t))})
+    df = pd.DataFrame(
+        {"a": pd.array(col_a, dtype=pd.ArrowDtype(t)), "b": pd.array(col_b, dtype=pd.ArrowDtype(t))}
+    )
     res = pairwise_partition(df, "a", "b", **OPTS).to_numpy()
     assert np.isnan(res[1]) and np.isnan(res[2])
     np.testing.assert_allclose(res[[0, 3]], reference(a, b)[[0, 3]], atol=1e-6)
@@ -108,8 +116,12 @@ def test_ragged_rows_name_the_row(fmt: str) -> None:
     a, b = random_pairs(5, 4)
     df = pairs_frame(a, b, fmt, index=pd.Index([10, 11, 12, 13, 14]))
     short = a[3][:3]
-    cell = {"list": list(short), "object_numpy": short, "object_lists": list(short),
-            "object_torch_300x1": torch.from_numpy(short).reshape(3, 1)}[fmt]
+    cell = {
+        "list": list(short),
+        "object_numpy": short,
+        "object_lists": list(short),
+        "object_torch_300x1": torch.from_numpy(short).reshape(3, 1),
+    }[fmt]
     if fmt == "list":
         rows = [list(r) for r in a]
         rows[3] = cell
@@ -117,16 +129,22 @@ def test_ragged_rows_name_the_row(fmt: str) -> None:
         df["embeds_a"] = pd.array(pa.array(rows, t), dtype=pd.ArrowDtype(t))
     else:
         df.at[13, "embeds_a"] = cell
-    with pytest.raises(ValueError, match=r"column 'embeds_a': row 13 has 3 values but row 10 has 4"):
+    with pytest.raises(
+        ValueError, match=r"column 'embeds_a': row 13 has 3 values but row 10 has 4"
+    ):
         pairwise_partition(df, "embeds_a", "embeds_b", **OPTS)
 
 
 def test_a_b_length_mismatch_names_the_row() -> None:
     a, _ = random_pairs(3, 4)
     _, b = random_pairs(3, 5)
-    df = pd.DataFrame({"a": pairs_frame(a, a, "list")["embeds_a"].array,
-                       "b": pairs_frame(b, b, "object_numpy")["embeds_b"].to_numpy()},
-                      index=["x", "y", "z"])
+    df = pd.DataFrame(
+        {
+            "a": pairs_frame(a, a, "list")["embeds_a"].array,
+            "b": pairs_frame(b, b, "object_numpy")["embeds_b"].to_numpy(),
+        },
+        index=["x", "y", "z"],
+    )
     df.loc["x", "a"] = None
     with pytest.raises(ValueError, match=r"row 'y': column 'a' has 4 values and column 'b' has 5"):
         pairwise_partition(df, "a", "b", **OPTS)
@@ -136,7 +154,9 @@ def test_non_numeric_cell_names_the_row() -> None:
     a, b = random_pairs(3, 4)
     df = pairs_frame(a, b, "object_numpy", index=pd.Index(["p", "q", "r"]))
     df.at["q", "embeds_b"] = "not a vector"
-    with pytest.raises(TypeError, match=r"column 'embeds_b': row 'q' holds str 'not a vector', not a vector"):
+    with pytest.raises(
+        TypeError, match=r"column 'embeds_b': row 'q' holds str 'not a vector', not a vector"
+    ):
         pairwise_partition(df, "embeds_a", "embeds_b", **OPTS)
 
 
