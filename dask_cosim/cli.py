@@ -7,6 +7,7 @@ and prints a summary.
 from __future__ import annotations
 
 import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -40,17 +41,26 @@ def make_pairs(rows: int, dim: int, seed: int, first_id: int = 0) -> pd.DataFram
     )
 
 
-def summarize(cos: dd.Series) -> dict[str, Any]:
-    """Rows, nulls, mean, min, max and a 10-bin histogram over [-1, 1], in one compute."""
-    import dask
+def summarize(cos: dd.Series, show_progress: bool = False) -> dict[str, Any]:
+    """Rows, nulls, mean, min, max and a 10-bin histogram over [-1, 1], in one pass.
 
+    ``show_progress`` draws distributed's progress bar (needs a distributed Client).
+    """
     edges = np.linspace(-1, 1, 11)
     # A module-level function, not a lambda: a lambda makes distributed fall back to
     # cloudpickling the whole expression, which fails on pyarrow's dataset objects.
     hist = cos.dropna().map_partitions(_histogram, edges, meta=(None, object))
-    rows, nulls, mean, lo, hi, parts = dask.compute(
-        cos.size, cos.isna().sum(), cos.mean(), cos.min(), cos.max(), hist
-    )
+    wanted = [cos.size, cos.isna().sum(), cos.mean(), cos.min(), cos.max(), hist]
+    if show_progress:
+        from distributed import default_client, progress
+
+        client = default_client()
+        futures = client.compute(wanted)
+        progress(futures)
+        values = client.gather(futures)
+    else:
+        values = dask.compute(*wanted)
+    rows, nulls, mean, lo, hi, parts = values
     counts = np.sum(list(parts), axis=0) if len(parts) else np.zeros(10, int)
     return dict(
         rows=int(rows),
@@ -142,7 +152,7 @@ def demo(rows: int, dim: int, partitions: int | None, workers: int | None) -> No
             t0 = time.perf_counter()
             df = dask_cosim.read_parquet(folder / "pairs")
             df["cos"] = df.cosim.pairwise("embeds_a", "embeds_b")
-            summary = summarize(df["cos"])
+            summary = summarize(df["cos"], show_progress=sys.stdout.isatty())
             seconds = time.perf_counter() - t0
             click.echo("from Parquet to summary:")
             click.echo(format_summary(summary, seconds, rows * dim * 4 * 2))
