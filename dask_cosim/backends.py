@@ -239,6 +239,41 @@ def stack_object_column(
     if len(cells) == 0:
         return np.zeros((n, 0), dtype=np.float32), null
 
+    dense = _stack_uniform(cells)
+    if dense is None:
+        dense = _stack_checked(cells, positions, index, column)
+    if null is None:
+        return dense, None
+    # Null rows become zero rows (masked out of the result later).
+    if isinstance(dense, torch.Tensor):
+        full_t = dense.new_zeros((n, dense.shape[1]))
+        full_t[torch.from_numpy(positions)] = dense
+        return full_t, null
+    full = np.zeros((n, dense.shape[1]), dtype=dense.dtype)
+    full[positions] = dense
+    return full, null
+
+
+def _stack_uniform(cells: np.ndarray) -> np.ndarray | torch.Tensor | None:
+    """The common case in one stack: every cell a tensor (or every cell an ndarray) of one
+    shape and numeric dtype.  None when the cells differ, so the checked path decides."""
+    kinds = {(type(x), getattr(x, "shape", None), getattr(x, "dtype", None)) for x in cells}
+    if len(kinds) != 1:
+        return None
+    first: tuple[type, Any, Any] = next(iter(kinds))
+    kind, _, dtype = first
+    if issubclass(kind, torch.Tensor) and not dtype.is_complex and dtype != torch.bool:
+        with torch.no_grad():  # cells that require grad must not build a graph
+            return torch.stack(list(cells)).reshape(len(cells), -1)
+    if issubclass(kind, np.ndarray) and dtype.kind in "fiu":
+        return np.stack(list(cells)).reshape(len(cells), -1)
+    return None
+
+
+def _stack_checked(
+    cells: np.ndarray, positions: np.ndarray, index: Any, column: str
+) -> np.ndarray | torch.Tensor:
+    """Cell by cell: mixed shapes, lists, mixed types; raises naming the first bad row."""
     all_torch = all(isinstance(x, torch.Tensor) for x in cells)
     if all_torch:
         flat_cells: list[Any] = [t.detach().reshape(-1) for t in cells]
@@ -266,18 +301,8 @@ def stack_object_column(
             dim,
         )
     if all_torch:
-        dense = torch.stack([t.cpu() for t in flat_cells])
-        if null is None:
-            return dense, None
-        full_t = dense.new_zeros((n, dim))
-        full_t[torch.from_numpy(positions)] = dense
-        return full_t, null
-    stacked = np.stack(flat_cells)
-    if null is None:
-        return stacked, None
-    full = np.zeros((n, dim), dtype=stacked.dtype)
-    full[positions] = stacked
-    return full, null
+        return torch.stack([t.cpu() for t in flat_cells])
+    return np.stack(flat_cells)
 
 
 def _short(x: Any) -> str:
