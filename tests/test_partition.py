@@ -174,9 +174,17 @@ def test_mixed_cell_kinds_and_grad_tensors() -> None:
     """Cells of different shapes/types take the checked path and agree with the fast one."""
     a, b = random_pairs(6, 4)
     cells = np.empty(6, dtype=object)
-    cells[:] = [torch.from_numpy(a[0]).reshape(4, 1), a[1], list(a[2]), torch.from_numpy(a[3]), a[4].reshape(2, 2), a[5]]
+    cells[:] = [
+        torch.from_numpy(a[0]).reshape(4, 1),
+        a[1],
+        list(a[2]),
+        torch.from_numpy(a[3]),
+        a[4].reshape(2, 2),
+        a[5],
+    ]
     grad = np.empty(6, dtype=object)
-    grad[:] = [torch.from_numpy(r.copy()).requires_grad_() for r in b]
+    for i, row in enumerate(b):  # item by item: numpy would call __array__ on a list
+        grad[i] = torch.from_numpy(row.copy()).requires_grad_()
     df = pd.DataFrame({"a": cells, "b": grad})
     res = pairwise_partition(df, "a", "b", **OPTS)
     np.testing.assert_allclose(res.to_numpy(), reference(a, b), atol=1e-6)
