@@ -160,11 +160,12 @@ def _recompute_overflowed(
     if not bool(bad.any()):
         return
     rows = bad.nonzero().squeeze(1)
-    rows_cpu = rows.to(a.device)
-    x = a.index_select(0, rows_cpu).to(device=device, dtype=torch.float64)
-    y = b.index_select(0, rows_cpu.to(b.device)).to(device=device, dtype=torch.float64)
-    dot = torch.linalg.vecdot(x, y)
-    den = torch.linalg.vecdot(x, x).sqrt().clamp_min(eps) * torch.linalg.vecdot(
-        y, y
-    ).sqrt().clamp_min(eps)
-    res.index_copy_(0, rows, (dot / den).to(res.dtype))
+    # The kernel itself, in float64 (which takes no such fallback), on just those rows.
+    redo = pairwise_cosine(
+        a.index_select(0, rows.to(a.device)),
+        b.index_select(0, rows.to(b.device)),
+        eps=eps,
+        device=device,
+        dtype=torch.float64,
+    )
+    res.index_copy_(0, rows, redo.to(res.dtype))
