@@ -107,8 +107,7 @@ class CosimAccessor:
         if dtype is None:
             # Decided here, from the metadata, so that every partition agrees with the
             # meta (object columns reveal their dtype only at compute time: float32).
-            both64 = all(str(s.dtype) == "float64" for s in (spec_a, spec_b))
-            dtype = torch.float64 if both64 else torch.float32
+            dtype = partition.default_result_dtype([spec_a.dtype, spec_b.dtype])
         meta_out = backends.make_result(meta[a], torch.empty(0, dtype=dtype), None, name)
         columns = [a] if a == b else [a, b]
         return obj[columns].map_partitions(

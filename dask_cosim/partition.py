@@ -15,7 +15,7 @@ import torch
 
 from dask_cosim import backends, kernels
 
-__all__ = ["pairwise_partition", "resolve_device", "as_torch_dtype"]
+__all__ = ["pairwise_partition", "resolve_device", "as_torch_dtype", "default_result_dtype"]
 
 _DTYPES = {
     "float32": torch.float32,
@@ -42,8 +42,17 @@ def as_torch_dtype(dtype: Any) -> torch.dtype | None:
     return _DTYPES[key]
 
 
+def default_result_dtype(input_dtypes: list[Any]) -> torch.dtype:
+    """float64 when every input dtype (numpy or torch) is float64, else float32.
+
+    None stands for a dtype the metadata cannot tell (object columns): float32.
+    """
+    names = [str(dt).removeprefix("torch.") for dt in input_dtypes]
+    return torch.float64 if names and all(n == "float64" for n in names) else torch.float32
+
+
 def resolve_device(device: str | torch.device, data_device: torch.device) -> torch.device:
-    """ "auto" -> the data's GPU, else this process's GPU (cuda:0 under dask-cuda), else CPU."""
+    """Resolve "auto": the data's GPU, else our GPU (cuda:0 under dask-cuda), else CPU."""
     if isinstance(device, torch.device):
         return device
     if device == "auto":
@@ -101,10 +110,8 @@ def pairwise_partition(
     n = va.length
 
     out_dtype = as_torch_dtype(dtype)
-    in_dtypes = [t.dtype for t in va.blocks + vb.blocks]
     if out_dtype is None:
-        both64 = in_dtypes and all(dt == torch.float64 for dt in in_dtypes)
-        out_dtype = torch.float64 if both64 else torch.float32
+        out_dtype = default_result_dtype([t.dtype for t in va.blocks + vb.blocks])
 
     data_device = va.blocks[0].device if va.blocks else torch.device("cpu")
     target = resolve_device(device, data_device)
