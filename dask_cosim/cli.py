@@ -21,13 +21,14 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+import dask_cosim  # also registers the .cosim accessor
+from dask_cosim.io import vectors_to_arrow
+
 __all__ = ["main", "make_pairs", "summarize"]
 
 
 def make_pairs(rows: int, dim: int, seed: int, first_id: int = 0) -> pd.DataFrame:
     """``rows`` pairs with similarities spread over [-1, 1]: b = t*a + (1-|t|)*noise."""
-    from dask_cosim.io import vectors_to_arrow
-
     rng = np.random.default_rng(seed)
     a = rng.standard_normal((rows, dim), dtype=np.float32)
     t = rng.uniform(-1, 1, size=(rows, 1)).astype(np.float32)
@@ -123,8 +124,6 @@ def main() -> None:
 )
 def demo(rows: int, dim: int, partitions: int | None, workers: int | None) -> None:
     """Generate pairs into a temporary folder and score them on a local cluster."""
-    import dask_cosim
-
     if partitions is None:
         partitions = max(1, min(rows, (rows * dim * 8) // (64 * 2**20)))
     bounds = np.linspace(0, rows, partitions + 1).astype(int)

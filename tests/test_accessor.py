@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import dask
 import dask.dataframe as dd
 import numpy as np
@@ -192,7 +194,7 @@ def test_read_parquet_every_layout(tmp_path: object) -> None:
     for fmt in ("fixed_size_list", "list"):
         table = pa.Table.from_pandas(pairs_frame(a, b, fmt), preserve_index=False)
         folder = f"{base}/{fmt}"
-        __import__("os").makedirs(folder)
+        os.makedirs(folder)
         pq.write_table(table.slice(0, 25), f"{folder}/part0.parquet")
         pq.write_table(table.slice(25), f"{folder}/part1.parquet", row_group_size=5)
         ddf = dask_cosim.read_parquet(folder)

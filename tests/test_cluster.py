@@ -7,12 +7,13 @@ import subprocess
 import sys
 
 import numpy as np
+import pandas as pd
 import pytest
 from distributed import Client, get_task_stream
 from distributed.utils_test import cleanup, client, cluster_fixture, loop, loop_in_thread  # noqa: F401
 
 import dask_cosim
-from tests.conftest import random_pairs, reference
+from tests.conftest import pairs_frame, random_pairs, reference
 
 
 def test_pairwise_on_worker_processes(client: Client, tmp_path: object) -> None:  # noqa: F811
@@ -20,9 +21,7 @@ def test_pairwise_on_worker_processes(client: Client, tmp_path: object) -> None:
     workers = client.run(os.getpid)
     assert len(workers) == 2 and os.getpid() not in workers.values()
     a, b = random_pairs(3000, 300)
-    pdf = __import__("tests.conftest", fromlist=["pairs_frame"]).pairs_frame(
-        a, b, "object_torch_300x1"
-    )
+    pdf = pairs_frame(a, b, "object_torch_300x1")
     ddf = dask_cosim.from_pandas(pdf, npartitions=7)
     ddf["cos"] = ddf.cosim.pairwise("embeds_a", "embeds_b")
     with get_task_stream(client) as stream:
@@ -37,12 +36,11 @@ def test_pairwise_on_worker_processes(client: Client, tmp_path: object) -> None:
     back = dask_cosim.read_parquet(f"{tmp_path}/in")
     back["cos"] = back.cosim.pairwise("embeds_a", "embeds_b")
     back[["id", "cos"]].to_parquet(f"{tmp_path}/out")
-    out = __import__("pandas").read_parquet(f"{tmp_path}/out").sort_values("id")
+    out = pd.read_parquet(f"{tmp_path}/out").sort_values("id")
     np.testing.assert_allclose(out["cos"].to_numpy(), reference(a, b), atol=1e-6)
 
 
 def test_errors_travel_back_from_workers(client: Client) -> None:  # noqa: F811
-    import pandas as pd
     import pyarrow as pa
 
     t = pa.list_(pa.float32())
@@ -61,9 +59,7 @@ def test_local_cluster_cpu_binds_localhost() -> None:
         assert all(w.startswith("tcp://127.0.0.1:") for w in info["workers"])
         assert all(v["nthreads"] == 1 for v in info["workers"].values())
         a, b = random_pairs(500, 300)
-        pdf = __import__("tests.conftest", fromlist=["pairs_frame"]).pairs_frame(
-            a, b, "fixed_size_list"
-        )
+        pdf = pairs_frame(a, b, "fixed_size_list")
         cos = dask_cosim.from_pandas(pdf, npartitions=4).cosim.pairwise("embeds_a", "embeds_b")
         np.testing.assert_allclose(cos.compute().to_numpy(), reference(a, b), atol=1e-6)
 

@@ -6,6 +6,8 @@ dask_cudf / dask_cuda and skip cleanly where those are not installed.
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -116,7 +118,7 @@ def test_local_cuda_cluster_one_worker_per_gpu() -> None:
     with dask_cosim.local_cluster(dashboard_address="127.0.0.1:0") as client:
         assert len(client.scheduler_info()["workers"]) == n
         # Each worker sees its own GPU as cuda:0 (CUDA_VISIBLE_DEVICES rotated).
-        visible = client.run(lambda: __import__("os").environ["CUDA_VISIBLE_DEVICES"].split(",")[0])
+        visible = client.run(lambda: os.environ["CUDA_VISIBLE_DEVICES"].split(",")[0])
         assert len(set(visible.values())) == n
         a, b = random_pairs(4000, 300)
         ddf = dask_cosim.from_pandas(pairs_frame(a, b, "fixed_size_list"), npartitions=2 * n)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dask
 import numpy as np
 import pytest
 import torch
@@ -105,8 +106,6 @@ def test_chunk_budget() -> None:
         == 10
     )
     assert kernels.chunk_rows_for(10**9, torch.float64, "cpu") == 1
-    import dask
-
     with dask.config.set({"cosim.chunk-bytes.cpu": "2400B"}):
         assert kernels.chunk_rows_for(300, torch.float32) == 2
 
@@ -127,7 +126,7 @@ def test_does_not_materialise_whole_partition(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setattr(torch.linalg, "vecdot", spy)
     monkeypatch.setattr(torch.nn.functional, "cosine_similarity", forbidden)
     a, b = random_pairs(10_000, 300)
-    with __import__("dask").config.set({"cosim.chunk-bytes.cpu": "1MiB"}):
+    with dask.config.set({"cosim.chunk-bytes.cpu": "1MiB"}):
         kernels.pairwise_cosine(torch.from_numpy(a), torch.from_numpy(b))
     assert max(sizes) == 873 and sum(sizes) == 3 * 10_000  # a.b, a.a, b.b
 
