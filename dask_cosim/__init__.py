@@ -18,7 +18,7 @@ with open(os.path.join(os.path.dirname(__file__), "cosim.yaml")) as _f:
 from dask_cosim import kernels  # noqa: E402
 from dask_cosim.accessor import CosimAccessor, register_cudf_accessor  # noqa: E402
 from dask_cosim.cluster import local_cluster  # noqa: E402
-from dask_cosim.io import from_pandas, read_parquet  # noqa: E402
+from dask_cosim.io import from_pandas, read_parquet, to_parquet  # noqa: E402
 from dask_cosim.kernels import pairwise_cosine  # noqa: E402
 from dask_cosim.partition import pairwise_partition  # noqa: E402
 
@@ -36,4 +36,5 @@ __all__ = [
     "pairwise_cosine",
     "pairwise_partition",
     "read_parquet",
+    "to_parquet",
 ]

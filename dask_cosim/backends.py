@@ -1,12 +1,16 @@
 """Columns <-> tensors, per dataframe library: the only module that knows pandas from cudf.
 
-Three dispatchers, keyed on the Series type:
+Dispatchers keyed on the Series (or DataFrame) type:
 
 - ``vector_spec(meta_series, column)``: what a (possibly empty) column holds, from its dtype
   alone, or a ``TypeError`` saying what is wrong and how to fix it;
 - ``to_vectors(series, column)``: the column's rows as (N, D) tensors, zero-copy where the
   layout allows;
-- ``make_result(like, values, null, name)``: a Series of the library of ``like``.
+- ``make_result(like, values, null, name)``: a Series of the library of ``like``;
+- ``frame_to_arrow(df, preserve_index)``: a partition as an Arrow table, for writing;
+
+and ``frame_from_arrow(table, backend)``, which picks the library by name ("pandas" or
+"cudf", dask's ``dataframe.backend``) because a table read from a file has no library yet.
 
 pandas is registered here; cudf lazily (``register_lazy("cudf")``) so cudf is imported only
 when the user already has cudf objects.
@@ -30,6 +34,9 @@ __all__ = [
     "vector_spec",
     "to_vectors",
     "make_result",
+    "frame_to_arrow",
+    "frame_from_arrow",
+    "arrow_vector_types",
     "stack_object_column",
     "ACCEPTED",
 ]
@@ -71,6 +78,7 @@ class Vectors:
 vector_spec = Dispatch("vector_spec")
 to_vectors = Dispatch("to_vectors")
 make_result = Dispatch("make_result")
+frame_to_arrow = Dispatch("frame_to_arrow")
 
 
 # --------------------------------------------------------------------------- errors
@@ -360,14 +368,60 @@ def _pandas_make_result(like: pd.Series, values: torch.Tensor, null: Any, name: 
     return pd.Series(array, index=like.index, name=name, copy=False)
 
 
+@frame_to_arrow.register(pd.DataFrame)
+def _pandas_frame_to_arrow(df: pd.DataFrame, preserve_index: bool | None) -> pa.Table:
+    return pa.Table.from_pandas(df, preserve_index=preserve_index)
+
+
+def arrow_vector_types(arrow_type: pa.DataType) -> pd.ArrowDtype | None:
+    """``types_mapper`` for ``Table.to_pandas``: list columns stay Arrow, all else default.
+
+    Mapping them explicitly also keeps pandas from parsing the dtype string it wrote into
+    the file's metadata, which it cannot do for fixed_size_list ("Passing pyarrow type
+    specific parameters ([300]) in the string is not supported").
+    """
+    if (
+        pa.types.is_fixed_size_list(arrow_type)
+        or pa.types.is_list(arrow_type)
+        or pa.types.is_large_list(arrow_type)
+    ):
+        return pd.ArrowDtype(arrow_type)
+    return None
+
+
+def frame_from_arrow(table: pa.Table, backend: str = "pandas") -> Any:
+    """An Arrow table (vectors as fixed_size_list) -> a pandas or cudf DataFrame.
+
+    pandas: vector columns become ``pd.ArrowDtype`` columns sharing the table's buffers;
+    the index is restored from the pandas metadata.  cudf: one host-to-device copy.
+    """
+    if backend == "cudf":
+        import cudf
+
+        # cudf has no fixed-size list type: its list columns carry offsets.
+        fields = [
+            pa.field(f.name, pa.list_(f.type.value_type), f.nullable, f.metadata)
+            if pa.types.is_fixed_size_list(f.type)
+            else f
+            for f in table.schema
+        ]
+        return cudf.DataFrame.from_arrow(table.cast(pa.schema(fields, table.schema.metadata)))
+    return table.to_pandas(types_mapper=arrow_vector_types)
+
+
 # --------------------------------------------------------------------------- cudf (lazy)
 
 
 @vector_spec.register_lazy("cudf")
 @to_vectors.register_lazy("cudf")
 @make_result.register_lazy("cudf")
+@frame_to_arrow.register_lazy("cudf")
 def _register_cudf() -> None:
     import cudf
+
+    @frame_to_arrow.register(cudf.DataFrame)
+    def _cudf_frame_to_arrow(df: Any, preserve_index: bool | None) -> pa.Table:
+        return df.to_arrow(preserve_index=preserve_index)
 
     @vector_spec.register(cudf.Series)
     def _cudf_vector_spec(meta: Any, column: str) -> VectorSpec:

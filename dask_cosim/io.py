@@ -1,28 +1,67 @@
-"""Getting embedding frames into dask without losing them.
+"""Getting embedding frames into dask and onto disk without losing them.
 
 - :func:`from_pandas`: object columns of per-row arrays/tensors -> Arrow fixed_size_list,
   then ``dd.from_pandas`` (which would otherwise turn them into truncated strings).
-- :func:`read_parquet`: list columns stay Arrow lists (pandas) or cudf list columns.
+- :func:`to_parquet`: a frame -> a folder of Parquet files in the layout that reads
+  fastest, written atomically, described by a manifest and by each file's own metadata.
+- :func:`read_parquet`: our folders (any layout) zero-copy at pyarrow's speed; any other
+  Parquet with list columns kept as Arrow lists (pandas) or cudf list columns.
+
+Storage layouts for a vector column:
+
+- "binary" (default): each vector is one Parquet FIXED_LEN_BYTE_ARRAY value of D * itemsize
+  bytes, no dictionary, no compression.  pyarrow decodes it with one copy (~10x faster
+  than list<float>); other readers see opaque bytes.  The field metadata
+  (``dask_cosim.dim``, ``dask_cosim.dtype``) says how to read them back.
+- "list": Arrow fixed_size_list<D>, stored as a Parquet LIST.  Every Parquet reader
+  understands it; pyarrow decodes it at ~1 GB/s here.
 """
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import uuid
+from collections.abc import Sequence
 from typing import Any
 
+import dask
 import dask.config
 import dask.dataframe as dd
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
 import torch
 
 from dask_cosim import backends
+from dask_cosim.backends import arrow_vector_types
 
-__all__ = ["from_pandas", "read_parquet", "vectors_to_arrow", "vector_columns"]
+__all__ = [
+    "LAYOUTS",
+    "MANIFEST",
+    "from_pandas",
+    "read_parquet",
+    "to_parquet",
+    "restore_vectors",
+    "vectors_to_arrow",
+    "encode_vectors",
+    "vector_columns",
+    "arrow_vector_types",
+]
 
 # Partition size from_pandas aims at when neither npartitions nor chunksize is given.
 _TARGET_PARTITION_BYTES = 128 * 2**20
+
+LAYOUTS = ("binary", "list")
+# The folder's description, next to the part files (readers skip names starting with "_").
+MANIFEST = "_dask_cosim.json"
+_FORMAT_VERSION = 1
+# Field metadata on a binary vector column: how to turn its bytes back into vectors.
+_DIM_KEY = b"dask_cosim.dim"
+_DTYPE_KEY = b"dask_cosim.dtype"
 
 
 def vectors_to_arrow(
@@ -32,19 +71,83 @@ def vectors_to_arrow(
 
     bfloat16, which numpy and Arrow lack, becomes float32.
     """
+    return pd.arrays.ArrowExtensionArray(encode_vectors(values, null, "list"))
+
+
+def encode_vectors(
+    values: np.ndarray | torch.Tensor, null: np.ndarray | None = None, layout: str = "list"
+) -> pa.Array:
+    """(N, D) numbers -> one Arrow array in ``layout``: "list" gives fixed_size_list<D>,
+    "binary" gives fixed_size_binary(D * itemsize).  No copy of contiguous host data."""
+    values = _host_array(values)
+    n, dim = values.shape
+    flat = pa.array(values.reshape(-1))
+    validity = None
+    if null is not None and np.asarray(null).any():
+        # A bit-packed validity buffer (from_arrays gained mask= only in newer pyarrow).
+        validity = pa.array(~np.asarray(null, dtype=bool)).buffers()[1]
+    if layout == "binary":
+        width = dim * values.itemsize
+        return pa.Array.from_buffers(pa.binary(width), n, [validity, flat.buffers()[1]])
+    return pa.Array.from_buffers(pa.list_(flat.type, dim), n, [validity], children=[flat])
+
+
+def _host_array(values: np.ndarray | torch.Tensor) -> np.ndarray:
+    """A C-contiguous numpy array on the host; bfloat16 (unknown to numpy/Arrow) -> float32."""
     if isinstance(values, torch.Tensor):
         if values.dtype == torch.bfloat16:
             values = values.float()
         values = values.detach().cpu().contiguous().numpy()
-    values = np.ascontiguousarray(values)
-    n, dim = values.shape
-    flat = pa.array(values.reshape(-1))
-    validity = None
-    if null is not None and null.any():
-        # A bit-packed validity buffer (from_arrays gained mask= only in newer pyarrow).
-        validity = pa.array(~np.asarray(null, dtype=bool)).buffers()[1]
-    array = pa.Array.from_buffers(pa.list_(flat.type, dim), n, [validity], children=[flat])
-    return pd.arrays.ArrowExtensionArray(array)
+    return np.ascontiguousarray(values)
+
+
+def _binary_to_list(chunk: pa.Array, value_type: pa.DataType, dim: int) -> pa.Array:
+    """fixed_size_binary chunk -> fixed_size_list<D> over the same bytes (no copy)."""
+    validity, data = chunk.buffers()
+    values = pa.Array.from_buffers(value_type, (chunk.offset + len(chunk)) * dim, [None, data])
+    return pa.Array.from_buffers(
+        pa.list_(value_type, dim), len(chunk), [validity], children=[values], offset=chunk.offset
+    )
+
+
+def _vector_field(name: str, value_type: pa.DataType, dim: int, layout: str) -> pa.Field:
+    if layout == "list":
+        return pa.field(name, pa.list_(value_type, dim))
+    dtype = np.dtype(value_type.to_pandas_dtype()).name
+    return pa.field(
+        name,
+        pa.binary(dim * value_type.bit_width // 8),
+        metadata={_DIM_KEY: str(dim).encode(), _DTYPE_KEY: dtype.encode()},
+    )
+
+
+def stored_vector(field: pa.Field) -> tuple[int, str] | None:
+    """(D, dtype name) of a vector column as stored, in either layout; None for others."""
+    meta = field.metadata or {}
+    if pa.types.is_fixed_size_binary(field.type) and _DIM_KEY in meta:
+        return int(meta[_DIM_KEY]), meta[_DTYPE_KEY].decode()
+    if pa.types.is_fixed_size_list(field.type):
+        return field.type.list_size, np.dtype(field.type.value_type.to_pandas_dtype()).name
+    return None
+
+
+def restore_vectors(table: pa.Table) -> pa.Table:
+    """Binary vector columns (those carrying our field metadata) -> fixed_size_list<D>.
+
+    No copy: the list's values are the bytes pyarrow read.  Other columns are untouched.
+    """
+    for i, field in enumerate(table.schema):
+        stored = stored_vector(field)
+        if stored is None or not pa.types.is_fixed_size_binary(field.type):
+            continue
+        dim, dtype = stored
+        value_type = pa.from_numpy_dtype(np.dtype(dtype))
+        chunks = [_binary_to_list(c, value_type, dim) for c in table.column(i).chunks]
+        list_type = pa.list_(value_type, dim)
+        table = table.set_column(
+            i, pa.field(field.name, list_type), pa.chunked_array(chunks, list_type)
+        )
+    return table
 
 
 def vector_columns(pdf: pd.DataFrame) -> list[str]:
@@ -102,23 +205,330 @@ def from_pandas(
     return dd.from_pandas(converted, npartitions=npartitions, chunksize=chunksize, sort=sort)
 
 
+# --------------------------------------------------------------------------- writing
+
+
+def frame_to_table(
+    df: Any,
+    *,
+    layout: str = "binary",
+    vectors: Sequence[str] | None = None,
+    preserve_index: bool | None = None,
+) -> pa.Table:
+    """One pandas or cudf frame -> the Arrow table :func:`to_parquet` writes.
+
+    Vector columns (``vectors``; default every list column) are read as ``pairwise`` reads
+    them (so object columns of tensors work, and ragged rows raise naming the row), then
+    encoded in ``layout``; the other columns and the index as pyarrow writes them.
+    """
+    _check_layout(layout)
+    vectors = list(vectors) if vectors is not None else list_columns(df)
+    others = [c for c in df.columns if c not in vectors]
+    table = backends.frame_to_arrow(df[others], preserve_index)
+    fields, arrays = list(table.schema), list(table.columns)
+    positions = {c: i for i, c in enumerate(df.columns)}
+    # In column order, so each lands where it was (index columns stay last).
+    for column in sorted(vectors, key=positions.__getitem__):
+        field, array = _encode_column(df[column], str(column), layout)
+        fields.insert(positions[column], field)
+        arrays.insert(positions[column], array)
+    # From arrays, not add_column: a table of the index alone may have no columns, and
+    # then pyarrow gives it 0 rows.
+    return pa.Table.from_arrays(arrays, schema=pa.schema(fields, table.schema.metadata))
+
+
+def list_columns(meta: Any) -> list[str]:
+    """Columns whose dtype alone says they hold vectors (Arrow or cudf lists of numbers)."""
+    found = []
+    for column in meta.columns:
+        try:
+            spec = backends.vector_spec(meta[column], str(column))
+        except TypeError:
+            continue
+        if spec.dtype is not None:  # object columns could hold anything: name them
+            found.append(column)
+    return found
+
+
+def _encode_column(series: Any, column: str, layout: str) -> tuple[pa.Field, pa.ChunkedArray]:
+    vectors = backends.to_vectors(series, column)
+    null = vectors.null
+    if isinstance(null, torch.Tensor):
+        null = null.cpu().numpy()
+    blocks = [_host_array(b) for b in vectors.blocks]
+    if blocks:
+        dtype = blocks[0].dtype
+    else:  # no rows: the dtype and D come from the metadata where it has them
+        spec = backends.vector_spec(series.iloc[:0], column)
+        dtype = spec.dtype or np.dtype(np.float32)
+        blocks = [np.zeros((0, spec.dim or 0), dtype=dtype)]
+    chunks, row = [], 0
+    for block in blocks:
+        n = len(block)
+        chunks.append(encode_vectors(block, None if null is None else null[row : row + n], layout))
+        row += n
+    field = _vector_field(column, pa.from_numpy_dtype(dtype), blocks[0].shape[1], layout)
+    return field, pa.chunked_array(chunks, field.type)
+
+
+def to_parquet(
+    df: Any,
+    path: str | os.PathLike[str],
+    *,
+    layout: str = "binary",
+    vectors: Sequence[str] | None = None,
+    compression: str | dict[str, str] | None = "snappy",
+    row_group_rows: int | None = None,
+    write_index: bool | None = None,
+    overwrite: bool = False,
+    compute: bool = True,
+) -> Any:
+    """Write a frame to a folder of Parquet files, one per partition, atomically.
+
+    The files go to a hidden folder next to ``path``, which is renamed to ``path`` only
+    after every partition is written (a failed or interrupted run leaves ``path`` as it
+    was).  The folder holds ``part.N.parquet`` files and a manifest, ``_dask_cosim.json``
+    (layout, each vector column's D and dtype, rows and index range per file), which
+    :func:`read_parquet` uses to read the folder back, with divisions when the index was
+    sorted.  pandas metadata is written only for the non-vector columns and the index.
+
+    Parameters
+    ----------
+    df : dask DataFrame or pandas DataFrame
+        pandas frames go through :func:`from_pandas` first.
+    path : str or path-like
+        The folder to create: a local path, or a URL pyarrow or fsspec knows.  The final
+        rename is atomic on local disks; on object stores it is a copy.
+    layout : {"binary", "list"}, default "binary"
+        How vector columns are stored (see the module docstring): "binary" reads ~10x
+        faster with pyarrow; "list" is readable by every Parquet reader.
+    vectors : list of str, optional
+        Columns to store as vectors; default every Arrow/cudf list column.  Name object
+        columns of arrays or tensors here to convert them.
+    compression : str, dict or None, default "snappy"
+        Codec for the non-vector columns (vector columns are stored uncompressed: float
+        embeddings barely compress and decompressing costs more than it saves), or a
+        dict per column as in ``pyarrow.parquet.write_table``.
+    row_group_rows : int, optional
+        Rows per Parquet row group; default pyarrow's (a whole partition up to 1Mi rows).
+    write_index : bool, optional
+        As ``preserve_index`` in ``pyarrow.Table.from_pandas``: None stores a RangeIndex
+        as metadata and any other index as a column.
+    overwrite : bool, default False
+        Replace an existing ``path`` (after the new folder is complete).
+    compute : bool, default True
+        False returns a ``dask.delayed`` object that writes and commits when computed.
+
+    Returns
+    -------
+    dict
+        The manifest (with ``compute=False``: a Delayed that returns it).
+    """
+    _check_layout(layout)
+    if isinstance(df, pd.DataFrame):
+        df = from_pandas(df)
+    if not isinstance(df, dd.DataFrame):
+        raise TypeError(
+            f"to_parquet expects a dask or pandas DataFrame, got {type(df).__name__}; "
+            "wrap an eager frame with dask.dataframe.from_pandas(df, npartitions=1)"
+        )
+    meta = df._meta
+    if vectors is None:
+        vectors = list_columns(meta)
+    missing = [c for c in vectors if c not in meta.columns]
+    if missing:
+        raise KeyError(f"vector columns {missing!r} not found; available: {list(meta.columns)!r}")
+    fs, root = _filesystem(path)
+    if _exists(fs, root) and not overwrite:
+        raise FileExistsError(f"{str(path)!r} exists; pass overwrite=True to replace it")
+    parent, name = root.rsplit("/", 1) if "/" in root else ("", root)
+    staging = f"{parent}/.{name}.cosim-{uuid.uuid4().hex[:12]}"
+    fs.create_dir(staging)
+    written = df.map_partitions(
+        _write_partition,
+        fs,
+        staging,
+        layout,
+        list(vectors),
+        compression,
+        row_group_rows,
+        write_index,
+        partition_info=True,
+        meta=_WRITTEN_META,
+        enforce_metadata=False,
+        token="cosim-to-parquet",
+    )
+    commit = dask.delayed(_commit, pure=False)(written, fs, staging, root, layout, overwrite)
+    if not compute:
+        return commit
+    try:
+        return commit.compute()
+    except BaseException:
+        if _exists(fs, staging):
+            fs.delete_dir(staging)
+        raise
+
+
+# One row per partition written: file name, rows, JSON [min, max] of a sorted index (or
+# "null"), JSON {column: [D, dtype]}.
+_WRITTEN_META = pd.DataFrame(
+    {
+        "file": pd.Series([], dtype=object),
+        "rows": pd.Series([], dtype="int64"),
+        "index": pd.Series([], dtype=object),
+        "vectors": pd.Series([], dtype=object),
+    }
+)
+
+
+def _write_partition(
+    df: Any,
+    fs: pafs.FileSystem,
+    staging: str,
+    layout: str,
+    vectors: list[str],
+    compression: str | dict[str, str] | None,
+    row_group_rows: int | None,
+    write_index: bool | None,
+    partition_info: dict[str, Any] | None = None,
+) -> pd.DataFrame:
+    number = partition_info["number"] if partition_info else 0
+    name = f"part.{number}.parquet"
+    table = frame_to_table(df, layout=layout, vectors=vectors, preserve_index=write_index)
+    if not isinstance(compression, dict):
+        codec = compression or "none"
+        compression = {c: ("none" if c in vectors else codec) for c in table.column_names}
+    pq.write_table(
+        table,
+        f"{staging}/{name}",
+        filesystem=fs,
+        compression=compression,
+        # Dictionary-encoding distinct float vectors only costs: it makes the binary
+        # layout read ~5x slower.
+        use_dictionary=[c for c in table.column_names if c not in vectors],
+        row_group_size=row_group_rows,
+    )
+    stored = {c: stored_vector(table.schema.field(c)) for c in vectors}
+    return pd.DataFrame(
+        {
+            "file": [name],
+            "rows": [len(df)],
+            "index": [json.dumps(_index_range(df.index))],
+            "vectors": [json.dumps(stored)],
+        }
+    )
+
+
+def _commit(
+    written: pd.DataFrame,
+    fs: pafs.FileSystem,
+    staging: str,
+    root: str,
+    layout: str,
+    overwrite: bool,
+) -> dict[str, Any]:
+    """Write the manifest, then move the staging folder to ``root`` (the only rename)."""
+    vectors: dict[str, Any] = {}
+    for file, spec in zip(written["file"], written["vectors"]):
+        for column, (dim, dtype) in json.loads(spec).items():
+            first = vectors.setdefault(column, {"dim": dim, "dtype": dtype, "file": file})
+            if (first["dim"], first["dtype"]) != (dim, dtype) and dim:
+                raise ValueError(
+                    f"column {column!r}: {file} holds {dim}-long {dtype} vectors but "
+                    f"{first['file']} holds {first['dim']}-long {first['dtype']} ones; every "
+                    "partition needs the same D and dtype"
+                )
+    for spec in vectors.values():
+        del spec["file"]
+    files = [
+        {"path": file, "rows": int(rows), "index": json.loads(index)}
+        for file, rows, index in zip(written["file"], written["rows"], written["index"])
+    ]
+    nonempty = [f for f in files if f["rows"]] or files[:1]
+    for f in files:
+        if f not in nonempty:
+            fs.delete_file(f"{staging}/{f['path']}")
+    manifest = {
+        "format": "dask_cosim",
+        "version": _FORMAT_VERSION,
+        "layout": layout,
+        "vectors": vectors,
+        "rows": int(sum(f["rows"] for f in nonempty)),
+        "divisions": _divisions([f["index"] for f in nonempty]),
+        "files": nonempty,
+    }
+    with fs.open_output_stream(f"{staging}/{MANIFEST}") as out:
+        out.write(json.dumps(manifest, indent=1).encode())
+    if _exists(fs, root):
+        if not overwrite:
+            raise FileExistsError(f"{root!r} appeared while writing; pass overwrite=True")
+        old = f"{staging}-old"
+        fs.move(root, old)
+        fs.move(staging, root)
+        fs.delete_dir(old)
+    else:
+        fs.move(staging, root)
+    return manifest
+
+
+def _index_range(index: Any) -> list[Any] | None:
+    """[first, last] of a sorted index of numbers or strings, else None (for divisions)."""
+    if len(index) == 0 or not index.is_monotonic_increasing:
+        return None
+    first, last = index[0], index[-1]
+    first, last = (x.item() if hasattr(x, "item") else x for x in (first, last))
+    if all(isinstance(x, (int, float, str)) and not isinstance(x, bool) for x in (first, last)):
+        return [first, last]
+    return None
+
+
+def _divisions(ranges: list[list[Any] | None]) -> list[Any] | None:
+    """dask divisions from each file's [first, last] index, if they line up in order."""
+    if not ranges or any(r is None for r in ranges):
+        return None
+    bounds: list[list[Any]] = [r for r in ranges if r is not None]
+    if any(prev[1] >= nxt[0] for prev, nxt in zip(bounds, bounds[1:])):
+        return None
+    return [r[0] for r in bounds] + [bounds[-1][1]]
+
+
+def _exists(fs: pafs.FileSystem, path: str) -> bool:
+    return fs.get_file_info(path).type != pafs.FileType.NotFound
+
+
+def _check_layout(layout: str) -> None:
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout={layout!r}; use one of {LAYOUTS!r}")
+
+
 def read_parquet(path: Any, columns: list[str] | None = None, **kwargs: Any) -> dd.DataFrame:
     """Read Parquet into a dask DataFrame whose embedding columns stay vectors.
 
-    pandas backend: list columns come back as Arrow list types (``fixed_size_list`` when
-    stored so), through pyarrow's own filesystem for local paths (fsspec file objects cost
-    ~5x here), not as object columns of numpy arrays.  With dask's ``dataframe.backend``
-    set to "cudf": cudf list columns (dask_cudf).
+    A folder written by :func:`to_parquet` (any layout) is read by our own reader: one
+    partition per file, ``pyarrow.parquet.read_table`` on pyarrow's filesystem, vectors
+    restored without a copy, divisions from the manifest when the index was sorted.
+
+    Any other Parquet goes through ``dask.dataframe.read_parquet``.  pandas backend: list
+    columns come back as Arrow list types (``fixed_size_list`` when stored so), through
+    pyarrow's own filesystem for local paths (fsspec file objects cost ~5x here), not as
+    object columns of numpy arrays.  With dask's ``dataframe.backend`` set to "cudf": cudf
+    list columns (dask_cudf).
 
     Parameters
     ----------
     path : str, list of str or path-like
         File, directory, glob or fsspec URL.
     columns : list of str, optional
+        Columns to read (the index comes along).
     **kwargs
-        Passed to ``dask.dataframe.read_parquet`` (they win over the defaults above).
+        Our folders: ``filters`` (as in ``pyarrow.parquet.read_table``).  Other Parquet:
+        passed to ``dask.dataframe.read_parquet`` (they win over the defaults above).
     """
-    if dask.config.get("dataframe.backend", "pandas") == "cudf":
+    ours = _our_folder(path)
+    backend = dask.config.get("dataframe.backend", "pandas")
+    if ours is not None and set(kwargs) <= {"filters"}:
+        return _read_ours(*ours, columns=columns, filters=kwargs.get("filters"), backend=backend)
+    if backend == "cudf":
         return dd.read_parquet(path, columns=columns, **kwargs)
     arrow_to_pandas = dict(kwargs.pop("arrow_to_pandas", None) or {})
     arrow_to_pandas.setdefault("types_mapper", arrow_vector_types)
@@ -130,26 +540,96 @@ def read_parquet(path: Any, columns: list[str] | None = None, **kwargs: Any) -> 
             # dask's pyarrow-filesystem reader builds its meta from the pandas metadata in
             # the file, where pandas wrote Arrow list dtypes as strings it cannot parse
             # back ("list<item: float>[pyarrow]", seen with pandas 3.1); the fsspec reader
-            # honours our types_mapper instead.
+            # honours our types_mapper instead.  Our own folders never take this path.
             if "[pyarrow]" not in str(err) and "type specific parameters" not in str(err):
                 raise
     return dd.read_parquet(path, columns=columns, **kwargs)
 
 
-def arrow_vector_types(arrow_type: pa.DataType) -> pd.ArrowDtype | None:
-    """``types_mapper`` for ``Table.to_pandas``: list columns stay Arrow, all else default.
+def _our_folder(path: Any) -> tuple[pafs.FileSystem, str, dict[str, Any]] | None:
+    """(filesystem, folder, manifest) when ``path`` is a folder :func:`to_parquet` wrote."""
+    if not isinstance(path, (str, os.PathLike)) or any(c in str(path) for c in "*?["):
+        return None
+    fs, root = _filesystem(path)
+    manifest_path = f"{root}/{MANIFEST}"
+    if fs.get_file_info(manifest_path).type != pafs.FileType.File:
+        return None
+    with fs.open_input_stream(manifest_path) as f:
+        manifest = json.loads(f.read())
+    if manifest.get("format") != "dask_cosim" or manifest.get("version", 0) > _FORMAT_VERSION:
+        raise ValueError(
+            f"{MANIFEST} in {str(path)!r} is not a dask_cosim manifest this version can read "
+            f"(format {manifest.get('format')!r}, version {manifest.get('version')!r}); "
+            "upgrade dask_cosim"
+        )
+    return fs, root, manifest
 
-    Mapping them explicitly also keeps pandas from parsing the dtype string it wrote into
-    the file's metadata, which it cannot do for fixed_size_list ("Passing pyarrow type
-    specific parameters ([300]) in the string is not supported").
-    """
-    if (
-        pa.types.is_fixed_size_list(arrow_type)
-        or pa.types.is_list(arrow_type)
-        or pa.types.is_large_list(arrow_type)
-    ):
-        return pd.ArrowDtype(arrow_type)
-    return None
+
+def _read_ours(
+    fs: pafs.FileSystem,
+    root: str,
+    manifest: dict[str, Any],
+    *,
+    columns: list[str] | None,
+    filters: Any,
+    backend: str,
+) -> dd.DataFrame:
+    files = [f"{root}/{part['path']}" for part in manifest["files"]]
+    schema = pq.read_schema(files[0], filesystem=fs)
+    if columns is not None:
+        missing = [c for c in columns if c not in schema.names]
+        if missing:
+            raise KeyError(
+                f"columns {missing!r} not found in {root!r}; available: {schema.names!r}"
+            )
+    # The meta comes from the schema alone: no file is read to build the graph.
+    empty = schema.empty_table()
+    if columns is not None:
+        keep = list(columns) + [c for c in _index_columns(schema) if c not in columns]
+        empty = empty.select(keep)
+    meta = backends.frame_from_arrow(restore_vectors(empty), backend)
+    divisions = manifest.get("divisions")
+    return dd.from_map(
+        _read_file,
+        files,
+        fs=fs,
+        columns=columns,
+        filters=filters,
+        backend=backend,
+        meta=meta,
+        divisions=tuple(divisions) if divisions else None,
+        label="cosim-read-parquet",
+        enforce_metadata=False,
+    )
+
+
+def _read_file(
+    file: str, fs: pafs.FileSystem, columns: list[str] | None, filters: Any, backend: str
+) -> Any:
+    """One partition: one file, decoded by pyarrow, vectors restored without a copy."""
+    table = pq.read_table(
+        file, filesystem=fs, columns=columns, filters=filters, use_pandas_metadata=True
+    )
+    return backends.frame_from_arrow(restore_vectors(table), backend)
+
+
+def _index_columns(schema: pa.Schema) -> list[str]:
+    pandas_meta = schema.pandas_metadata or {}
+    return [c for c in pandas_meta.get("index_columns", []) if isinstance(c, str)]
+
+
+def _filesystem(path: Any) -> tuple[pafs.FileSystem, str]:
+    """pyarrow's own filesystem for ``path`` (local, or any URL pyarrow or fsspec knows)."""
+    text = os.fspath(path)
+    if "://" not in text:
+        return pafs.LocalFileSystem(), os.path.abspath(text)
+    try:
+        return pafs.FileSystem.from_uri(text)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        import fsspec
+
+        fs, inner = fsspec.core.url_to_fs(text)
+        return pafs.PyFileSystem(pafs.FSSpecHandler(fs)), inner
 
 
 def _all_local(path: Any) -> bool:

@@ -1,0 +1,130 @@
+"""Which Parquet layout of embedding vectors reads fastest, on this machine, in one run.
+
+    python benchmarks/layouts.py --rows 1000000 --dim 300
+
+Writes the same pairs in each candidate layout (list / fixed_size_list with each
+compression and encoding, row-group sizes, one fixed-size binary value per vector) into a
+temporary folder, then times ``pyarrow.parquet.read_table`` of the embedding columns with
+all cores, and the same read followed by the zero-copy view as (N, D) tensors.  Prints
+the median of --repeat reads after a warm-up, and the files' size.
+"""
+
+from __future__ import annotations
+
+import shutil
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import click
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from dask_cosim import backends, io
+
+COLUMNS = ["embeds_a", "embeds_b"]
+
+
+def _list_table(a: np.ndarray, b: np.ndarray, fixed: bool) -> pa.Table:
+    arrays = [io.encode_vectors(x, layout="list") for x in (a, b)]
+    if not fixed:  # what pandas and dask write: list<float>, one offset per row
+        arrays = [x.cast(pa.list_(x.type.value_type)) for x in arrays]
+    return pa.table(dict(zip(COLUMNS, arrays)))
+
+
+# name -> (table builder, pq.write_table keyword arguments)
+CANDIDATES: dict[str, tuple[str, dict]] = {
+    "list<float>, snappy": ("list", {}),
+    "list<float>, none": ("list", {"compression": "none"}),
+    "list<float>, zstd": ("list", {"compression": "zstd"}),
+    "fixed_size_list, snappy": ("fixed", {}),
+    "fixed_size_list, none": ("fixed", {"compression": "none"}),
+    "fixed_size_list, byte_stream_split": (
+        "fixed",
+        {"compression": "none", "use_dictionary": False, "use_byte_stream_split": True},
+    ),
+    "fixed_size_list, bss + zstd": (
+        "fixed",
+        {"compression": "zstd", "use_dictionary": False, "use_byte_stream_split": True},
+    ),
+    "binary (FLBA), dictionary on": ("binary", {"compression": "none"}),
+    "binary (FLBA), snappy": ("binary", {"use_dictionary": False}),
+    "binary (FLBA), none [to_parquet]": (
+        "binary",
+        {"compression": "none", "use_dictionary": False},
+    ),
+    "binary (FLBA), none, 16K-row groups": (
+        "binary",
+        {"compression": "none", "use_dictionary": False, "row_group_size": 16384},
+    ),
+}
+
+
+def build(kind: str, a: np.ndarray, b: np.ndarray) -> pa.Table:
+    if kind == "binary":  # exactly what to_parquet writes
+        frame = pd.DataFrame({c: io.vectors_to_arrow(x) for c, x in zip(COLUMNS, (a, b))})
+        return io.frame_to_table(frame, layout="binary", preserve_index=False)
+    return _list_table(a, b, fixed=(kind == "fixed"))
+
+
+def median_seconds(fn: Callable[[], object], repeat: int) -> float:
+    fn()
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+@click.command()
+@click.option("--rows", default=1_000_000, show_default=True)
+@click.option("--dim", default=300, show_default=True)
+@click.option("--files", default=8, show_default=True, help="Files the rows are split into.")
+@click.option("--repeat", default=3, show_default=True)
+def main(rows: int, dim: int, files: int, repeat: int) -> None:
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((rows, dim), dtype=np.float32)
+    b = rng.standard_normal((rows, dim), dtype=np.float32)
+    nbytes = a.nbytes + b.nbytes
+    per_file = -(-rows // files)
+    tmp = Path(tempfile.mkdtemp(prefix="cosim-layouts-"))
+    try:
+        print(f"N={rows:,} D={dim} float32 in {files} files, {nbytes / 1e9:.2f} GB of vectors")
+        print(f"{'layout':38} {'MB':>6} {'write s':>8} {'read s':>7} {'GB/s':>5} {'+view s':>8}")
+        for name, (kind, options) in CANDIDATES.items():
+            folder = tmp / name.replace(" ", "_").replace(",", "").replace("/", "")
+            folder.mkdir()
+            t0 = time.perf_counter()
+            for i, start in enumerate(range(0, rows, per_file)):
+                stop = min(rows, start + per_file)
+                table = build(kind, a[start:stop], b[start:stop])
+                pq.write_table(table, folder / f"part.{i}.parquet", **options)
+            write_s = time.perf_counter() - t0
+            size = sum(f.stat().st_size for f in folder.iterdir()) / 1e6
+
+            def read(folder: Path = folder) -> pa.Table:
+                return pq.read_table(folder, columns=COLUMNS)
+
+            def read_and_view(folder: Path = folder) -> None:
+                frame = backends.frame_from_arrow(io.restore_vectors(read(folder)))
+                for column in COLUMNS:
+                    backends.to_vectors(frame[column], column)
+
+            read_s = median_seconds(read, repeat)
+            view_s = median_seconds(read_and_view, repeat)
+            print(
+                f"{name:38} {size:6.0f} {write_s:8.2f} {read_s:7.3f} "
+                f"{nbytes / read_s / 1e9:5.1f} {view_s:8.3f}"
+            )
+            shutil.rmtree(folder)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
