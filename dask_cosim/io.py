@@ -19,9 +19,11 @@ Storage layouts for a vector column:
 
 from __future__ import annotations
 
+import glob
 import json
 import math
 import os
+import re
 import uuid
 from collections.abc import Sequence
 from typing import Any
@@ -504,94 +506,142 @@ def _check_layout(layout: str) -> None:
 def read_parquet(path: Any, columns: list[str] | None = None, **kwargs: Any) -> dd.DataFrame:
     """Read Parquet into a dask DataFrame whose embedding columns stay vectors.
 
-    A folder written by :func:`to_parquet` (any layout) is read by our own reader: one
-    partition per file, ``pyarrow.parquet.read_table`` on pyarrow's filesystem, vectors
-    restored without a copy, divisions from the manifest when the index was sorted.
+    Files are decoded by ``pyarrow.parquet.read_table`` on pyarrow's own filesystem, one
+    partition per file (files over 256 MiB are split by row groups): about 1.6x faster
+    here than dask's dataset scanner on list columns, and ~5x faster than fsspec file
+    objects.  pandas backend: list columns come back as Arrow list types
+    (``fixed_size_list`` when stored so), not object columns of numpy arrays; with dask's
+    ``dataframe.backend`` set to "cudf", cudf list columns.
 
-    Any other Parquet goes through ``dask.dataframe.read_parquet``.  pandas backend: list
-    columns come back as Arrow list types (``fixed_size_list`` when stored so), through
-    pyarrow's own filesystem for local paths (fsspec file objects cost ~5x here), not as
-    object columns of numpy arrays.  With dask's ``dataframe.backend`` set to "cudf": cudf
-    list columns (dask_cudf).
+    A folder written by :func:`to_parquet` (any layout) has its vectors restored without
+    a copy, and divisions from its manifest when the index was sorted.
 
     Parameters
     ----------
-    path : str, list of str or path-like
-        File, directory, glob or fsspec URL.
+    path : str, path-like or list of them
+        A file, a folder of files, a local glob, or a URL pyarrow or fsspec knows.
     columns : list of str, optional
-        Columns to read (the index comes along).
+        Columns to read (the index comes along).  Columns that later steps never use are
+        not read either (dask's column projection).
+    filters : list or pyarrow expression, optional
+        Row filters, as in ``pyarrow.parquet.read_table``.
     **kwargs
-        Our folders: ``filters`` (as in ``pyarrow.parquet.read_table``).  Other Parquet:
-        passed to ``dask.dataframe.read_parquet`` (they win over the defaults above).
+        Anything else (and hive-partitioned folders, and globs in URLs) goes to
+        ``dask.dataframe.read_parquet``, with list columns still kept as Arrow lists.
     """
-    ours = _our_folder(path)
     backend = dask.config.get("dataframe.backend", "pandas")
-    if ours is not None and set(kwargs) <= {"filters"}:
-        return _read_ours(*ours, columns=columns, filters=kwargs.get("filters"), backend=backend)
+    if set(kwargs) <= {"filters"}:
+        found = _parquet_files(path)
+        if found is not None:
+            return _read_files(
+                *found, columns=columns, filters=kwargs.get("filters"), backend=backend
+            )
     if backend == "cudf":
         return dd.read_parquet(path, columns=columns, **kwargs)
     arrow_to_pandas = dict(kwargs.pop("arrow_to_pandas", None) or {})
     arrow_to_pandas.setdefault("types_mapper", arrow_vector_types)
     kwargs["arrow_to_pandas"] = arrow_to_pandas
-    if "filesystem" not in kwargs and "storage_options" not in kwargs and _all_local(path):
-        try:
-            return dd.read_parquet(path, columns=columns, filesystem="arrow", **kwargs)
-        except (NotImplementedError, TypeError) as err:
-            # dask's pyarrow-filesystem reader builds its meta from the pandas metadata in
-            # the file, where pandas wrote Arrow list dtypes as strings it cannot parse
-            # back ("list<item: float>[pyarrow]", seen with pandas 3.1); the fsspec reader
-            # honours our types_mapper instead.  Our own folders never take this path.
-            if "[pyarrow]" not in str(err) and "type specific parameters" not in str(err):
-                raise
     return dd.read_parquet(path, columns=columns, **kwargs)
 
 
-def _our_folder(path: Any) -> tuple[pafs.FileSystem, str, dict[str, Any]] | None:
-    """(filesystem, folder, manifest) when ``path`` is a folder :func:`to_parquet` wrote."""
-    if not isinstance(path, (str, os.PathLike)) or any(c in str(path) for c in "*?["):
+# Files larger than this are split into partitions of about _TARGET_PARTITION_BYTES.
+_SPLIT_FILE_BYTES = 2 * _TARGET_PARTITION_BYTES
+
+
+def _parquet_files(
+    path: Any,
+) -> tuple[pafs.FileSystem, list[str], list[int], dict[str, Any] | None] | None:
+    """(filesystem, files, sizes, our manifest or None) for ``path``; None when it needs
+    dask's reader (hive-partitioned folders, globs in URLs)."""
+    paths = list(path) if isinstance(path, (list, tuple)) else [path]
+    if not paths or not all(isinstance(p, (str, os.PathLike)) for p in paths):
         return None
-    fs, root = _filesystem(path)
+    texts = [os.fspath(p) for p in paths]
+    if any(c in t for t in texts for c in "*?["):
+        if any("://" in t for t in texts):
+            return None
+        texts = sorted((m for t in texts for m in glob.glob(t)), key=_natural)
+        if not texts:
+            raise FileNotFoundError(f"no files match {path!r}")
+    fs, first = _filesystem(texts[0])
+    if len(texts) == 1:
+        info = fs.get_file_info(first)
+        if info.type == pafs.FileType.NotFound:
+            raise FileNotFoundError(f"{texts[0]!r} not found")
+        if info.type == pafs.FileType.Directory:
+            return _folder_files(fs, first)
+        return fs, [first], [info.size], None
+    located = [_filesystem(t)[1] for t in texts]
+    infos = fs.get_file_info(located)
+    missing = [t for t, i in zip(texts, infos) if i.type != pafs.FileType.File]
+    if missing:
+        raise FileNotFoundError(f"not files: {missing!r}")
+    return fs, located, [i.size for i in infos], None
+
+
+def _folder_files(
+    fs: pafs.FileSystem, root: str
+) -> tuple[pafs.FileSystem, list[str], list[int], dict[str, Any] | None] | None:
     manifest_path = f"{root}/{MANIFEST}"
-    if fs.get_file_info(manifest_path).type != pafs.FileType.File:
-        return None
-    with fs.open_input_stream(manifest_path) as f:
-        manifest = json.loads(f.read())
-    if manifest.get("format") != "dask_cosim" or manifest.get("version", 0) > _FORMAT_VERSION:
-        raise ValueError(
-            f"{MANIFEST} in {str(path)!r} is not a dask_cosim manifest this version can read "
-            f"(format {manifest.get('format')!r}, version {manifest.get('version')!r}); "
-            "upgrade dask_cosim"
-        )
-    return fs, root, manifest
+    if fs.get_file_info(manifest_path).type == pafs.FileType.File:
+        with fs.open_input_stream(manifest_path) as f:
+            manifest = json.loads(f.read())
+        if manifest.get("format") != "dask_cosim" or manifest.get("version", 0) > _FORMAT_VERSION:
+            raise ValueError(
+                f"{manifest_path!r} is not a dask_cosim manifest this version can read "
+                f"(format {manifest.get('format')!r}, version {manifest.get('version')!r}); "
+                "upgrade dask_cosim"
+            )
+        files = [f"{root}/{part['path']}" for part in manifest["files"]]
+        return fs, files, [0] * len(files), manifest  # our files: one partition each
+    entries = fs.get_file_info(pafs.FileSelector(root))
+    # Hidden and "_" names are not data (_metadata, _SUCCESS, our staging folders).
+    visible = [e for e in entries if not e.base_name.startswith((".", "_"))]
+    if any(e.type == pafs.FileType.Directory for e in visible):
+        return None  # hive partitioning (key=value folders): dask's reader knows it
+    infos: list[pafs.FileInfo] = [e for e in visible if e.type == pafs.FileType.File]
+    infos.sort(key=lambda e: _natural(e.path))
+    if not infos:
+        raise FileNotFoundError(f"no Parquet files in {root!r}")
+    return fs, [e.path for e in infos], [e.size or 0 for e in infos], None
 
 
-def _read_ours(
+def _natural(text: str) -> list[Any]:
+    """Sort key that puts part.10 after part.9."""
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", text)]
+
+
+def _read_files(
     fs: pafs.FileSystem,
-    root: str,
-    manifest: dict[str, Any],
+    files: list[str],
+    sizes: list[int],
+    manifest: dict[str, Any] | None,
     *,
     columns: list[str] | None,
     filters: Any,
     backend: str,
 ) -> dd.DataFrame:
-    files = [f"{root}/{part['path']}" for part in manifest["files"]]
     schema = pq.read_schema(files[0], filesystem=fs)
     if columns is not None:
         missing = [c for c in columns if c not in schema.names]
         if missing:
             raise KeyError(
-                f"columns {missing!r} not found in {root!r}; available: {schema.names!r}"
+                f"columns {missing!r} not found in {files[0]!r}; available: {schema.names!r}"
             )
-    # The meta comes from the schema alone: no file is read to build the graph.
+    # The meta comes from the schema alone: no data is read to build the graph.
     empty = schema.empty_table()
     if columns is not None:
-        keep = list(columns) + [c for c in _index_columns(schema) if c not in columns]
-        empty = empty.select(keep)
+        empty = empty.select(
+            list(columns) + [c for c in _index_columns(schema) if c not in columns]
+        )
     meta = backends.frame_from_arrow(restore_vectors(empty), backend)
-    divisions = manifest.get("divisions")
+    pieces: list[tuple[str, list[int] | None]] = []
+    for file, size in zip(files, sizes):
+        pieces += _split(fs, file) if size > _SPLIT_FILE_BYTES else [(file, None)]
+    divisions = manifest.get("divisions") if manifest else None
     return dd.from_map(
-        _read_file,
-        files,
+        _read_piece,
+        pieces,
         fs=fs,
         columns=columns,
         filters=filters,
@@ -603,13 +653,45 @@ def _read_ours(
     )
 
 
-def _read_file(
-    file: str, fs: pafs.FileSystem, columns: list[str] | None, filters: Any, backend: str
+def _split(fs: pafs.FileSystem, file: str) -> list[tuple[str, list[int] | None]]:
+    """A big file as groups of row groups of about _TARGET_PARTITION_BYTES each."""
+    metadata = pq.ParquetFile(file, filesystem=fs).metadata
+    groups: list[tuple[str, list[int] | None]] = []
+    current: list[int] = []
+    size = 0
+    for i in range(metadata.num_row_groups):
+        current.append(i)
+        size += metadata.row_group(i).total_byte_size
+        if size >= _TARGET_PARTITION_BYTES:
+            groups.append((file, current))
+            current, size = [], 0
+    if current or not groups:
+        groups.append((file, current))
+    return groups
+
+
+def _read_piece(
+    piece: tuple[str, list[int] | None],
+    fs: pafs.FileSystem,
+    columns: list[str] | None = None,
+    filters: Any = None,
+    backend: str = "pandas",
 ) -> Any:
-    """One partition: one file, decoded by pyarrow, vectors restored without a copy."""
-    table = pq.read_table(
-        file, filesystem=fs, columns=columns, filters=filters, use_pandas_metadata=True
-    )
+    """One partition: a file (or some of its row groups), vectors restored without a copy.
+
+    ``columns`` is filled in by dask's column projection.
+    """
+    file, row_groups = piece
+    if row_groups is None:
+        table = pq.read_table(
+            file, filesystem=fs, columns=columns, filters=filters, use_pandas_metadata=True
+        )
+    else:
+        table = pq.ParquetFile(file, filesystem=fs).read_row_groups(
+            row_groups, columns=columns, use_pandas_metadata=True
+        )
+        if filters is not None:
+            table = table.filter(pq.filters_to_expression(filters))
     return backends.frame_from_arrow(restore_vectors(table), backend)
 
 
@@ -630,8 +712,3 @@ def _filesystem(path: Any) -> tuple[pafs.FileSystem, str]:
 
         fs, inner = fsspec.core.url_to_fs(text)
         return pafs.PyFileSystem(pafs.FSSpecHandler(fs)), inner
-
-
-def _all_local(path: Any) -> bool:
-    paths = path if isinstance(path, (list, tuple)) else [path]
-    return all("://" not in str(p) or str(p).startswith("file://") for p in paths)
