@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 # On a CUDA box: make TORCH_SPEC=torch test
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: test demo lint clean
+.PHONY: test demo bench lint clean
 
 $(VENV)/.installed: pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -21,8 +21,13 @@ test: $(VENV)/.installed
 demo: $(VENV)/.installed
 	$(PY) -m dask_cosim demo
 
+# The default benchmark: our pipeline, the floors and the peers side by side, one run;
+# prints the table and writes benchmarks/results/<name>.json and .png.
+bench: $(VENV)/.installed
+	$(PY) benchmarks/pairwise.py
+
 lint: $(VENV)/.installed
-	$(VENV)/bin/ruff check dask_cosim tests
+	$(VENV)/bin/ruff check dask_cosim tests benchmarks
 	$(VENV)/bin/mypy dask_cosim
 
 clean:
