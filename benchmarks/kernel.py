@@ -43,8 +43,9 @@ def main(rows: int, dim: int, repeat: int) -> None:
         "floor: numpy sum of a and b": lambda: (a.sum(), b.sum()),
         "ours: kernels.pairwise_cosine": lambda: kernels.pairwise_cosine(ta, tb),
         "peer: F.cosine_similarity": lambda: torch.nn.functional.cosine_similarity(ta, tb),
-        "peer: numpy einsum / norms": lambda: np.einsum("ij,ij->i", a, b)
-        / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1)),
+        "peer: numpy einsum / norms": lambda: (
+            np.einsum("ij,ij->i", a, b) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+        ),
     }
     seconds = {name: median_seconds(fn, repeat) for name, fn in cases.items()}
     floor = seconds["floor: numpy sum of a and b"]

@@ -100,7 +100,7 @@ def test_to_parquet_round_trip(tmp_path: Path, layout: str, dtype: type) -> None
     want = {"dim": 7, "dtype": np.dtype(dtype).name}
     assert manifest["vectors"] == {"embeds_a": want, "embeds_b": want}
     assert sorted(p.name for p in out.iterdir()) == [io.MANIFEST] + [
-        f"part.{i}.parquet" for i in range(4)
+        f"part.{i:05d}.parquet" for i in range(4)
     ]
     assert [p.name for p in tmp_path.iterdir()] == ["pairs"]  # no staging folder left
 
@@ -128,13 +128,13 @@ def test_to_parquet_round_trip(tmp_path: Path, layout: str, dtype: type) -> None
 def test_binary_layout_is_zero_copy_and_self_describing(tmp_path: Path) -> None:
     a, b = random_pairs(10, 5)
     dask_cosim.to_parquet(pairs_frame(a, b, "object_numpy"), tmp_path / "p")
-    schema = pq.read_schema(tmp_path / "p" / "part.0.parquet")
+    schema = pq.read_schema(tmp_path / "p" / "part.00000.parquet")
     field = schema.field("embeds_a")
     assert field.type == pa.binary(20)
     assert field.metadata == {b"dask_cosim.dim": b"5", b"dask_cosim.dtype": b"float32"}
     # The pandas metadata describes only what pandas can read back.
     assert [c["name"] for c in schema.pandas_metadata["columns"]] == ["id"]
-    table = pq.read_table(tmp_path / "p" / "part.0.parquet")
+    table = pq.read_table(tmp_path / "p" / "part.00000.parquet")
     restored = io.restore_vectors(table)
     chunk = restored["embeds_a"].chunks[0]
     assert chunk.values.buffers()[1].address == table["embeds_a"].chunks[0].buffers()[1].address
@@ -169,7 +169,7 @@ def test_to_parquet_is_atomic(tmp_path: Path) -> None:
     # Partitions that disagree on D fail when the job commits, with the same guarantee.
     short = dask_cosim.from_pandas(pairs_frame(a[:, :2], b[:, :2], "object_numpy"))
     mixed = dd.concat([dask_cosim.from_pandas(pdf), short])
-    with pytest.raises(ValueError, match="part.1.parquet holds 2-long float32 vectors but"):
+    with pytest.raises(ValueError, match="part.00001.parquet holds 2-long float32 vectors but"):
         dask_cosim.to_parquet(mixed, out, overwrite=True, vectors=["embeds_a", "embeds_b"])
     assert [p.name for p in tmp_path.iterdir()] == ["p"]
 
@@ -200,7 +200,7 @@ def test_to_parquet_lazy_empty_partitions_and_results(tmp_path: Path) -> None:
     assert not out.exists()
     manifest = job.compute()
     assert manifest["vectors"] == {} and manifest["rows"] == 20
-    assert [f["path"] for f in manifest["files"]] == ["part.1.parquet", "part.2.parquet"]
+    assert [f["path"] for f in manifest["files"]] == ["part.00001.parquet", "part.00002.parquet"]
     back = dask_cosim.read_parquet(out).compute()
     np.testing.assert_allclose(back["cos"].to_numpy(), reference(a, b)[10:], atol=1e-6)
 
