@@ -8,25 +8,12 @@ still to come.  Prints the median of --repeat runs after a warm-up.
 
 from __future__ import annotations
 
-import statistics
-import time
-from collections.abc import Callable
-
 import click
 import numpy as np
 import torch
+from timing import median_seconds  # this folder: the scripts' shared timing rule
 
 from dask_cosim import kernels
-
-
-def median_seconds(fn: Callable[[], object], repeat: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 @click.command()

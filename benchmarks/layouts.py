@@ -12,10 +12,8 @@ the median of --repeat reads after a warm-up, and the files' size.
 from __future__ import annotations
 
 import shutil
-import statistics
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import click
@@ -23,6 +21,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
+from timing import median_seconds  # this folder: the scripts' shared timing rule
 
 from dask_cosim import backends, io
 
@@ -69,16 +68,6 @@ def build(kind: str, a: np.ndarray, b: np.ndarray) -> pa.Table:
         frame = pd.DataFrame({c: io.vectors_to_arrow(x) for c, x in zip(COLUMNS, (a, b))})
         return io.frame_to_table(frame, layout="binary", preserve_index=False)
     return _list_table(a, b, fixed=(kind == "fixed"))
-
-
-def median_seconds(fn: Callable[[], object], repeat: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 @click.command()

@@ -15,11 +15,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import statistics
 import sys
 import tempfile
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,16 +29,7 @@ from dask_cosim import kernels
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from pairwise import RESULTS, make_pairs, write_our_layout  # noqa: E402
-
-
-def median_seconds(fn: Callable[[], object], repeat: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+from timing import median_seconds  # noqa: E402
 
 
 def measure(rows: int, dim: int, repeat: int, tmp: Path) -> dict[str, float]:
@@ -89,7 +77,12 @@ def _per(run: dict[str, float], column: str, sweep: str) -> float:
 @click.option("--dim-rows", default=500_000, show_default=True, help="N for the D sweep.")
 @click.option("--repeat", default=3, show_default=True)
 @click.option("--name", default=None, help="Results file: scaling-<name>.json.")
-def main(row_sizes: str, dim: int, dims: str, dim_rows: int, repeat: int, name: str | None) -> None:
+@click.option(
+    "--out", "out_dir", type=click.Path(path_type=Path), default=RESULTS, show_default=True
+)
+def main(
+    row_sizes: str, dim: int, dims: str, dim_rows: int, repeat: int, name: str | None, out_dir: Path
+) -> None:
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     results: dict[str, list[dict[str, float]]] = {"rows": [], "dims": []}
     sweeps = [("rows", int(float(r)), dim) for r in row_sizes.split(",")]
@@ -125,8 +118,8 @@ def main(row_sizes: str, dim: int, dims: str, dim_rows: int, repeat: int, name: 
             ]
             print(f"{r['rows']:>11,} {r['dim']:>5} {cells[0]:>14} {cells[1]:>16} {cells[2]:>16}")
     name = name or f"cpu{os.cpu_count()}"
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / f"scaling-{name}.json").write_text(json.dumps(results, indent=1))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / f"scaling-{name}.json").write_text(json.dumps(results, indent=1))
 
 
 if __name__ == "__main__":

@@ -10,53 +10,31 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_kernel_benchmark_runs() -> None:
+def run_script(name: str, *args: str) -> str:
+    """Run benchmarks/<name> as users do; its stdout (fails with its stderr)."""
     proc = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "benchmarks" / "kernel.py"),
-            "--rows",
-            "2000",
-            "--dim",
-            "8",
-            "--repeat",
-            "1",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=ROOT,
-    )
-    assert proc.returncode == 0, proc.stderr
-    assert "ours: kernels.pairwise_cosine" in proc.stdout and "x floor" in proc.stdout
-
-
-def test_pairwise_runner_runs(tmp_path: Path) -> None:
-    """The full runner on a real LocalCluster; its peers are tested in test_peers.py."""
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "benchmarks" / "pairwise.py"),
-            "--rows",
-            "3000",
-            "--dim",
-            "8",
-            "--repeat",
-            "1",
-            "--no-peers",
-            "--quiet",
-            "--name",
-            "smoke",
-            "--out",
-            str(tmp_path),
-        ],
+        [sys.executable, str(ROOT / "benchmarks" / name), *args],
         capture_output=True,
         text=True,
         timeout=240,
         cwd=ROOT,
     )
     assert proc.returncode == 0, proc.stderr
-    assert "ours: our Parquet -> sum" in proc.stdout and "targets" in proc.stdout
+    return proc.stdout
+
+
+def test_kernel_benchmark_runs() -> None:
+    out = run_script("kernel.py", "--rows", "2000", "--dim", "8", "--repeat", "1")
+    assert "ours: kernels.pairwise_cosine" in out and "x floor" in out
+
+
+def test_pairwise_runner_runs(tmp_path: Path) -> None:
+    """The full runner on a real LocalCluster; its peers are tested in test_peers.py."""
+    out = run_script(
+        "pairwise.py", "--rows", "3000", "--dim", "8", "--repeat", "1", "--no-peers",
+        "--quiet", "--name", "smoke", "--out", str(tmp_path),
+    )  # fmt: skip
+    assert "ours: our Parquet -> sum" in out and "targets" in out
     result = json.loads((tmp_path / "smoke.json").read_text())
     cases = {c["case"]: c for c in result["cases"]}
     assert cases["ours: kernel"]["max_error"] < 1e-6
@@ -65,23 +43,14 @@ def test_pairwise_runner_runs(tmp_path: Path) -> None:
 
 
 def test_layouts_benchmark_runs() -> None:
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "benchmarks" / "layouts.py"),
-            "--rows",
-            "2000",
-            "--dim",
-            "8",
-            "--files",
-            "2",
-            "--repeat",
-            "1",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=ROOT,
-    )
-    assert proc.returncode == 0, proc.stderr
-    assert "binary (FLBA), none [to_parquet]" in proc.stdout
+    out = run_script("layouts.py", "--rows", "2000", "--dim", "8", "--files", "2", "--repeat", "1")
+    assert "binary (FLBA), none [to_parquet]" in out
+
+
+def test_scaling_benchmark_runs(tmp_path: Path) -> None:
+    out = run_script(
+        "scaling.py", "--rows", "2000,4000", "--dim", "8", "--dims", "4,8", "--dim-rows",
+        "2000", "--repeat", "1", "--name", "smoke", "--out", str(tmp_path),
+    )  # fmt: skip
+    assert "ns per pair per 100 dims" in out
+    assert json.loads((tmp_path / "scaling-smoke.json").read_text())["rows"][0]["rows"] == 2000

@@ -112,6 +112,24 @@ def test_dask_cudf_accessor_and_read_parquet(tmp_path: object) -> None:
     np.testing.assert_allclose(res.to_numpy(), reference(a, b), atol=1e-6)
 
 
+@pytest.mark.parametrize("layout", ["binary", "list"])
+def test_dask_cudf_to_parquet_round_trip(tmp_path: object, layout: str) -> None:
+    """cudf partitions written in each layout (via frame_to_arrow), read back as cudf."""
+    dask_cudf = pytest.importorskip("dask_cudf")
+    import dask
+
+    a, b = random_pairs(1000, 32)
+    ddf = dask_cudf.from_cudf(_cudf_frame(a, b), npartitions=3)
+    out = os.path.join(str(tmp_path), "pairs")
+    manifest = dask_cosim.to_parquet(ddf, out, layout=layout)
+    assert manifest["vectors"]["embeds_a"] == {"dim": 32, "dtype": "float32"}
+    with dask.config.set({"dataframe.backend": "cudf"}):
+        back = dask_cosim.read_parquet(out)
+    assert type(back._meta).__module__.startswith("cudf")
+    res = back.cosim.pairwise("embeds_a", "embeds_b").compute().to_pandas().sort_index()
+    np.testing.assert_allclose(res.to_numpy(), reference(a, b), atol=1e-6)
+
+
 def test_local_cuda_cluster_one_worker_per_gpu() -> None:
     pytest.importorskip("dask_cuda")
     n = torch.cuda.device_count()
