@@ -1,17 +1,26 @@
-"""The ``dask-cosim`` command line (also ``python -m dask_cosim``).
+"""The ``dask-cosim`` command line (also ``python -m dask_cosim`` and ``dask cosim``).
 
-For now: ``demo``, which generates pairs, runs the main job on an embedded local cluster
-and prints a summary.
+A thin shell over the library: ``pairwise`` (Parquet in, Parquet out, a summary),
+``convert`` (pickles, .npy/.npz and Parquet into our layout), ``info`` and ``demo``.
+
+Exit status: 0 on success; 2 with one line on stderr for bad input (usage, missing files,
+unknown columns, wrong dtypes, ragged rows, an existing output); 1 when the computation
+fails otherwise (a worker died, the scheduler went away).  Outputs are written atomically
+(``dask_cosim.to_parquet``): a failed or interrupted run leaves no output, or the old one.
 """
 
 from __future__ import annotations
 
+import functools
+import logging
 import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 import dask
@@ -22,6 +31,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 import dask_cosim  # also registers the .cosim accessor
+from dask_cosim import backends, io
 from dask_cosim.io import vectors_to_arrow
 
 __all__ = ["main", "make_pairs", "summarize"]
@@ -78,14 +88,18 @@ def _histogram(s: pd.Series, edges: np.ndarray) -> pd.Series:
     return pd.Series([np.histogram(s.to_numpy(), bins=edges)[0]])
 
 
-def format_summary(summary: dict[str, Any], seconds: float, embedding_bytes: int) -> str:
+def format_summary(
+    summary: dict[str, Any], seconds: float, embedding_bytes: int | None = None
+) -> str:
+    rate = f"{summary['rows'] / seconds:,.0f} pairs/s"
+    if embedding_bytes is not None:
+        rate += f", {embedding_bytes / seconds / 1e9:.2f} GB/s of embeddings"
     lines = [
         f"rows        {summary['rows']:,}",
         f"nulls       {summary['nulls']:,}",
         f"mean        {summary['mean']:+.6f}",
         f"min / max   {summary['min']:+.6f} / {summary['max']:+.6f}",
-        f"time        {seconds:.2f} s  ({summary['rows'] / seconds:,.0f} pairs/s, "
-        f"{embedding_bytes / seconds / 1e9:.2f} GB/s of embeddings)",
+        f"time        {seconds:.2f} s  ({rate})",
         "histogram",
     ]
     counts, edges = summary["counts"], summary["edges"]
@@ -102,9 +116,253 @@ def _write_pairs(path: Path, rows: int, dim: int, first_id: int) -> None:
     pq.write_table(table.replace_schema_metadata(None), path)
 
 
-@click.group()
+class InputError(click.ClickException):
+    """Bad input: exit status 2 and one line, like click's usage errors."""
+
+    exit_code = 2
+
+
+# Raised for input the user can fix (including ragged rows found while computing, which
+# dask re-raises with their own type).  pyarrow's ArrowInvalid is a ValueError.
+_INPUT_ERRORS = (
+    KeyError,
+    TypeError,
+    ValueError,
+    FileNotFoundError,
+    FileExistsError,
+    IsADirectoryError,
+    NotADirectoryError,
+    PermissionError,
+)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _one_line_errors(command: F) -> F:
+    """Input errors -> exit 2, other failures -> exit 1; one line each, no traceback."""
+
+    @functools.wraps(command)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return command(*args, **kwargs)
+        except click.ClickException:
+            raise
+        except _INPUT_ERRORS as err:
+            text = err.args[0] if isinstance(err, KeyError) and err.args else str(err)
+            raise InputError(str(text)) from None
+        except Exception as err:  # noqa: BLE001 - the user gets one line, not a traceback
+            raise click.ClickException(
+                f"the computation failed: {type(err).__name__}: {err}"
+            ) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+@contextmanager
+def _cluster(scheduler: str | None, workers: int | None, gpus: bool) -> Iterator[Any]:
+    """A Client: connected to ``scheduler``, or on a local cluster started and shut here."""
+    from distributed import Client
+
+    if scheduler is not None:
+        try:
+            client = Client(scheduler, timeout="10s")
+        except (OSError, TimeoutError) as err:
+            raise InputError(f"cannot connect to scheduler {scheduler!r}: {err}") from None
+        with client:
+            yield client
+        return
+    # Workers log each failed task with its traceback; the command reports the error
+    # itself, in one line.
+    client = dask_cosim.local_cluster(
+        workers, gpus=True if gpus else "auto", silence_logs=logging.CRITICAL
+    )
+    try:
+        yield client
+    finally:
+        client.close()
+        client.cluster.close()
+
+
+def _echo_cluster(client: Any) -> None:
+    workers = client.scheduler_info()["workers"]
+    click.echo(f"cluster     {len(workers)} workers, dashboard {client.dashboard_link}", err=True)
+
+
+@click.group(name="cosim")  # the name `dask cosim` registers it under
 def main() -> None:
     """Row-wise cosine similarity of embedding columns, on dask clusters of CPUs or GPUs."""
+
+
+@main.command()
+@click.argument("inputs", nargs=-1, required=True)
+@click.option("-a", "col_a", required=True, help="First embedding column.")
+@click.option("-b", "col_b", required=True, help="Second embedding column.")
+@click.option("-o", "--output", required=True, help="Output folder (Parquet, atomic).")
+@click.option("--keep", multiple=True, help="A column to copy to the output (repeatable).")
+@click.option("--name", default="cos", show_default=True, help="Result column name.")
+@click.option("--scheduler", default=None, help="A running scheduler, e.g. tcp://host:8786.")
+@click.option("--workers", default=None, type=click.IntRange(1), help="Local workers.")
+@click.option("--gpus", is_flag=True, help="Local cluster of GPU workers (dask-cuda).")
+@click.option("--dtype", default=None, type=click.Choice(["float32", "float64"]))
+@click.option("--device", default=None, help="auto, cpu, cuda or cuda:N.")
+@click.option("--eps", default=None, type=float, help="Lower bound on norms (1e-8).")
+@click.option("--overwrite", is_flag=True, help="Replace OUTPUT once the new one is complete.")
+@click.option("--quiet", is_flag=True, help="No progress bar.")
+@_one_line_errors
+def pairwise(
+    inputs: tuple[str, ...],
+    col_a: str,
+    col_b: str,
+    output: str,
+    keep: tuple[str, ...],
+    name: str,
+    scheduler: str | None,
+    workers: int | None,
+    gpus: bool,
+    dtype: str | None,
+    device: str | None,
+    eps: float | None,
+    overwrite: bool,
+    quiet: bool,
+) -> None:
+    """cos(A[i], B[i]) for every row of the INPUT Parquet files, written to OUTPUT.
+
+    OUTPUT gets the result column (plus --keep columns and the index) and a summary is
+    printed: rows, nulls, mean, min, max, a histogram, time and throughput.
+    """
+    if scheduler is not None and (workers is not None or gpus):
+        raise click.UsageError(
+            "--scheduler connects to a running cluster; --workers/--gpus start a local "
+            "one: give one or the other"
+        )
+    # Everything that can be checked without a cluster is checked before one starts.
+    df = dask_cosim.read_parquet(list(inputs) if len(inputs) > 1 else inputs[0])
+    missing = [c for c in keep if c not in df.columns]
+    if missing:
+        raise InputError(f"--keep columns {missing!r} not found; available: {list(df.columns)!r}")
+    cos = df.cosim.pairwise(col_a, col_b, eps=eps, dtype=dtype, device=device, name=name)
+    out = df[list(keep)].assign(**{name: cos}) if keep else cos.to_frame()
+    if Path(output).exists() and not overwrite:
+        raise InputError(f"{output!r} exists; pass --overwrite to replace it")
+    spec = backends.vector_spec(df._meta[col_a], col_a)
+    with _cluster(scheduler, workers, gpus) as client:
+        _echo_cluster(client)
+        t0 = time.perf_counter()
+        dask_cosim.to_parquet(
+            out, output, overwrite=overwrite, progress=not quiet and sys.stderr.isatty()
+        )
+        seconds = time.perf_counter() - t0
+        summary = summarize(dask_cosim.read_parquet(output, columns=[name])[name])
+    nbytes = None
+    if spec.dim is not None and spec.dtype is not None:
+        nbytes = 2 * summary["rows"] * spec.dim * spec.dtype.itemsize
+    click.echo(f"wrote       {output}")
+    click.echo(format_summary(summary, seconds, nbytes))
+
+
+@main.command()
+@click.argument("input_path")
+@click.option("-o", "--output", required=True, help="Output folder (Parquet, our layout).")
+@click.option(
+    "--a",
+    "col_a",
+    default="embeds_a",
+    show_default=True,
+    help="Name of the first vector column (.npy/.npz inputs).",
+)
+@click.option(
+    "--b",
+    "col_b",
+    default="embeds_b",
+    show_default=True,
+    help="Name of the second vector column (.npy/.npz inputs).",
+)
+@click.option("--layout", default="binary", show_default=True, type=click.Choice(io.LAYOUTS))
+@click.option("--allow-pickle", is_flag=True, help="Read a .pkl/.pickle file (runs its code).")
+@click.option("--overwrite", is_flag=True, help="Replace OUTPUT once the new one is complete.")
+@_one_line_errors
+def convert(
+    input_path: str,
+    output: str,
+    col_a: str,
+    col_b: str,
+    layout: str,
+    allow_pickle: bool,
+    overwrite: bool,
+) -> None:
+    """Convert INPUT to Parquet in our layout.
+
+    INPUT: a pandas pickle (.pkl/.pickle) of a frame whose columns hold one array or
+    tensor per row; a .npy array of shape (N, 2, D) (pair i is [i, 0] and [i, 1]); a .npz
+    with arrays named by --a/--b, each (N, D); or Parquet with object or list columns.
+    """
+    source = Path(input_path)
+    if not source.exists():
+        raise InputError(f"{input_path!r} not found")
+    suffix = source.suffix.lower()
+    if suffix in (".pkl", ".pickle"):
+        if not allow_pickle:
+            raise InputError(
+                f"refusing to read {input_path!r}: unpickling runs code stored in the file, "
+                "so a pickle from an untrusted source can take over this machine; pass "
+                "--allow-pickle if you trust it"
+            )
+        frame = pd.read_pickle(source)
+        if not isinstance(frame, pd.DataFrame):
+            raise InputError(f"{input_path!r} holds a {type(frame).__name__}, not a DataFrame")
+        df = dask_cosim.from_pandas(frame)
+    elif suffix in (".npy", ".npz"):
+        df = dask_cosim.from_pandas(_numpy_pairs(source, col_a, col_b))
+    else:
+        df = dask_cosim.read_parquet(input_path)
+    with dask.config.set(scheduler="threads"):  # one machine's file: no cluster needed
+        manifest = dask_cosim.to_parquet(df, output, layout=layout, overwrite=overwrite)
+    dims = ", ".join(f"{c} {v['dim']} x {v['dtype']}" for c, v in manifest["vectors"].items())
+    click.echo(
+        f"wrote       {output}: {manifest['rows']:,} rows in {len(manifest['files'])} files, "
+        f"layout {layout}; vectors: {dims or 'none found'}"
+    )
+
+
+def _numpy_pairs(source: Path, col_a: str, col_b: str) -> pd.DataFrame:
+    # allow_pickle=False: an object array would unpickle, i.e. run code from the file.
+    if source.suffix.lower() == ".npy":
+        pairs = np.load(source, allow_pickle=False)
+        if pairs.ndim != 3 or pairs.shape[1] != 2:
+            raise InputError(
+                f"{str(source)!r} holds an array of shape {pairs.shape}; expected (N, 2, D): "
+                "pair i is [i, 0] and [i, 1]"
+            )
+        a, b = pairs[:, 0], pairs[:, 1]
+    else:
+        with np.load(source, allow_pickle=False) as arrays:
+            missing = [c for c in (col_a, col_b) if c not in arrays]
+            if missing:
+                raise InputError(
+                    f"{str(source)!r} has no arrays {missing!r}; it has {sorted(arrays)!r} "
+                    "(name them with --a/--b)"
+                )
+            a, b = arrays[col_a], arrays[col_b]
+        if a.ndim != 2 or a.shape != b.shape:
+            raise InputError(f"--a and --b arrays must both be (N, D); got {a.shape} and {b.shape}")
+    return pd.DataFrame({col_a: vectors_to_arrow(a), col_b: vectors_to_arrow(b)})
+
+
+@main.command()
+@click.argument("inputs", nargs=-1, required=True)
+@_one_line_errors
+def info(inputs: tuple[str, ...]) -> None:
+    """Rows, partitions, columns, and each embedding column's D and dtype."""
+    described = io.describe_parquet(list(inputs) if len(inputs) > 1 else inputs[0])
+    click.echo(f"rows        {described['rows']:,}")
+    click.echo(f"files       {described['files']:,} ({described['partitions']:,} partitions)")
+    click.echo(f"layout      {described['layout'] or 'not written by dask_cosim'}")
+    if described["index"]:
+        click.echo(f"index       {', '.join(described['index'])}")
+    click.echo("columns")
+    for column, meta in described["columns"].items():
+        vector = f"  vectors of {meta['dim']} x {meta['values']}" if "dim" in meta else ""
+        click.echo(f"  {column:24} {meta['dtype']}{vector}")
 
 
 @main.command()

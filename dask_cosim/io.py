@@ -44,6 +44,7 @@ from dask_cosim.backends import arrow_vector_types
 __all__ = [
     "LAYOUTS",
     "MANIFEST",
+    "describe_parquet",
     "from_pandas",
     "read_parquet",
     "to_parquet",
@@ -284,6 +285,7 @@ def to_parquet(
     write_index: bool | None = None,
     overwrite: bool = False,
     compute: bool = True,
+    progress: bool = False,
 ) -> Any:
     """Write a frame to a folder of Parquet files, one per partition, atomically.
 
@@ -320,7 +322,10 @@ def to_parquet(
     overwrite : bool, default False
         Replace an existing ``path`` (after the new folder is complete).
     compute : bool, default True
-        False returns a ``dask.delayed`` object that writes and commits when computed.
+        False returns a ``dask.delayed`` object that writes and commits when computed (a
+        failed computation then leaves its hidden staging folder behind).
+    progress : bool, default False
+        Show distributed's progress bar while writing (needs a distributed Client).
 
     Returns
     -------
@@ -365,6 +370,13 @@ def to_parquet(
     if not compute:
         return commit
     try:
+        if progress:
+            from distributed import default_client
+            from distributed import progress as progress_bar
+
+            future = default_client().compute(commit)
+            progress_bar(future)
+            return future.result()
         return commit.compute()
     except BaseException:
         if _exists(fs, staging):
@@ -610,6 +622,56 @@ def _folder_files(
 def _natural(text: str) -> list[Any]:
     """Sort key that puts part.10 after part.9."""
     return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", text)]
+
+
+def describe_parquet(path: Any) -> dict[str, Any]:
+    """What :func:`read_parquet` would give, from the files' metadata (no data is read,
+    except one row per variable-length list column to learn its D).
+
+    Returns a dict: ``rows``, ``files``, ``partitions``, ``layout`` ("binary"/"list" for
+    our folders, else None), ``columns``: name -> {"dtype", "dim", "values"} (dim and
+    values only for vector columns).
+    """
+    found = _parquet_files(path)
+    if found is None:
+        raise ValueError(
+            f"{path!r} is a hive-partitioned folder or a remote glob: read it with "
+            "dask_cosim.read_parquet and look at the result instead"
+        )
+    fs, files, _, manifest = found
+    df = read_parquet(path)
+    opened = {}
+    if manifest is not None:
+        rows = int(manifest["rows"])
+    else:
+        opened = {f: pq.ParquetFile(f, filesystem=fs) for f in files}
+        rows = sum(p.metadata.num_rows for p in opened.values())
+    schema = pq.read_schema(files[0], filesystem=fs)
+    columns: dict[str, dict[str, Any]] = {}
+    for name in df.columns:
+        info: dict[str, Any] = {"dtype": str(df.dtypes[name])}
+        spec = None
+        try:
+            spec = backends.vector_spec(df._meta[name], str(name))
+        except TypeError:
+            pass
+        if spec is not None and spec.dtype is not None:
+            dim = spec.dim
+            if dim is None:  # a variable list: the first stored row tells
+                first = opened.get(files[0]) or pq.ParquetFile(files[0], filesystem=fs)
+                batch = next(first.iter_batches(batch_size=16, columns=[name]), None)
+                lengths = [] if batch is None else batch.column(0).value_lengths().drop_null()
+                dim = int(lengths[0].as_py()) if len(lengths) else None
+            info.update(dim=dim, values=spec.dtype.name)
+        columns[str(name)] = info
+    return {
+        "rows": rows,
+        "files": len(files),
+        "partitions": df.npartitions,
+        "layout": manifest["layout"] if manifest else None,
+        "index": _index_columns(schema) or None,
+        "columns": columns,
+    }
 
 
 def _read_files(

@@ -1,0 +1,237 @@
+"""The dask-cosim command line, end to end through subprocesses (as users run it)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+import dask_cosim
+from dask_cosim import io
+from tests.conftest import random_pairs, reference
+
+
+def cli(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "dask_cosim", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def write_pairs(folder: Path, a: np.ndarray, b: np.ndarray, files: int = 3) -> Path:
+    """list<float> Parquet, as pandas/dask/Spark users hold it, with an id column."""
+    folder.mkdir()
+    for i, rows in enumerate(np.array_split(np.arange(len(a)), files)):
+        table = pa.table(
+            {
+                "id": pa.array(rows),
+                "embeds_a": io.encode_vectors(a[rows]).cast(pa.list_(pa.float32())),
+                "embeds_b": io.encode_vectors(b[rows]).cast(pa.list_(pa.float32())),
+            }
+        )
+        pq.write_table(table, folder / f"part.{i}.parquet")
+    return folder
+
+
+def test_pairwise_writes_result_and_summary(tmp_path: Path) -> None:
+    a, b = random_pairs(600, 16)
+    pairs = write_pairs(tmp_path / "pairs", a, b)
+    out = tmp_path / "out"
+    proc = cli("pairwise", str(pairs), "-a", "embeds_a", "-b", "embeds_b", "-o", str(out),
+               "--keep", "id", "--workers", "2", "--quiet")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    for line in ("rows        600", "nulls       0", "mean", "min / max", "pairs/s", "histogram"):
+        assert line in proc.stdout
+    result = dask_cosim.read_parquet(out).compute()
+    assert list(result.columns) == ["id", "cos"]
+    np.testing.assert_array_equal(result["id"].to_numpy(), np.arange(600))
+    np.testing.assert_allclose(result["cos"].to_numpy(), reference(a, b), atol=1e-6)
+
+    again = cli("pairwise", str(pairs), "-a", "embeds_a", "-b", "embeds_b", "-o", str(out))
+    assert again.returncode == 2
+    assert again.stderr.strip() == f"Error: '{out}' exists; pass --overwrite to replace it"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["-a", "embeds_a", "-b", "nope"], "column 'nope' not found; available:"),
+        (["-a", "id", "-b", "embeds_b"], "column 'id' has dtype int64, which is not a column"),
+        (["-a", "embeds_a", "-b", "embeds_b", "--keep", "x"], "--keep columns ['x'] not found"),
+        (["-a", "embeds_a", "-b", "embeds_b", "--scheduler", "tcp://127.0.0.1:1", "--workers",
+          "2"], "give one or the other"),
+        (["-a", "embeds_a", "-b", "embeds_b", "--dtype", "int8"], "Invalid value for '--dtype'"),
+        (["-a", "embeds_a"], "Missing option '-b'"),
+    ],
+)  # fmt: skip
+def test_pairwise_usage_errors_exit_2(tmp_path: Path, args: list[str], message: str) -> None:
+    a, b = random_pairs(20, 4)
+    pairs = write_pairs(tmp_path / "pairs", a, b, files=1)
+    proc = cli("pairwise", str(pairs), "-o", str(tmp_path / "out"), *args)
+    assert proc.returncode == 2, proc.stderr
+    assert message in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_missing_input_and_ragged_rows_exit_2(tmp_path: Path) -> None:
+    proc = cli("pairwise", str(tmp_path / "nowhere"), "-a", "x", "-b", "y", "-o", "o")
+    assert proc.returncode == 2 and "nowhere' not found" in proc.stderr
+
+    a, b = random_pairs(30, 4)
+    rows_b = [list(r) for r in b]
+    rows_b[17] = rows_b[17][:3]
+    table = pa.table({"embeds_a": pa.array([list(r) for r in a]), "embeds_b": pa.array(rows_b)})
+    pq.write_table(table, tmp_path / "ragged.parquet")
+    proc = cli("pairwise", str(tmp_path / "ragged.parquet"), "-a", "embeds_a", "-b",
+               "embeds_b", "-o", str(tmp_path / "out"), "--workers", "1")  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert "column 'embeds_b': row 17 has 3 values but row 0 has 4" in proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "out").exists()
+
+
+def test_killed_run_leaves_no_output_and_old_output_untouched(tmp_path: Path) -> None:
+    a, b = random_pairs(400_000, 64)
+    pairs = write_pairs(tmp_path / "pairs", a, b, files=40)
+    out = tmp_path / "out"
+    for old in (None, "old output"):
+        if old is not None:
+            out.mkdir()
+            (out / "marker").write_text(old)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "dask_cosim", "pairwise", str(pairs), "-a", "embeds_a",
+             "-b", "embeds_b", "-o", str(out), "--workers", "1", "--overwrite"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,  # its workers too, as Ctrl-C on a terminal would
+        )  # fmt: skip
+        deadline = time.monotonic() + 120
+        while not list(tmp_path.glob(".out.cosim-*")) and time.monotonic() < deadline:
+            time.sleep(0.05)  # until it has started writing
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+        if old is None:
+            assert not out.exists()
+        else:
+            assert [p.name for p in out.iterdir()] == ["marker"]
+            assert (out / "marker").read_text() == old
+    # Re-running is safe: the leftover hidden staging folders do not get in the way.
+    rerun = cli("pairwise", str(pairs), "-a", "embeds_a", "-b", "embeds_b", "-o", str(out),
+                "--workers", "1", "--overwrite", "--quiet")  # fmt: skip
+    assert rerun.returncode == 0, rerun.stderr
+    assert len(dask_cosim.read_parquet(out).compute()) == 400_000
+
+
+def test_pairwise_on_a_running_cluster(tmp_path: Path) -> None:
+    """dask scheduler + two dask worker processes, as on other machines; --scheduler."""
+    a, b = random_pairs(900, 8)
+    pairs = write_pairs(tmp_path / "pairs", a, b)
+    bin_dir = Path(sys.executable).parent
+    scheduler_file = tmp_path / "scheduler.json"
+    procs = [
+        subprocess.Popen(
+            [str(bin_dir / "dask"), "scheduler", "--host", "127.0.0.1", "--port", "0",
+             "--dashboard-address", "127.0.0.1:0", "--scheduler-file", str(scheduler_file)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+    ]  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while not scheduler_file.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        import json
+
+        address = json.loads(scheduler_file.read_text())["address"]
+        for _ in range(2):
+            procs.append(
+                subprocess.Popen(
+                    [str(bin_dir / "dask"), "worker", address, "--nthreads", "1",
+                     "--host", "127.0.0.1", "--no-dashboard"],
+                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                )
+            )  # fmt: skip
+        from distributed import Client
+
+        with Client(address, timeout="30s") as client:
+            client.wait_for_workers(2, timeout=60)
+        out = tmp_path / "out"
+        proc = cli("pairwise", str(pairs), "-a", "embeds_a", "-b", "embeds_b", "-o",
+                   str(out), "--scheduler", address, "--keep", "id", "--quiet")  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        assert "cluster     2 workers" in proc.stderr
+        result = dask_cosim.read_parquet(out).compute().sort_values("id")
+        np.testing.assert_allclose(result["cos"].to_numpy(), reference(a, b), atol=1e-6)
+    finally:
+        for p in reversed(procs):
+            p.terminate()
+        for p in procs:
+            p.wait(timeout=30)
+    bad = cli("pairwise", str(pairs), "-a", "embeds_a", "-b", "embeds_b", "-o",
+              str(tmp_path / "o2"), "--scheduler", "tcp://127.0.0.1:9")  # fmt: skip
+    assert bad.returncode == 2 and "cannot connect to scheduler" in bad.stderr
+
+
+def test_convert_info_and_pickle_refusal(tmp_path: Path) -> None:
+    a, b = random_pairs(50, 6)
+    frame = pd.DataFrame(
+        {
+            "embeds_a": [torch.from_numpy(r.copy()).reshape(6, 1) for r in a],
+            "embeds_b": [torch.from_numpy(r.copy()).reshape(6, 1) for r in b],
+            "label": ["x"] * 50,
+        }
+    )
+    frame.to_pickle(tmp_path / "frame.pkl")
+    refused = cli("convert", str(tmp_path / "frame.pkl"), "-o", str(tmp_path / "c1"))
+    assert refused.returncode == 2 and "--allow-pickle" in refused.stderr
+    assert "runs code" in refused.stderr and not (tmp_path / "c1").exists()
+    ok = cli("convert", str(tmp_path / "frame.pkl"), "-o", str(tmp_path / "c1"),
+             "--allow-pickle")  # fmt: skip
+    assert ok.returncode == 0, ok.stderr
+    assert "50 rows" in ok.stdout and "embeds_a 6 x float32" in ok.stdout
+
+    np.save(tmp_path / "pairs.npy", np.stack([a, b], axis=1))
+    assert cli("convert", str(tmp_path / "pairs.npy"), "-o", str(tmp_path / "c2")).returncode == 0
+    np.savez(tmp_path / "pairs.npz", left=a, right=b)
+    npz = cli("convert", str(tmp_path / "pairs.npz"), "-o", str(tmp_path / "c3"),
+              "--a", "left", "--b", "right", "--layout", "list")  # fmt: skip
+    assert npz.returncode == 0, npz.stderr
+    bad_npz = cli("convert", str(tmp_path / "pairs.npz"), "-o", str(tmp_path / "c4"))
+    assert bad_npz.returncode == 2 and "has no arrays ['embeds_a', 'embeds_b']" in bad_npz.stderr
+    np.save(tmp_path / "flat.npy", a)
+    flat = cli("convert", str(tmp_path / "flat.npy"), "-o", str(tmp_path / "c5"))
+    assert flat.returncode == 2 and "expected (N, 2, D)" in flat.stderr
+
+    for folder, left, right in (("c1", "embeds_a", "embeds_b"), ("c2", "embeds_a", "embeds_b"),
+                                ("c3", "left", "right")):  # fmt: skip
+        df = dask_cosim.read_parquet(tmp_path / folder)
+        cos = df.cosim.pairwise(left, right).compute().to_numpy()
+        np.testing.assert_allclose(cos, reference(a, b), atol=1e-6)
+
+    described = cli("info", str(tmp_path / "c1"))
+    assert described.returncode == 0, described.stderr
+    assert "rows        50" in described.stdout and "layout      binary" in described.stdout
+    assert "vectors of 6 x float32" in described.stdout and "label" in described.stdout
+    assert cli("info", str(tmp_path / "nowhere")).returncode == 2
+
+
+def test_dask_cli_entry_point() -> None:
+    proc = subprocess.run(
+        [str(Path(sys.executable).parent / "dask"), "cosim", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    for command in ("pairwise", "convert", "info", "demo"):
+        assert command in proc.stdout
