@@ -52,26 +52,14 @@ def make_pairs(rows: int, dim: int, seed: int, first_id: int = 0) -> pd.DataFram
     )
 
 
-def summarize(cos: dd.Series, show_progress: bool = False) -> dict[str, Any]:
-    """Rows, nulls, mean, min, max and a 10-bin histogram over [-1, 1], in one pass.
-
-    ``show_progress`` draws distributed's progress bar (needs a distributed Client).
-    """
+def summarize(cos: dd.Series) -> dict[str, Any]:
+    """Rows, nulls, mean, min, max and a 10-bin histogram over [-1, 1], in one pass."""
     edges = np.linspace(-1, 1, 11)
     # A module-level function, not a lambda: a lambda makes distributed fall back to
     # cloudpickling the whole expression, which fails on pyarrow's dataset objects.
     hist = cos.dropna().map_partitions(_histogram, edges, meta=(None, object))
     wanted = [cos.size, cos.isna().sum(), cos.mean(), cos.min(), cos.max(), hist]
-    if show_progress:
-        from distributed import default_client, progress
-
-        client = default_client()
-        futures = client.compute(wanted)
-        progress(futures)
-        values = client.gather(futures)
-    else:
-        values = dask.compute(*wanted)
-    rows, nulls, mean, lo, hi, parts = values
+    rows, nulls, mean, lo, hi, parts = dask.compute(*wanted)
     counts = np.sum(list(parts), axis=0) if len(parts) else np.zeros(10, int)
     return dict(
         rows=int(rows),
@@ -236,6 +224,28 @@ def pairwise(
             "one: give one or the other"
         )
     # Everything that can be checked without a cluster is checked before one starts.
+    job = _prepare(inputs, col_a, col_b, output, keep, name, overwrite, eps, dtype, device)
+    with _cluster(scheduler, workers, gpus) as client:
+        _echo_cluster(client)
+        summary, seconds = job(progress=not quiet and sys.stderr.isatty())
+    click.echo(f"wrote       {output}")
+    click.echo(format_summary(summary, seconds, summary["embedding_bytes"]))
+
+
+def _prepare(
+    inputs: tuple[str, ...] | list[str],
+    col_a: str,
+    col_b: str,
+    output: str,
+    keep: tuple[str, ...],
+    name: str,
+    overwrite: bool,
+    eps: float | None = None,
+    dtype: str | None = None,
+    device: str | None = None,
+) -> Callable[..., tuple[dict[str, Any], float]]:
+    """Check the inputs and build the graph (no cluster needed); returns the job, which
+    writes OUTPUT atomically and returns (summary, seconds)."""
     df = dask_cosim.read_parquet(list(inputs) if len(inputs) > 1 else inputs[0])
     missing = [c for c in keep if c not in df.columns]
     if missing:
@@ -245,19 +255,20 @@ def pairwise(
     if Path(output).exists() and not overwrite:
         raise InputError(f"{output!r} exists; pass --overwrite to replace it")
     spec = backends.vector_spec(df._meta[col_a], col_a)
-    with _cluster(scheduler, workers, gpus) as client:
-        _echo_cluster(client)
+
+    def job(progress: bool = False) -> tuple[dict[str, Any], float]:
         t0 = time.perf_counter()
-        dask_cosim.to_parquet(
-            out, output, overwrite=overwrite, progress=not quiet and sys.stderr.isatty()
-        )
+        dask_cosim.to_parquet(out, output, overwrite=overwrite, progress=progress)
         seconds = time.perf_counter() - t0
+        # The written column, not a second pass over the inputs: cheap, and it is what
+        # the user got.
         summary = summarize(dask_cosim.read_parquet(output, columns=[name])[name])
-    nbytes = None
-    if spec.dim is not None and spec.dtype is not None:
-        nbytes = 2 * summary["rows"] * spec.dim * spec.dtype.itemsize
-    click.echo(f"wrote       {output}")
-    click.echo(format_summary(summary, seconds, nbytes))
+        summary["embedding_bytes"] = None
+        if spec.dim is not None and spec.dtype is not None:
+            summary["embedding_bytes"] = 2 * summary["rows"] * spec.dim * spec.dtype.itemsize
+        return summary, seconds
+
+    return job
 
 
 @main.command()
@@ -380,41 +391,72 @@ def info(inputs: tuple[str, ...]) -> None:
     type=click.IntRange(1),
     help="Local workers (default: one per GPU, else one per core).",
 )
-def demo(rows: int, dim: int, partitions: int | None, workers: int | None) -> None:
-    """Generate pairs into a temporary folder and score them on a local cluster."""
+@click.option(
+    "--output",
+    default=None,
+    type=click.Path(file_okay=False),
+    help="Folder for the result and histogram.png (default: a new temporary folder).",
+)
+@_one_line_errors
+def demo(
+    rows: int, dim: int, partitions: int | None, workers: int | None, output: str | None
+) -> None:
+    """Generate pairs, score them with `pairwise` on a local cluster, print the summary.
+
+    The generated pairs are deleted at the end; the result (Parquet) and a histogram PNG
+    stay in --output.
+    """
     if partitions is None:
         partitions = max(1, min(rows, (rows * dim * 8) // (64 * 2**20)))
     bounds = np.linspace(0, rows, partitions + 1).astype(int)
-    folder = Path(tempfile.mkdtemp(prefix="dask-cosim-demo-"))
+    out_dir = Path(output) if output else Path(tempfile.mkdtemp(prefix="dask-cosim-demo-"))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    pairs = Path(tempfile.mkdtemp(prefix="pairs-", dir=out_dir))
     try:
-        with dask_cosim.local_cluster(workers) as client:
-            click.echo(
-                f"cluster     {len(client.scheduler_info()['workers'])} workers, "
-                f"dashboard {client.dashboard_link}"
-            )
+        with _cluster(None, workers, False) as client:
+            _echo_cluster(client)
             t0 = time.perf_counter()
-            (folder / "pairs").mkdir()
             writes = [
                 dask.delayed(_write_pairs)(
-                    folder / "pairs" / f"part.{i:05d}.parquet", int(hi - lo), dim, int(lo)
+                    pairs / f"part.{i:05d}.parquet", int(hi - lo), dim, int(lo)
                 )
                 for i, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:]))
             ]
             dask.compute(*writes)
             click.echo(
-                f"generated   {rows:,} pairs of {dim} float32 in {partitions} files "
-                f"({time.perf_counter() - t0:.1f} s) under {folder}"
+                f"generated   {rows:,} pairs of {dim} float32 in {partitions} Parquet files "
+                f"(list layout, {time.perf_counter() - t0:.1f} s)"
             )
-
-            t0 = time.perf_counter()
-            df = dask_cosim.read_parquet(folder / "pairs")
-            df["cos"] = df.cosim.pairwise("embeds_a", "embeds_b")
-            summary = summarize(df["cos"], show_progress=sys.stdout.isatty())
-            seconds = time.perf_counter() - t0
-            click.echo("from Parquet to summary:")
-            click.echo(format_summary(summary, seconds, rows * dim * 4 * 2))
+            result = str(out_dir / "result")
+            job = _prepare([str(pairs)], "embeds_a", "embeds_b", result, ("id",), "cos", True)
+            summary, seconds = job(progress=sys.stdout.isatty())
     finally:
-        shutil.rmtree(folder, ignore_errors=True)
+        shutil.rmtree(pairs, ignore_errors=True)
+    click.echo(f"wrote       {result} (id, cos)")
+    click.echo("from Parquet to written result:")
+    click.echo(format_summary(summary, seconds, summary["embedding_bytes"]))
+    click.echo(f"histogram   {_plot_histogram(summary, out_dir / 'histogram.png')}")
+
+
+def _plot_histogram(summary: dict[str, Any], path: Path) -> str:
+    """histogram.png of the similarities; matplotlib is optional (the `bench` extra)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "not drawn: pip install matplotlib (or dask-cosim[bench])"
+    edges, counts = summary["edges"], summary["counts"]
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.bar(edges[:-1], counts, width=np.diff(edges), align="edge", edgecolor="white")
+    ax.set_xlabel("cosine similarity")
+    ax.set_ylabel("pairs")
+    ax.set_title(f"{summary['rows']:,} pairs, mean {summary['mean']:+.3f}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return str(path)
 
 
 if __name__ == "__main__":

@@ -131,9 +131,7 @@ def pairwise_cosine(
     # returns each such block to the OS and page-faults it back: 3x slower there.)
     rows = min(chunk_rows, n)
     product = torch.empty((rows, dim), dtype=dtype, device=target)
-    copies = (
-        (torch.empty_like(product), torch.empty_like(product)) if converts else (None, None)
-    )
+    copies = (torch.empty_like(product), torch.empty_like(product)) if converts else (None, None)
     for start in range(0, n, chunk_rows):
         stop = min(n, start + chunk_rows)
         x, y = a[start:stop], b[start:stop]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -74,25 +75,20 @@ def test_local_cluster_argument_errors() -> None:
             dask_cosim.local_cluster(gpus=True)
 
 
-def test_demo_command_runs_end_to_end() -> None:
+def test_demo_command_runs_end_to_end(tmp_path: Path) -> None:
     proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "dask_cosim",
-            "demo",
-            "--rows",
-            "3000",
-            "--dim",
-            "16",
-            "--workers",
-            "2",
-        ],
+        [sys.executable, "-m", "dask_cosim", "demo", "--rows", "3000", "--dim", "16",
+         "--workers", "2", "--output", str(tmp_path)],
         capture_output=True,
         text=True,
         timeout=240,
-    )
+    )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert "rows        3,000" in proc.stdout and "histogram" in proc.stdout
     mean = float(proc.stdout.split("mean")[1].split()[0])
     assert -0.1 < mean < 0.1  # similarities are spread symmetrically over [-1, 1]
+    # The generated pairs are gone; the result and the histogram stay.
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["histogram.png", "result"]
+    result = dask_cosim.read_parquet(tmp_path / "result").compute()
+    assert list(result.columns) == ["id", "cos"] and len(result) == 3000
+    assert (tmp_path / "histogram.png").stat().st_size > 0
