@@ -276,3 +276,22 @@ def test_read_parquet_hive_folders_and_missing_paths(tmp_path: Path) -> None:
         dask_cosim.read_parquet("nowhere")
     with pytest.raises(FileNotFoundError, match="no files match"):
         dask_cosim.read_parquet(str(tmp_path / "*.nothing"))
+
+
+def test_read_and_write_through_urls(tmp_path: Path) -> None:
+    """file:// goes to pyarrow's own filesystem; other fsspec URLs (memory://) through
+    fsspec, for reading and for the atomic write."""
+    a, b = random_pairs(30, 4)
+    pdf = pairs_frame(a, b, "fixed_size_list")
+    dask_cosim.to_parquet(pdf, tmp_path / "p")
+    local = dask_cosim.read_parquet(f"file://{tmp_path / 'p'}")
+    np.testing.assert_allclose(
+        local.cosim.pairwise("embeds_a", "embeds_b").compute().to_numpy(),
+        reference(a, b),
+        atol=1e-6,
+    )
+    dask_cosim.to_parquet(pdf, "memory://cosim-test/p", layout="list")
+    in_memory = dask_cosim.read_parquet("memory://cosim-test/p")
+    assert in_memory.npartitions == 1 and len(in_memory.compute()) == 30
+    with pytest.raises(FileExistsError, match="exists; pass overwrite=True"):
+        dask_cosim.to_parquet(pdf, "memory://cosim-test/p")
