@@ -235,3 +235,15 @@ def test_dask_cli_entry_point() -> None:
     assert proc.returncode == 0, proc.stderr
     for command in ("pairwise", "convert", "info", "demo"):
         assert command in proc.stdout
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_failed_computation_exits_1_without_output(tmp_path: Path) -> None:
+    a, b = random_pairs(40, 4)
+    pairs = write_pairs(tmp_path / "pairs", a, b, files=2)
+    proc = cli("pairwise", str(pairs), "-a", "embeds_a", "-b", "embeds_b", "-o",
+               str(tmp_path / "out"), "--workers", "1", "--device", "cuda")  # fmt: skip
+    assert proc.returncode == 1, proc.stderr
+    assert "Error: the computation failed: RuntimeError: device='cuda'" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pairs"]  # no output, no staging
