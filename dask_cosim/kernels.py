@@ -93,7 +93,9 @@ def pairwise_cosine(
         Budget for one chunk's temporaries (see :func:`chunk_rows_for`).
     device : torch.device or str, optional
         Where to compute; default ``a.device``.  Chunks are moved there one at a time,
-        so a host tensor is never copied to the device whole.
+        so a host tensor is never copied to the device whole.  When the device runs out
+        of memory (``torch.cuda.OutOfMemoryError``, or ``MemoryError`` from RMM) the
+        chunk is halved and retried, down to one row.
     dtype : torch.dtype, optional
         Accumulate in at least this dtype (float64 for a float64 result).
 
@@ -126,22 +128,32 @@ def pairwise_cosine(
     # temporaries and run ~9x below the memory floor on a CPU.  The norms are sums of
     # x * x, the same cascaded summation as the dot product, so errors largely cancel
     # (vector_norm was off by 4e-6 at D=4096).
-    # Every temporary is allocated once, here, and reused for each chunk.  (vecdot would
+    # Every temporary is allocated once (again only after an out-of-memory halving) and
+    # reused for each chunk.  (vecdot would
     # allocate its product per chunk, and dask workers set MALLOC_TRIM_THRESHOLD_, which
     # returns each such block to the OS and page-faults it back: 3x slower there.)
-    rows = min(chunk_rows, n)
-    product = torch.empty((rows, dim), dtype=dtype, device=target)
-    copies = (torch.empty_like(product), torch.empty_like(product)) if converts else (None, None)
-    for start in range(0, n, chunk_rows):
-        stop = min(n, start + chunk_rows)
-        x, y = a[start:stop], b[start:stop]
-        if copies[0] is not None and copies[1] is not None:
-            x = copies[0][: stop - start].copy_(x)
-            y = copies[1][: stop - start].copy_(y)
-        p = product[: stop - start]
-        torch.sum(torch.mul(x, y, out=p), dim=1, out=dot[start:stop])
-        torch.sum(torch.mul(x, x, out=p), dim=1, out=norm_a[start:stop])
-        torch.sum(torch.mul(y, y, out=p), dim=1, out=norm_b[start:stop])
+    start, rows = 0, min(chunk_rows, n)
+    buffers: tuple[torch.Tensor, ...] | None = None
+    while start < n:
+        stop = min(n, start + rows)
+        try:
+            if buffers is None:
+                buffers = tuple(
+                    torch.empty((rows, dim), dtype=dtype, device=target)
+                    for _ in range(3 if converts else 1)
+                )
+            _products(a, b, start, stop, buffers, dot, norm_a, norm_b)
+        except _OUT_OF_MEMORY:
+            # The device is short of memory (other work on the GPU, RMM's pool): halve
+            # the chunk and redo this one; only a single row that does not fit raises.
+            if rows == 1:
+                raise
+            buffers = None
+            rows //= 2
+            if target.type == "cuda":
+                torch.cuda.empty_cache()
+            continue
+        start = stop
 
     norm_a.sqrt_()
     norm_b.sqrt_()
@@ -150,6 +162,33 @@ def pairwise_cosine(
     if dtype == torch.float32:
         _recompute_overflowed(res, denom, a, b, eps, target)
     return res.clamp_(-1.0, 1.0)
+
+
+# What an allocation on a full device raises: torch's caching allocator, or RMM (when
+# torch allocates through RMM's pool, as under dask-cuda with the shared pool).
+_OUT_OF_MEMORY = (torch.cuda.OutOfMemoryError, MemoryError)
+
+
+def _products(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    start: int,
+    stop: int,
+    buffers: tuple[torch.Tensor, ...],
+    dot: torch.Tensor,
+    norm_a: torch.Tensor,
+    norm_b: torch.Tensor,
+) -> None:
+    """dot, |a|^2, |b|^2 for rows start:stop, through the preallocated ``buffers``
+    (the product, then the converted copies of a and b when there are three)."""
+    x, y = a[start:stop], b[start:stop]
+    if len(buffers) == 3:
+        x = buffers[1][: stop - start].copy_(x)
+        y = buffers[2][: stop - start].copy_(y)
+    p = buffers[0][: stop - start]
+    torch.sum(torch.mul(x, y, out=p), dim=1, out=dot[start:stop])
+    torch.sum(torch.mul(x, x, out=p), dim=1, out=norm_a[start:stop])
+    torch.sum(torch.mul(y, y, out=p), dim=1, out=norm_b[start:stop])
 
 
 def _recompute_overflowed(

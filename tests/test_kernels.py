@@ -199,3 +199,39 @@ def test_property_symmetric_scale_invariant_self_is_one(d: int, seed: int, k: fl
     scaled = kernels.pairwise_cosine(ta * k, tb)
     torch.testing.assert_close(scaled, ab * np.sign(k), atol=2e-6, rtol=0)
     torch.testing.assert_close(kernels.pairwise_cosine(ta, ta), torch.ones(8), atol=2e-6, rtol=0)
+
+
+@pytest.mark.parametrize("error", [torch.cuda.OutOfMemoryError, MemoryError])
+def test_out_of_memory_halves_the_chunk(monkeypatch: pytest.MonkeyPatch, error: type) -> None:
+    """A device that cannot hold more than 100 rows of temporaries (simulated here: no GPU
+    on this machine; tests/test_gpu.py runs the real thing): the chunk halves until it
+    fits, and every row is still computed once."""
+    real_empty = torch.empty
+    sizes: list[int] = []
+
+    def small_device(*shape: object, **kw: object) -> torch.Tensor:
+        dims = shape[0] if len(shape) == 1 and isinstance(shape[0], tuple) else shape
+        if len(dims) == 2 and dims[1] == 300:
+            sizes.append(int(dims[0]))  # type: ignore[call-overload]
+            if dims[0] > 100:  # type: ignore[operator]
+                raise error("out of memory (simulated)")
+        return real_empty(*shape, **kw)  # type: ignore[call-overload]
+
+    monkeypatch.setattr(torch, "empty", small_device)
+    a, b = random_pairs(1000, 300)
+    res = kernels.pairwise_cosine(torch.from_numpy(a), torch.from_numpy(b), chunk_rows=800)
+    np.testing.assert_allclose(res.numpy(), reference(a, b), atol=1e-6)
+    assert sizes == [800, 400, 200, 100]
+
+    def no_memory(*shape: object, **kw: object) -> torch.Tensor:
+        dims = shape[0] if len(shape) == 1 and isinstance(shape[0], tuple) else shape
+        if len(dims) == 2 and dims[1] == 300:  # even one row fails: nothing left to halve
+            sizes.append(int(dims[0]))  # type: ignore[call-overload]
+            raise error("out of memory (simulated)")
+        return real_empty(*shape, **kw)  # type: ignore[call-overload]
+
+    monkeypatch.setattr(torch, "empty", no_memory)
+    sizes.clear()
+    with pytest.raises(error, match="simulated"):
+        kernels.pairwise_cosine(torch.from_numpy(a), torch.from_numpy(b), chunk_rows=8)
+    assert sizes == [8, 4, 2, 1]
