@@ -139,11 +139,22 @@ def _one_line_errors(command: F) -> F:
             text = err.args[0] if isinstance(err, KeyError) and err.args else str(err)
             raise InputError(str(text)) from None
         except Exception as err:  # noqa: BLE001 - the user gets one line, not a traceback
-            raise click.ClickException(
-                f"the computation failed: {type(err).__name__}: {err}"
-            ) from None
+            raise click.ClickException(_failure_message(err)) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+def _failure_message(err: BaseException) -> str:
+    """One line for a failed computation; a worker that died names its partition."""
+    task = getattr(err, "task", None)
+    if type(err).__name__ == "KilledWorker" and isinstance(task, tuple) and len(task) > 1:
+        return (
+            f"the computation failed: partition {task[-1]} killed the worker process "
+            f"running it more than {getattr(err, 'allowed_failures', '?')} time(s) (task "
+            f"{task[0]!r}); it may need more memory than a worker has, or hold data that "
+            "crashes a library. Nothing was written."
+        )
+    return f"the computation failed: {type(err).__name__}: {err}"
 
 
 @contextmanager
