@@ -144,11 +144,7 @@ def _arrow_value_spec(column: str, dtype: pd.ArrowDtype) -> VectorSpec:
     value = t.value_type
     if pa.types.is_floating(value) or pa.types.is_integer(value):
         return VectorSpec(dim, np.dtype(value.to_pandas_dtype()))
-    if (
-        pa.types.is_list(value)
-        or pa.types.is_fixed_size_list(value)
-        or pa.types.is_large_list(value)
-    ):
+    if _is_list_type(value):
         raise TypeError(
             f"column {column!r} holds nested lists ({dtype}); flatten each row to one "
             "list of D numbers (pyarrow.compute.list_flatten, or reshape(-1) before writing)"
@@ -380,13 +376,11 @@ def arrow_vector_types(arrow_type: pa.DataType) -> pd.ArrowDtype | None:
     the file's metadata, which it cannot do for fixed_size_list ("Passing pyarrow type
     specific parameters ([300]) in the string is not supported").
     """
-    if (
-        pa.types.is_fixed_size_list(arrow_type)
-        or pa.types.is_list(arrow_type)
-        or pa.types.is_large_list(arrow_type)
-    ):
-        return pd.ArrowDtype(arrow_type)
-    return None
+    return pd.ArrowDtype(arrow_type) if _is_list_type(arrow_type) else None
+
+
+def _is_list_type(t: pa.DataType) -> bool:
+    return pa.types.is_fixed_size_list(t) or pa.types.is_list(t) or pa.types.is_large_list(t)
 
 
 def frame_from_arrow(table: pa.Table, backend: str = "pandas") -> Any:

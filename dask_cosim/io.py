@@ -639,7 +639,7 @@ def describe_parquet(path: Any) -> dict[str, Any]:
             "dask_cosim.read_parquet and look at the result instead"
         )
     fs, files, _, manifest = found
-    df = read_parquet(path)
+    df = _read_files(*found, columns=None, filters=None, backend="pandas")
     opened = {}
     if manifest is not None:
         rows = int(manifest["rows"])
@@ -777,6 +777,8 @@ def _filesystem(path: Any) -> tuple[pafs.FileSystem, str]:
     try:
         return pafs.FileSystem.from_uri(text)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        # A scheme pyarrow has no filesystem for (memory://, and any other fsspec
+        # implementation): fsspec's, behind pyarrow's filesystem interface.
         import fsspec
 
         fs, inner = fsspec.core.url_to_fs(text)
