@@ -45,6 +45,7 @@ import torch
 
 import dask_cosim
 from dask_cosim import io, kernels
+from dask_cosim.cli import pair_arrays
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from peers import Case, file_peers, in_memory_peers  # noqa: E402
@@ -67,11 +68,8 @@ class Row:
 
 
 def make_pairs(rows: int, dim: int, dtype: str, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """Pairs with similarities spread over [-1, 1] (b = t*a + (1-|t|)*noise)."""
-    rng = np.random.default_rng(seed)
-    a = rng.standard_normal((rows, dim), dtype=np.float32)
-    t = rng.uniform(-1, 1, size=(rows, 1)).astype(np.float32)
-    b = t * a + (1 - np.abs(t)) * rng.standard_normal((rows, dim), dtype=np.float32)
+    """The demo's pairs (similarities spread over [-1, 1]) in ``dtype``."""
+    a, b = pair_arrays(rows, dim, seed)
     return a.astype(dtype, copy=False), b.astype(dtype, copy=False)
 
 

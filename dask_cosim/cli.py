@@ -34,15 +34,21 @@ import dask_cosim  # also registers the .cosim accessor
 from dask_cosim import backends, io
 from dask_cosim.io import vectors_to_arrow
 
-__all__ = ["main", "make_pairs", "summarize"]
+__all__ = ["main", "make_pairs", "pair_arrays", "summarize"]
 
 
-def make_pairs(rows: int, dim: int, seed: int, first_id: int = 0) -> pd.DataFrame:
-    """``rows`` pairs with similarities spread over [-1, 1]: b = t*a + (1-|t|)*noise."""
+def pair_arrays(rows: int, dim: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """(a, b), float32 (rows, dim), similarities spread over [-1, 1]: b = t*a + (1-|t|)*noise."""
     rng = np.random.default_rng(seed)
     a = rng.standard_normal((rows, dim), dtype=np.float32)
     t = rng.uniform(-1, 1, size=(rows, 1)).astype(np.float32)
     b = t * a + (1 - np.abs(t)) * rng.standard_normal((rows, dim), dtype=np.float32)
+    return a, b
+
+
+def make_pairs(rows: int, dim: int, seed: int, first_id: int = 0) -> pd.DataFrame:
+    """:func:`pair_arrays` as a frame: "id", "embeds_a", "embeds_b" (fixed_size_list)."""
+    a, b = pair_arrays(rows, dim, seed)
     return pd.DataFrame(
         {
             "id": np.arange(first_id, first_id + rows, dtype=np.int64),
