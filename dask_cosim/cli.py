@@ -181,11 +181,8 @@ def _cluster(scheduler: str | None, workers: int | None, gpus: bool) -> Iterator
     client = dask_cosim.local_cluster(
         workers, gpus=True if gpus else "auto", silence_logs=logging.CRITICAL
     )
-    try:
+    with client:  # closes the cluster too
         yield client
-    finally:
-        client.close()
-        client.cluster.close()
 
 
 def _echo_cluster(client: Any) -> None:

