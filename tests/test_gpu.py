@@ -157,3 +157,38 @@ def test_local_cuda_cluster_one_worker_per_gpu() -> None:
         ddf = dask_cosim.from_pandas(pairs_frame(a, b, "fixed_size_list"), npartitions=2 * n)
         res = ddf.cosim.pairwise("embeds_a", "embeds_b").compute()
         np.testing.assert_allclose(res.to_numpy(), reference(a, b), atol=1e-6)
+
+
+_CLIENT_PROCESS = """
+import os, sys, torch
+import dask_cosim
+if __name__ == "__main__":
+    with dask_cosim.local_cluster(dashboard_address=None) as client:
+        workers = client.scheduler_info()["workers"]
+        devices = client.run(lambda: os.environ["CUDA_VISIBLE_DEVICES"])
+        pool = client.run(lambda: type(__import__("rmm").mr.get_current_device_resource()).__name__
+                          if __import__("importlib").util.find_spec("rmm") else "no rmm")
+        # The client process must not hold a CUDA context: workers come first.
+        print(len(workers), sorted(devices.values()), set(pool.values()),
+              torch.cuda.is_initialized())
+"""
+
+
+def _client_process(env: dict[str, str]) -> list[str]:
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", _CLIENT_PROCESS], capture_output=True,
+                          text=True, timeout=300, env={**os.environ, **env})  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip().splitlines()[-1].split(" ", 1)
+
+
+def test_local_cluster_respects_cuda_visible_devices_and_leaves_the_client_without_context() -> None:
+    pytest.importorskip("dask_cuda")
+    n, rest = _client_process({})
+    assert int(n) == torch.cuda.device_count() and rest.endswith("False")
+    n, rest = _client_process({"CUDA_VISIBLE_DEVICES": "0"})
+    assert n == "1" and rest.startswith("['0']") and rest.endswith("False")
+    if "no rmm" not in rest:
+        assert "PoolMemoryResource" in rest  # one pool, shared with torch
