@@ -182,8 +182,8 @@ def _list_chunk_values(
     offsets = chunk.offsets.to_numpy()
     lengths = np.diff(offsets)
     valid_lengths = lengths if null is None else lengths[~null]
-    if len(valid_lengths) == 0:
-        return np.zeros((n, 0), dtype=np.float32), null
+    if len(valid_lengths) == 0:  # every row null; the value type still sets the result's
+        return np.zeros((n, 0), dtype=chunk.type.value_type.to_pandas_dtype()), null
     dim = int(valid_lengths[0])
     bad = np.flatnonzero(lengths != dim)
     if null is not None:
@@ -232,7 +232,8 @@ def stack_object_column(
 
     Cells may be numpy arrays, torch tensors or sequences of numbers, of any shape with D
     elements (a (300, 1) tensor is a 300-vector); None/NaN cells are null rows. Ragged rows
-    and non-numeric cells raise, naming the column and the row label. One vectorised stack
+    and cells that are not vectors of real numbers (strings, scalars, bool or complex
+    values) raise, naming the column and the row label. One vectorised stack
     for the whole column: torch tensors stay torch (no numpy round trip), all else numpy.
     """
     n = len(values)
@@ -265,7 +266,9 @@ def _stack_uniform(cells: np.ndarray) -> np.ndarray | torch.Tensor | None:
     if len(kinds) != 1:
         return None
     first: tuple[type, Any, Any] = next(iter(kinds))
-    kind, _, dtype = first
+    kind, shape, dtype = first
+    if shape == ():  # a scalar per row is not a vector: the checked path names the row
+        return None
     if issubclass(kind, torch.Tensor) and not dtype.is_complex and dtype != torch.bool:
         with torch.no_grad():  # cells that require grad must not build a graph
             return torch.stack(list(cells)).reshape(len(cells), -1)
@@ -280,18 +283,20 @@ def _stack_checked(
     """Cell by cell: mixed shapes, lists, mixed types; raises naming the first bad row."""
     all_torch = all(isinstance(x, torch.Tensor) for x in cells)
     if all_torch:
+        for pos, t in zip(positions, cells):
+            if t.ndim == 0 or t.is_complex() or t.dtype == torch.bool:
+                raise _cell_error(column, index, pos, t)
         flat_cells: list[Any] = [t.detach().reshape(-1) for t in cells]
         sizes = [t.numel() for t in flat_cells]
     else:
         flat_cells = []
         for pos, x in zip(positions, cells):
-            arr = x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
-            if arr.dtype.kind not in "fiu":
-                raise TypeError(
-                    f"column {column!r}: row {row_label(index, int(pos))!r} holds "
-                    f"{type(x).__name__} {_short(x)}, not a vector of numbers; expected one "
-                    "numpy array, torch tensor or list of numbers per row"
-                )
+            try:
+                arr = _cell_array(x)
+            except (TypeError, ValueError):  # e.g. nested lists of different lengths
+                raise _cell_error(column, index, pos, x) from None
+            if arr.ndim == 0 or arr.dtype.kind not in "fiu":
+                raise _cell_error(column, index, pos, x)
             flat_cells.append(arr.reshape(-1))
         sizes = [a.size for a in flat_cells]
     dim = sizes[0]
@@ -309,6 +314,21 @@ def _stack_checked(
     return np.stack(flat_cells)
 
 
+def _cell_array(x: Any) -> np.ndarray:
+    if isinstance(x, torch.Tensor):
+        x = x.detach().cpu()
+        return (x.float() if x.dtype == torch.bfloat16 else x).numpy()  # numpy has no bf16
+    return np.asarray(x)
+
+
+def _cell_error(column: str, index: Any, position: Any, cell: Any) -> TypeError:
+    return TypeError(
+        f"column {column!r}: row {row_label(index, int(position))!r} holds "
+        f"{type(cell).__name__} {_short(cell)}, not a vector of numbers; expected one "
+        "numpy array, torch tensor or list of numbers per row"
+    )
+
+
 def _short(x: Any) -> str:
     text = repr(x)
     return text if len(text) <= 40 else text[:37] + "..."
@@ -318,7 +338,7 @@ def _short(x: Any) -> str:
 def _pandas_to_vectors(s: pd.Series, column: str) -> Vectors:
     n = len(s)
     if isinstance(s.dtype, pd.ArrowDtype):
-        _arrow_value_spec(column, s.dtype)  # same checks as at graph time
+        spec = _arrow_value_spec(column, s.dtype)  # same checks as at graph time
         chunked = pa.array(s.array)
         chunks = chunked.chunks if isinstance(chunked, pa.ChunkedArray) else [chunked]
         blocks, nulls, row0, dims = [], [], 0, []
@@ -333,6 +353,8 @@ def _pandas_to_vectors(s: pd.Series, column: str) -> Vectors:
             row0 += len(chunk)
         dim = _check_chunk_dims(dims, column, s.index)
         blocks = [b if b.shape[1] == dim else np.zeros((len(b), dim), b.dtype) for b in blocks]
+        if not blocks:  # no rows: an empty block still carries the value dtype
+            blocks = [np.zeros((0, dim), spec.dtype)]
         null_all = np.concatenate(nulls) if nulls else np.zeros(0, bool)
         return Vectors(
             [_as_tensor(b) for b in blocks], null_all if null_all.any() else None, dim, n

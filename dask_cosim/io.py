@@ -37,6 +37,8 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import torch
+from dask.dataframe._pyarrow import to_pyarrow_string
+from dask.dataframe.utils import pyarrow_strings_enabled
 
 from dask_cosim import backends
 from dask_cosim.backends import arrow_vector_types
@@ -176,7 +178,10 @@ def from_pandas(
 
     Object columns holding one numpy array, torch tensor or list of numbers per row (any
     shape with D elements, e.g. (300, 1)) become Arrow ``fixed_size_list<D>`` columns in
-    one vectorised stack; other columns pass through unchanged.
+    one vectorised stack.  Columns of strings become strings as in ``dd.from_pandas``
+    (config ``dataframe.convert-string``); any other object column (empty, all null,
+    scalars) stays object, so that ``df.cosim.pairwise`` can read it or name its bad row;
+    other columns pass through unchanged.
 
     Parameters
     ----------
@@ -205,7 +210,24 @@ def from_pandas(
     if npartitions is None and chunksize is None:
         nbytes = int(converted.memory_usage(deep=False, index=True).sum())
         npartitions = max(1, min(len(converted), math.ceil(nbytes / _TARGET_PARTITION_BYTES)))
-    return dd.from_pandas(converted, npartitions=npartitions, chunksize=chunksize, sort=sort)
+    # dask's 'dataframe.convert-string' turns every object column into text, not only
+    # columns of strings.  An object column with no cell to tell (an empty frame, all
+    # null) or holding scalars or other objects stays object instead: the accessor then
+    # reads it as empty or null vectors, or names the row that is not a vector, rather
+    # than reporting strings the user never had.
+    keep = [
+        column
+        for column in converted.columns
+        if converted[column].dtype == object
+        and pd.api.types.infer_dtype(converted[column], skipna=True) != "string"
+    ]
+    if not (keep and pyarrow_strings_enabled()):
+        return dd.from_pandas(converted, npartitions=npartitions, chunksize=chunksize, sort=sort)
+    strings = to_pyarrow_string(converted)  # what dask does to the other columns
+    for column in keep:
+        strings[column] = converted[column].array
+    with dask.config.set({"dataframe.convert-string": False}):
+        return dd.from_pandas(strings, npartitions=npartitions, chunksize=chunksize, sort=sort)
 
 
 # --------------------------------------------------------------------------- writing
