@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -126,11 +127,17 @@ def test_killed_run_leaves_no_output_and_old_output_untouched(tmp_path: Path) ->
         else:
             assert [p.name for p in out.iterdir()] == ["marker"]
             assert (out / "marker").read_text() == old
-    # Re-running is safe: the leftover hidden staging folders do not get in the way.
+    # The second killed run removed the first one's staging folder; its own is left.
+    assert len(list(tmp_path.glob(".out.cosim-*"))) == 1
+    # A live writer's staging folder (this process's) must survive the next run.
+    live = tmp_path / f".out.cosim-{socket.gethostname()}-{os.getpid()}-0123456789ab"
+    live.mkdir()
+    # Re-running works, and removes the folders of the writers that died.
     rerun = cli("pairwise", str(pairs), "-a", "embeds_a", "-b", "embeds_b", "-o", str(out),
                 "--workers", "1", "--overwrite", "--quiet")  # fmt: skip
     assert rerun.returncode == 0, rerun.stderr
     assert len(dask_cosim.read_parquet(out).compute()) == 400_000
+    assert list(tmp_path.glob(".out.cosim-*")) == [live]
 
 
 def test_pairwise_on_a_running_cluster(tmp_path: Path) -> None:
