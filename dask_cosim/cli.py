@@ -49,12 +49,10 @@ def pair_arrays(rows: int, dim: int, seed: int = 0) -> tuple[np.ndarray, np.ndar
 def make_pairs(rows: int, dim: int, seed: int, first_id: int = 0) -> pd.DataFrame:
     """:func:`pair_arrays` as a frame: "id", "embeds_a", "embeds_b" (fixed_size_list)."""
     a, b = pair_arrays(rows, dim, seed)
+    ids = np.arange(first_id, first_id + rows, dtype=np.int64)
     return pd.DataFrame(
-        {
-            "id": np.arange(first_id, first_id + rows, dtype=np.int64),
-            "embeds_a": vectors_to_arrow(a),
-            "embeds_b": vectors_to_arrow(b),
-        }
+        {"id": ids, "embeds_a": vectors_to_arrow(a), "embeds_b": vectors_to_arrow(b)},
+        index=pd.RangeIndex(first_id, first_id + rows),  # frames made in pieces stay unique
     )
 
 
