@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import dask
 import dask.dataframe as dd
 import numpy as np
 import pandas as pd
@@ -295,3 +296,21 @@ def test_read_and_write_through_urls(tmp_path: Path) -> None:
     assert in_memory.npartitions == 1 and len(in_memory.compute()) == 30
     with pytest.raises(FileExistsError, match="exists; pass overwrite=True"):
         dask_cosim.to_parquet(pdf, "memory://cosim-test/p")
+
+
+@pytest.mark.parametrize("setting", ["auto", True, False])
+def test_memory_map_setting(tmp_path: Path, setting: Any) -> None:
+    """"auto" maps our binary layout only: mapped pages count in a worker's memory."""
+    a, b = random_pairs(50, 8)
+    for layout in ("binary", "list"):
+        dask_cosim.to_parquet(pairs_frame(a, b, "fixed_size_list"), tmp_path / layout,
+                              layout=layout)  # fmt: skip
+        schema = pq.read_schema(tmp_path / layout / "part.00000.parquet")
+        with dask.config.set({"cosim.read.memory-map": setting}):
+            mapped = io._memory_map(schema)
+            back = dask_cosim.read_parquet(tmp_path / layout).compute()
+        assert mapped == (layout == "binary" if setting == "auto" else setting)
+        np.testing.assert_array_equal(np.stack(back["embeds_a"].to_numpy()), a)
+    with dask.config.set({"cosim.read.memory-map": "yes"}):
+        with pytest.raises(ValueError, match="cosim.read.memory-map='yes'; use 'auto', true or false"):
+            dask_cosim.read_parquet(tmp_path / "list")
