@@ -32,6 +32,7 @@ import pyarrow.parquet as pq
 
 import dask_cosim  # also registers the .cosim accessor
 from dask_cosim import backends, io
+from dask_cosim.cluster import check_size
 from dask_cosim.io import vectors_to_arrow
 
 __all__ = ["main", "make_pairs", "pair_arrays", "summarize"]
@@ -162,7 +163,9 @@ def _failure_message(err: BaseException) -> str:
 
 
 @contextmanager
-def _cluster(scheduler: str | None, workers: int | None, gpus: bool) -> Iterator[Any]:
+def _cluster(
+    scheduler: str | None, workers: int | None, gpus: bool, memory_limit: str = "auto"
+) -> Iterator[Any]:
     """A Client: connected to ``scheduler``, or on a local cluster started and shut here."""
     from distributed import Client
 
@@ -177,20 +180,49 @@ def _cluster(scheduler: str | None, workers: int | None, gpus: bool) -> Iterator
     # Workers log each failed task with its traceback; the command reports the error
     # itself, in one line.
     client = dask_cosim.local_cluster(
-        workers, gpus=True if gpus else "auto", silence_logs=logging.CRITICAL
+        workers,
+        gpus=True if gpus else "auto",
+        memory_limit=memory_limit,
+        silence_logs=logging.CRITICAL,
     )
     with client:  # closes the cluster too
         yield client
 
 
 def _echo_cluster(client: Any) -> None:
-    workers = client.scheduler_info()["workers"]
-    click.echo(f"cluster     {len(workers)} workers, dashboard {client.dashboard_link}", err=True)
+    workers = client.scheduler_info()["workers"].values()
+    limits = {w.get("memory_limit") for w in workers}
+    memory = ""
+    if len(limits) == 1 and (limit := limits.pop()):
+        memory = f" of {dask.utils.format_bytes(limit)}"
+    click.echo(
+        f"cluster     {len(workers)} workers{memory}, dashboard {client.dashboard_link}", err=True
+    )
 
 
 @click.group(name="cosim")  # the name `dask cosim` registers it under
 def main() -> None:
     """Row-wise cosine similarity of embedding columns, on dask clusters of CPUs or GPUs."""
+
+
+def _memory_limit(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    try:
+        check_size("memory_limit", value, "4GiB")
+    except ValueError:
+        raise click.BadParameter(
+            f"{value!r} is not a size; give e.g. 4GiB, a fraction of the memory like 0.5, "
+            "or auto"
+        ) from None
+    return value
+
+
+_memory_limit_option = click.option(
+    "--memory-limit",
+    default="auto",
+    show_default=True,
+    callback=_memory_limit,
+    help="Per local worker, e.g. 4GiB (dask pauses a worker at 80 %; give at least 1.25GiB).",
+)
 
 
 @main.command()
@@ -203,6 +235,7 @@ def main() -> None:
 @click.option("--scheduler", default=None, help="A running scheduler, e.g. tcp://host:8786.")
 @click.option("--workers", default=None, type=click.IntRange(1), help="Local workers.")
 @click.option("--gpus", is_flag=True, help="Local cluster of GPU workers (dask-cuda).")
+@_memory_limit_option
 @click.option("--dtype", default=None, type=click.Choice(["float32", "float64"]))
 @click.option("--device", default=None, help="auto, cpu, cuda or cuda:N.")
 @click.option("--eps", default=None, type=float, help="Lower bound on norms (1e-8).")
@@ -219,6 +252,7 @@ def pairwise(
     scheduler: str | None,
     workers: int | None,
     gpus: bool,
+    memory_limit: str,
     dtype: str | None,
     device: str | None,
     eps: float | None,
@@ -230,14 +264,14 @@ def pairwise(
     OUTPUT gets the result column (plus --keep columns and the index) and a summary is
     printed: rows, nulls, mean, min, max, a histogram, time and throughput.
     """
-    if scheduler is not None and (workers is not None or gpus):
+    if scheduler is not None and (workers is not None or gpus or memory_limit != "auto"):
         raise click.UsageError(
-            "--scheduler connects to a running cluster; --workers/--gpus start a local "
-            "one: give one or the other"
+            "--scheduler connects to a running cluster; --workers/--gpus/--memory-limit "
+            "start a local one: give one or the other"
         )
     # Everything that can be checked without a cluster is checked before one starts.
     job = _prepare(inputs, col_a, col_b, output, keep, name, overwrite, eps, dtype, device)
-    with _cluster(scheduler, workers, gpus) as client:
+    with _cluster(scheduler, workers, gpus, memory_limit) as client:
         _echo_cluster(client)
         summary, seconds = job(progress=not quiet and sys.stderr.isatty())
     click.echo(f"wrote       {output}")
@@ -403,6 +437,7 @@ def info(inputs: tuple[str, ...]) -> None:
     type=click.IntRange(1),
     help="Local workers (default: one per GPU, else one per core).",
 )
+@_memory_limit_option
 @click.option(
     "--output",
     default=None,
@@ -411,7 +446,12 @@ def info(inputs: tuple[str, ...]) -> None:
 )
 @_one_line_errors
 def demo(
-    rows: int, dim: int, partitions: int | None, workers: int | None, output: str | None
+    rows: int,
+    dim: int,
+    partitions: int | None,
+    workers: int | None,
+    memory_limit: str,
+    output: str | None,
 ) -> None:
     """Generate pairs, score them with `pairwise` on a local cluster, print the summary.
 
@@ -425,7 +465,7 @@ def demo(
     out_dir.mkdir(parents=True, exist_ok=True)
     pairs = Path(tempfile.mkdtemp(prefix="pairs-", dir=out_dir))
     try:
-        with _cluster(None, workers, False) as client:
+        with _cluster(None, workers, False, memory_limit) as client:
             _echo_cluster(client)
             t0 = time.perf_counter()
             writes = [

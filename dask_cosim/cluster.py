@@ -111,8 +111,8 @@ def local_cluster(
     n_workers = _positive_int("n_workers", n_workers, "n_workers=2")
     threads_per_worker = _positive_int("threads_per_worker", threads_per_worker,
                                        "threads_per_worker=1") or 1  # fmt: skip
-    _check_memory("memory_limit", memory_limit, '"4GiB"')
-    _check_memory("rmm_pool_size", rmm_pool_size, '"20GB"')
+    check_size("memory_limit", memory_limit, '"4GiB"')
+    check_size("rmm_pool_size", rmm_pool_size, '"20GB"')
     dashboard_address = _local_dashboard(dashboard_address)
     if security not in (None, True, False) and not isinstance(security, Security):
         raise TypeError(
@@ -203,7 +203,7 @@ def _positive_int(name: str, value: Any, example: str) -> int | None:
     return int(value)
 
 
-def _check_memory(name: str, value: Any, example: str) -> None:
+def check_size(name: str, value: Any, example: str) -> None:
     """Sizes as dask takes them: bytes, "4GiB", a fraction in (0, 1], "auto" or None."""
     if value is None or value == "auto":
         return

@@ -51,10 +51,11 @@ def test_pairwise_writes_result_and_summary(tmp_path: Path) -> None:
     pairs = write_pairs(tmp_path / "pairs", a, b)
     out = tmp_path / "out"
     proc = cli("pairwise", str(pairs), "-a", "embeds_a", "-b", "embeds_b", "-o", str(out),
-               "--keep", "id", "--workers", "2", "--quiet")  # fmt: skip
+               "--keep", "id", "--workers", "2", "--memory-limit", "1.5GiB", "--quiet")  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     for line in ("rows        600", "nulls       0", "mean", "min / max", "pairs/s", "histogram"):
         assert line in proc.stdout
+    assert "cluster     2 workers of 1.50 GiB, dashboard http://127.0.0.1:" in proc.stderr
     result = dask_cosim.read_parquet(out).compute()
     assert list(result.columns) == ["id", "cos"]
     np.testing.assert_array_equal(result["id"].to_numpy(), np.arange(600))
@@ -74,6 +75,8 @@ def test_pairwise_writes_result_and_summary(tmp_path: Path) -> None:
         (["-a", "embeds_a", "-b", "embeds_b", "--scheduler", "tcp://127.0.0.1:1", "--workers",
           "2"], "give one or the other"),
         (["-a", "embeds_a", "-b", "embeds_b", "--dtype", "int8"], "Invalid value for '--dtype'"),
+        (["-a", "embeds_a", "-b", "embeds_b", "--memory-limit", "lots"],
+         "Invalid value for '--memory-limit': 'lots' is not a size; give e.g. 4GiB"),
         (["-a", "embeds_a"], "Missing option '-b'"),
     ],
 )  # fmt: skip
