@@ -19,6 +19,7 @@ from distributed import Client, KilledWorker, LocalCluster, get_task_stream
 
 import dask_cosim
 from dask_cosim.cli import _failure_message
+from dask_cosim.io import vectors_to_arrow
 from tests.conftest import pairs_frame, random_pairs, reference
 
 
@@ -98,14 +99,11 @@ def _generated(i: int) -> pd.DataFrame:
     n = _ROWS // _FILES
     rng = np.random.default_rng(i)
     a, b = (rng.random((n, _DIM), dtype=np.float32) - 0.5 for _ in range(2))
-    frame = pairs_frame(a[:1], b[:1], "fixed_size_list").iloc[:0]  # the column types
-    kind = frame["embeds_a"].dtype.pyarrow_dtype
-    column = lambda x: pd.array(  # noqa: E731
-        pa.FixedSizeListArray.from_arrays(pa.array(x.reshape(-1)), _DIM).cast(kind),
-        dtype=pd.ArrowDtype(kind),
-    )
     index = pd.RangeIndex(i * n, (i + 1) * n)
-    return pd.DataFrame({"embeds_a": column(a), "embeds_b": column(b), "id": index}, index=index)
+    return pd.DataFrame(
+        {"embeds_a": vectors_to_arrow(a), "embeds_b": vectors_to_arrow(b), "id": index},
+        index=index,
+    )
 
 
 @pytest.mark.slow
