@@ -161,15 +161,16 @@ def local_cluster(
             # One pool for RMM (cudf) and torch, instead of two allocators fighting.
             common.setdefault("rmm_allocator_external_lib_list", ["torch"])
         cluster: LocalCluster = LocalCUDACluster(n_workers=n_workers, **common)
+        plugins: list[WorkerPlugin] = []
     else:
         _check_kwargs(kwargs, LocalCluster)
         n_workers = n_workers or max(1, CPU_COUNT // threads_per_worker)
         cluster = LocalCluster(n_workers=n_workers, processes=True, **common)
-        threads = torch_threads(n_workers, threads_per_worker)
+        plugins = [TorchThreads(torch_threads(n_workers, threads_per_worker))]
     try:
         client = ClusterClient(cluster)
-        if not n_gpus:
-            client.register_plugin(TorchThreads(threads))
+        for plugin in plugins:
+            client.register_plugin(plugin)
         return client
     except BaseException:
         cluster.close()
