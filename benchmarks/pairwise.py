@@ -45,7 +45,7 @@ import torch
 
 import dask_cosim
 from dask_cosim import io, kernels
-from dask_cosim.cli import pair_arrays
+from dask_cosim.datasets import pair_arrays
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from peers import Case, file_peers, in_memory_peers  # noqa: E402

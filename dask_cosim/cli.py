@@ -27,34 +27,13 @@ import dask
 import dask.dataframe as dd
 import numpy as np
 import pandas as pd
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 import dask_cosim  # also registers the .cosim accessor
-from dask_cosim import backends, io
+from dask_cosim import backends, datasets, io
 from dask_cosim.cluster import check_size
 from dask_cosim.io import vectors_to_arrow
 
-__all__ = ["main", "make_pairs", "pair_arrays", "summarize"]
-
-
-def pair_arrays(rows: int, dim: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """(a, b), float32 (rows, dim), similarities spread over [-1, 1]: b = t*a + (1-|t|)*noise."""
-    rng = np.random.default_rng(seed)
-    a = rng.standard_normal((rows, dim), dtype=np.float32)
-    t = rng.uniform(-1, 1, size=(rows, 1)).astype(np.float32)
-    b = t * a + (1 - np.abs(t)) * rng.standard_normal((rows, dim), dtype=np.float32)
-    return a, b
-
-
-def make_pairs(rows: int, dim: int, seed: int, first_id: int = 0) -> pd.DataFrame:
-    """:func:`pair_arrays` as a frame: "id", "embeds_a", "embeds_b" (fixed_size_list)."""
-    a, b = pair_arrays(rows, dim, seed)
-    ids = np.arange(first_id, first_id + rows, dtype=np.int64)
-    return pd.DataFrame(
-        {"id": ids, "embeds_a": vectors_to_arrow(a), "embeds_b": vectors_to_arrow(b)},
-        index=pd.RangeIndex(first_id, first_id + rows),  # frames made in pieces stay unique
-    )
+__all__ = ["main", "summarize"]
 
 
 def summarize(cos: dd.Series) -> dict[str, Any]:
@@ -100,13 +79,6 @@ def format_summary(
     for lo, hi, c in zip(edges[:-1], edges[1:], counts):
         lines.append(f"  [{lo:+.1f}, {hi:+.1f})  {'#' * int(40 * c / top):<40} {int(c):,}")
     return "\n".join(lines)
-
-
-def _write_pairs(path: Path, rows: int, dim: int, first_id: int) -> None:
-    table = pa.Table.from_pandas(
-        make_pairs(rows, dim, seed=first_id, first_id=first_id), preserve_index=False
-    )
-    pq.write_table(table.replace_schema_metadata(None), path)
 
 
 class InputError(click.ClickException):
@@ -469,7 +441,7 @@ def demo(
             _echo_cluster(client)
             t0 = time.perf_counter()
             writes = [
-                dask.delayed(_write_pairs)(
+                dask.delayed(datasets.write_pairs)(
                     pairs / f"part.{i:05d}.parquet", int(hi - lo), dim, int(lo)
                 )
                 for i, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:]))

@@ -1,0 +1,94 @@
+"""pandas frames of per-row vectors into dask, without turning the vectors into text."""
+
+from __future__ import annotations
+
+import math
+
+import dask
+import dask.dataframe as dd
+import numpy as np
+import pandas as pd
+import torch
+from dask.dataframe._pyarrow import to_pyarrow_string
+from dask.dataframe.utils import pyarrow_strings_enabled
+
+from dask_cosim import backends
+from dask_cosim.io.layouts import vectors_to_arrow
+
+# Partition size from_pandas aims at when neither npartitions nor chunksize is given.
+TARGET_PARTITION_BYTES = 128 * 2**20
+
+
+def vector_columns(pdf: pd.DataFrame) -> list[str]:
+    """Object columns whose first non-null cell is an array, tensor or list of numbers."""
+    found = []
+    for column in pdf.columns:
+        series = pdf[column]
+        if series.dtype != object:
+            continue
+        first = series.dropna()
+        if len(first) and isinstance(first.iloc[0], (np.ndarray, torch.Tensor, list, tuple)):
+            found.append(column)
+    return found
+
+
+def from_pandas(
+    pdf: pd.DataFrame,
+    npartitions: int | None = None,
+    chunksize: int | None = None,
+    sort: bool = True,
+) -> dd.DataFrame:
+    """A dask DataFrame from a pandas one, keeping per-row vectors as vectors.
+
+    Object columns holding one numpy array, torch tensor or list of numbers per row (any
+    shape with D elements, e.g. (300, 1)) become Arrow ``fixed_size_list<D>`` columns in
+    one vectorised stack.  Columns of strings become strings as in ``dd.from_pandas``
+    (config ``dataframe.convert-string``); any other object column (empty, all null,
+    scalars) stays object, so that ``df.cosim.pairwise`` can read it or name its bad row;
+    other columns pass through unchanged.
+
+    Parameters
+    ----------
+    pdf : pandas.DataFrame
+    npartitions : int, optional
+        As in ``dd.from_pandas``.  With neither ``npartitions`` nor ``chunksize``, about
+        128 MiB per partition.
+    chunksize : int, optional
+        Rows per partition, as in ``dd.from_pandas``.
+    sort : bool, default True
+        As in ``dd.from_pandas``.
+
+    Raises
+    ------
+    TypeError
+        A vector column holds a non-numeric cell (names the column and row label).
+    ValueError
+        Ragged rows (names the column, the row label and both lengths).
+    """
+    if not isinstance(pdf, pd.DataFrame):
+        raise TypeError(f"from_pandas expects a pandas.DataFrame, got {type(pdf).__name__}")
+    converted = pdf.copy(deep=False)
+    for column in vector_columns(pdf):
+        values, null = backends.stack_object_column(pdf[column].to_numpy(), pdf.index, str(column))
+        converted[column] = pd.Series(vectors_to_arrow(values, null), index=pdf.index)
+    if npartitions is None and chunksize is None:
+        nbytes = int(converted.memory_usage(deep=False, index=True).sum())
+        npartitions = max(1, min(len(converted), math.ceil(nbytes / TARGET_PARTITION_BYTES)))
+    # dask's 'dataframe.convert-string' turns every object column into text, not only
+    # columns of strings.  An object column with no cell to tell (an empty frame, all
+    # null) or holding scalars or other objects stays object instead: the accessor then
+    # reads it as empty or null vectors, or names the row that is not a vector, rather
+    # than reporting strings the user never had.
+    keep = [
+        column
+        for column in converted.columns
+        if converted[column].dtype == object
+        and pd.api.types.infer_dtype(converted[column], skipna=True) != "string"
+    ]
+    if not (keep and pyarrow_strings_enabled()):
+        return dd.from_pandas(converted, npartitions=npartitions, chunksize=chunksize, sort=sort)
+    strings = to_pyarrow_string(converted)  # what dask does to the other columns
+    for column in keep:
+        strings[column] = converted[column].array
+    with dask.config.set({"dataframe.convert-string": False}):
+        return dd.from_pandas(strings, npartitions=npartitions, chunksize=chunksize, sort=sort)

@@ -1,0 +1,96 @@
+"""Where Parquet data lives: filesystems, listing files and globs, the folder manifest."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+from dask.utils import natural_sort_key
+
+# The folder's description, next to the part files (readers skip names starting with "_").
+MANIFEST = "_dask_cosim.json"
+
+
+FORMAT_VERSION = 1
+
+
+def exists(fs: pafs.FileSystem, path: str) -> bool:
+    return fs.get_file_info(path).type != pafs.FileType.NotFound
+
+
+def parquet_files(
+    path: Any,
+) -> tuple[pafs.FileSystem, list[str], list[int], dict[str, Any] | None] | None:
+    """(filesystem, files, sizes, our manifest or None) for ``path``; None when it needs
+    dask's reader (hive-partitioned folders, globs in URLs)."""
+    paths = list(path) if isinstance(path, (list, tuple)) else [path]
+    if not paths or not all(isinstance(p, (str, os.PathLike)) for p in paths):
+        return None
+    texts = [os.fspath(p) for p in paths]
+    if any(c in t for t in texts for c in "*?["):
+        if any("://" in t for t in texts):
+            return None
+        texts = sorted((m for t in texts for m in glob.glob(t)), key=natural_sort_key)
+        if not texts:
+            raise FileNotFoundError(f"no files match {path!r}")
+    fs, first = filesystem(texts[0])
+    if len(texts) == 1:
+        info = fs.get_file_info(first)
+        if info.type == pafs.FileType.NotFound:
+            raise FileNotFoundError(f"{texts[0]!r} not found")
+        if info.type == pafs.FileType.Directory:
+            return _folder_files(fs, first)
+        return fs, [first], [info.size], None
+    located = [filesystem(t)[1] for t in texts]
+    infos = fs.get_file_info(located)
+    missing = [t for t, i in zip(texts, infos) if i.type != pafs.FileType.File]
+    if missing:
+        raise FileNotFoundError(f"not files: {missing!r}")
+    return fs, located, [i.size for i in infos], None
+
+
+def _folder_files(
+    fs: pafs.FileSystem, root: str
+) -> tuple[pafs.FileSystem, list[str], list[int], dict[str, Any] | None] | None:
+    manifest_path = f"{root}/{MANIFEST}"
+    if fs.get_file_info(manifest_path).type == pafs.FileType.File:
+        with fs.open_input_stream(manifest_path) as f:
+            manifest = json.loads(f.read())
+        if manifest.get("format") != "dask_cosim" or manifest.get("version", 0) > FORMAT_VERSION:
+            raise ValueError(
+                f"{manifest_path!r} is not a dask_cosim manifest this version can read "
+                f"(format {manifest.get('format')!r}, version {manifest.get('version')!r}); "
+                "upgrade dask_cosim"
+            )
+        files = [f"{root}/{part['path']}" for part in manifest["files"]]
+        return fs, files, [0] * len(files), manifest  # our files: one partition each
+    entries = fs.get_file_info(pafs.FileSelector(root))
+    # Hidden and "_" names are not data (_metadata, _SUCCESS, our staging folders).
+    visible = [e for e in entries if not e.base_name.startswith((".", "_"))]
+    if any(e.type == pafs.FileType.Directory for e in visible):
+        return None  # hive partitioning (key=value folders): dask's reader knows it
+    infos: list[pafs.FileInfo] = [e for e in visible if e.type == pafs.FileType.File]
+    infos.sort(key=lambda e: natural_sort_key(e.path))
+    if not infos:
+        raise FileNotFoundError(f"no Parquet files in {root!r}")
+    return fs, [e.path for e in infos], [e.size or 0 for e in infos], None
+
+
+def filesystem(path: Any) -> tuple[pafs.FileSystem, str]:
+    """pyarrow's own filesystem for ``path`` (local, or any URL pyarrow or fsspec knows)."""
+    text = os.fspath(path)
+    if "://" not in text:
+        return pafs.LocalFileSystem(), os.path.abspath(text)
+    try:
+        return pafs.FileSystem.from_uri(text)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        # A scheme pyarrow has no filesystem for (memory://, and any other fsspec
+        # implementation): fsspec's, behind pyarrow's filesystem interface.
+        import fsspec
+
+        fs, inner = fsspec.core.url_to_fs(text)
+        return pafs.PyFileSystem(pafs.FSSpecHandler(fs)), inner

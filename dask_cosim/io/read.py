@@ -1,0 +1,273 @@
+"""Reading Parquet into dask frames whose embedding columns stay vectors."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import dask
+import dask.config
+import dask.dataframe as dd
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from dask_cosim import backends
+from dask_cosim.backends import arrow_vector_types
+from dask_cosim.io.convert import TARGET_PARTITION_BYTES
+from dask_cosim.io.files import parquet_files
+from dask_cosim.io.layouts import binary_layout, restore_vectors
+
+
+def read_parquet(path: Any, columns: list[str] | None = None, **kwargs: Any) -> dd.DataFrame:
+    """Read Parquet into a dask DataFrame whose embedding columns stay vectors.
+
+    Files are decoded by ``pyarrow.parquet.read_table`` on pyarrow's own filesystem, one
+    partition per file (files over 256 MiB are split by row groups): about 1.6x faster
+    here than dask's dataset scanner on list columns, and ~5x faster than fsspec file
+    objects.  pandas backend: list columns come back as Arrow list types
+    (``fixed_size_list`` when stored so), not object columns of numpy arrays; with dask's
+    ``dataframe.backend`` set to "cudf", cudf list columns.
+
+    A folder written by :func:`to_parquet` (any layout) has its vectors restored without
+    a copy, and divisions from its manifest when the index was sorted.
+
+    Parameters
+    ----------
+    path : str, path-like or list of them
+        A file, a folder of files, a local glob, or a URL pyarrow or fsspec knows.
+    columns : list of str, optional
+        Columns to read (the index comes along).  Columns that later steps never use are
+        not read either (dask's column projection).
+    filters : list or pyarrow expression, optional
+        Row filters, as in ``pyarrow.parquet.read_table``.
+    **kwargs
+        Anything else (and hive-partitioned folders, and globs in URLs) goes to
+        ``dask.dataframe.read_parquet``, with list columns still kept as Arrow lists.
+    """
+    backend = dask.config.get("dataframe.backend", "pandas")
+    if set(kwargs) <= {"filters"}:
+        found = parquet_files(path)
+        if found is not None:
+            return _read_files(
+                *found, columns=columns, filters=kwargs.get("filters"), backend=backend
+            )
+    if backend == "cudf":
+        return dd.read_parquet(path, columns=columns, **kwargs)
+    arrow_to_pandas = dict(kwargs.pop("arrow_to_pandas", None) or {})
+    arrow_to_pandas.setdefault("types_mapper", arrow_vector_types)
+    kwargs["arrow_to_pandas"] = arrow_to_pandas
+    return dd.read_parquet(path, columns=columns, **kwargs)
+
+
+# Files larger than this are split into partitions of about TARGET_PARTITION_BYTES.
+_SPLIT_FILE_BYTES = 2 * TARGET_PARTITION_BYTES
+
+
+def describe_parquet(path: Any) -> dict[str, Any]:
+    """What :func:`read_parquet` would give, from the files' metadata (no data is read,
+    except one row per variable-length list column to learn its D).
+
+    Returns a dict: ``rows``, ``files``, ``partitions``, ``layout`` ("binary"/"list" for
+    our folders, else None), ``columns``: name -> {"dtype", "dim", "values"} (dim and
+    values only for vector columns).
+    """
+    found = parquet_files(path)
+    if found is None:
+        raise ValueError(
+            f"{path!r} is a hive-partitioned folder or a remote glob: read it with "
+            "dask_cosim.read_parquet and look at the result instead"
+        )
+    fs, files, _, manifest = found
+    df = _read_files(*found, columns=None, filters=None, backend="pandas")
+    opened = {}
+    if manifest is not None:
+        rows = int(manifest["rows"])
+    else:
+        opened = {f: pq.ParquetFile(f, filesystem=fs) for f in files}
+        rows = sum(p.metadata.num_rows for p in opened.values())
+    schema = pq.read_schema(files[0], filesystem=fs)
+    columns: dict[str, dict[str, Any]] = {}
+    for name in df.columns:
+        info: dict[str, Any] = {"dtype": str(df.dtypes[name])}
+        spec = None
+        try:
+            spec = backends.vector_spec(df._meta[name], str(name))
+        except TypeError:
+            pass
+        if spec is not None and spec.dtype is not None:
+            dim = spec.dim
+            if dim is None:  # a variable list: the first stored row tells
+                first = opened.get(files[0]) or pq.ParquetFile(files[0], filesystem=fs)
+                batch = next(first.iter_batches(batch_size=16, columns=[name]), None)
+                lengths = [] if batch is None else batch.column(0).value_lengths().drop_null()
+                dim = int(lengths[0].as_py()) if len(lengths) else None
+            info.update(dim=dim, values=spec.dtype.name)
+        columns[str(name)] = info
+    return {
+        "rows": rows,
+        "files": len(files),
+        "partitions": df.npartitions,
+        "layout": manifest["layout"] if manifest else None,
+        "index": _index_columns(schema) or None,
+        "columns": columns,
+    }
+
+
+def _read_files(
+    fs: pafs.FileSystem,
+    files: list[str],
+    sizes: list[int],
+    manifest: dict[str, Any] | None,
+    *,
+    columns: list[str] | None,
+    filters: Any,
+    backend: str,
+) -> dd.DataFrame:
+    schema = pq.read_schema(files[0], filesystem=fs)
+    if columns is not None:
+        missing = [c for c in columns if c not in schema.names]
+        if missing:
+            raise KeyError(
+                f"columns {missing!r} not found in {files[0]!r}; available: {schema.names!r}"
+            )
+    # The meta comes from the schema alone: no data is read to build the graph.
+    empty = _projected(schema, columns).empty_table()
+    meta = backends.frame_from_arrow(restore_vectors(empty), backend)
+    pieces: list[tuple[str, list[int] | None]] = []
+    for file, size in zip(files, sizes):
+        pieces += _split(fs, file) if size > _SPLIT_FILE_BYTES else [(file, None)]
+    divisions = manifest.get("divisions") if manifest else None
+    return dd.from_map(
+        _read_piece,
+        pieces,
+        fs=fs,
+        columns=columns,
+        filters=filters,
+        backend=backend,
+        # Read when the graph is built, so that it travels with it to remote workers.
+        memory_map=_memory_map(schema),
+        in_batches=not binary_layout(schema),
+        meta=meta,
+        divisions=tuple(divisions) if divisions else None,
+        label="cosim-read-parquet",
+        enforce_metadata=False,
+    )
+
+
+def _split(fs: pafs.FileSystem, file: str) -> list[tuple[str, list[int] | None]]:
+    """A big file as groups of row groups of about TARGET_PARTITION_BYTES each."""
+    metadata = pq.ParquetFile(file, filesystem=fs).metadata
+    groups: list[tuple[str, list[int] | None]] = []
+    current: list[int] = []
+    size = 0
+    for i in range(metadata.num_row_groups):
+        current.append(i)
+        size += metadata.row_group(i).total_byte_size
+        if size >= TARGET_PARTITION_BYTES:
+            groups.append((file, current))
+            current, size = [], 0
+    if current or not groups:
+        groups.append((file, current))
+    return groups
+
+
+def _read_piece(
+    piece: tuple[str, list[int] | None],
+    fs: pafs.FileSystem,
+    columns: list[str] | None = None,
+    filters: Any = None,
+    backend: str = "pandas",
+    memory_map: bool = False,
+    in_batches: bool = True,
+) -> Any:
+    """One partition: a file (or some of its row groups), vectors restored without a copy.
+
+    ``columns`` is filled in by dask's column projection.
+    """
+    file, row_groups = piece
+    # Local files: memory-mapped or through a 1 MiB buffer (see _memory_map); pyarrow maps
+    # only when given no filesystem.
+    where: dict[str, Any] = {"filesystem": fs}
+    if isinstance(fs, pafs.LocalFileSystem):
+        where = {"memory_map": memory_map}
+    if in_batches:
+        table = _read_batches(file, row_groups, columns, where)
+    elif row_groups is None:
+        # Our binary layout: pyarrow decodes the columns in parallel, and decoding is a
+        # copy per column, so the whole-table read is the fastest (1M x 300 end to end:
+        # 1.09 s against 1.39 s in batches) and peaks no higher.
+        table = pq.read_table(file, columns=columns, use_pandas_metadata=True, **where)
+    else:
+        table = pq.ParquetFile(file, **where).read_row_groups(
+            row_groups, columns=columns, use_pandas_metadata=True
+        )
+    if filters is not None:
+        table = table.filter(pq.filters_to_expression(filters))
+    return backends.frame_from_arrow(restore_vectors(table), backend)
+
+
+def _memory_map(schema: pa.Schema) -> bool:
+    """Config ``cosim.read.memory-map``: "auto" maps local files of the binary layout only.
+
+    Mapped pages count in a worker's RSS (what dask pauses on).  For the binary layout
+    decoding is a copy from the page cache and mapping pays; list decoding costs the same
+    either way, so there mapping only adds memory (a 125 MB partition: +360 MiB mapped,
+    +254 MiB buffered; capped workers reached 915 MiB of 1.25 GiB mapped, 688 buffered).
+    """
+    choice = dask.config.get("cosim.read.memory-map")
+    if choice == "auto":
+        return binary_layout(schema)
+    if not isinstance(choice, bool):
+        raise ValueError(f"cosim.read.memory-map={choice!r}; use 'auto', true or false")
+    return choice
+
+
+_BATCH_BYTES = 16 * 2**20
+
+
+_READ_BUFFER = 2**20
+
+
+def _read_batches(
+    file: str, row_groups: list[int] | None, columns: list[str] | None, where: dict[str, Any]
+) -> pa.Table:
+    """Decoded in batches of about _BATCH_BYTES, through a _READ_BUFFER.
+
+    pq.read_table decodes a list column into one buffer that grows by doubling: a list-
+    layout partition of 120 MiB peaked at ~2x its size in Arrow memory (RSS +767 MiB over
+    three reads, against +364 MiB in batches, which also read 2.5x faster).  Batches are
+    allocated once each and become chunks, which the backends turn into one tensor block
+    each, without concatenating.
+    """
+    parquet = pq.ParquetFile(file, buffer_size=_READ_BUFFER, pre_buffer=False, **where)
+    batches = list(
+        parquet.iter_batches(
+            batch_size=_batch_rows(parquet.metadata),
+            row_groups=row_groups,
+            columns=columns,
+            use_pandas_metadata=True,
+        )
+    )
+    if batches:
+        return pa.Table.from_batches(batches)
+    return _projected(parquet.schema_arrow, columns).empty_table()
+
+
+def _batch_rows(metadata: pq.FileMetaData) -> int:
+    """Rows per decoded batch: about _BATCH_BYTES, judged from the file's row groups."""
+    rows = metadata.num_rows
+    size = sum(metadata.row_group(i).total_byte_size for i in range(metadata.num_row_groups))
+    return max(1024, min(1 << 20, _BATCH_BYTES * rows // max(size, 1)))
+
+
+def _projected(schema: pa.Schema, columns: list[str] | None) -> pa.Schema:
+    """``columns`` and the pandas index columns, as pyarrow's readers select them."""
+    if columns is None:
+        return schema
+    names = list(columns) + [c for c in _index_columns(schema) if c not in columns]
+    return pa.schema([schema.field(n) for n in names], metadata=schema.metadata)
+
+
+def _index_columns(schema: pa.Schema) -> list[str]:
+    pandas_meta = schema.pandas_metadata or {}
+    return [c for c in pandas_meta.get("index_columns", []) if isinstance(c, str)]

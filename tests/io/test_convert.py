@@ -1,0 +1,61 @@
+"""from_pandas: per-row vectors into dask without becoming text."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+import dask_cosim
+from tests.conftest import pairs_frame, random_pairs, reference
+
+
+@pytest.mark.parametrize("fmt", ["object_numpy", "object_torch_300x1", "object_lists"])
+def test_from_pandas_converts_object_columns(fmt: str) -> None:
+    a, b = random_pairs(50, 300)
+    pdf = pairs_frame(a, b, fmt, index=pd.Index(np.arange(50)[::-1], name="key"))
+    pdf["label"] = ["x"] * 50
+    ddf = dask_cosim.from_pandas(pdf, npartitions=4)
+    t = ddf.dtypes["embeds_a"]
+    assert isinstance(t, pd.ArrowDtype) and t.pyarrow_dtype.list_size == 300
+    assert ddf.dtypes["id"] == np.int64 and ddf.npartitions == 4
+    back = ddf.compute()
+    assert back.index.name == "key" and sorted(back.index) == list(range(50))
+    restored = np.stack(back.sort_values("id")["embeds_a"].to_numpy())
+    np.testing.assert_array_equal(restored, a.astype(restored.dtype))
+    cos = ddf.cosim.pairwise("embeds_a", "embeds_b").compute().sort_index(ascending=False)
+    np.testing.assert_allclose(cos.to_numpy(), reference(a, b), atol=1e-6)
+
+
+def test_from_pandas_keeps_dtypes_nulls_and_sizes() -> None:
+    a, b = random_pairs(10, 3, dtype=np.float16)
+    null = np.zeros(10, bool)
+    null[[2, 7]] = True
+    pdf = pairs_frame(a, b, "object_numpy", null_a=null)
+    ddf = dask_cosim.from_pandas(pdf, chunksize=4)
+    assert str(ddf.dtypes["embeds_a"].pyarrow_dtype.value_type) == "halffloat"
+    assert ddf.npartitions == 3
+    back = ddf.compute()
+    assert back["embeds_a"].isna().tolist() == null.tolist()
+    assert dask_cosim.from_pandas(pdf).npartitions == 1
+
+    bf = pd.DataFrame({"v": [torch.ones(4, dtype=torch.bfloat16)] * 3})
+    assert str(dask_cosim.from_pandas(bf).dtypes["v"].pyarrow_dtype.value_type) == "float"
+
+
+def test_from_pandas_errors_name_column_and_row() -> None:
+    a, b = random_pairs(4, 6)
+    pdf = pairs_frame(a, b, "object_numpy", index=pd.Index(["w", "x", "y", "z"]))
+    ragged = pdf.copy()
+    ragged.at["y", "embeds_b"] = np.ones(5, np.float32)
+    with pytest.raises(
+        ValueError, match="column 'embeds_b': row 'y' has 5 values but row 'w' has 6"
+    ):
+        dask_cosim.from_pandas(ragged)
+    words = pdf.copy()
+    words.at["x", "embeds_a"] = np.array(["a", "b"])
+    with pytest.raises(TypeError, match="column 'embeds_a': row 'x' holds ndarray"):
+        dask_cosim.from_pandas(words)
+    with pytest.raises(TypeError, match="from_pandas expects a pandas.DataFrame, got list"):
+        dask_cosim.from_pandas([1, 2])  # type: ignore[arg-type]

@@ -1,0 +1,115 @@
+"""read_parquet: projection, files, globs, big files, hive folders, URLs, memory maps."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import dask
+import dask.dataframe as dd
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import dask_cosim
+from dask_cosim import io
+from tests.conftest import pairs_frame, random_pairs, reference
+
+
+def test_read_parquet_reads_only_the_columns_used(tmp_path: Path) -> None:
+    a, b = random_pairs(50, 4)
+    pdf = pairs_frame(a, b, "fixed_size_list")
+    pdf["text"] = ["some words"] * 50
+    dd.from_pandas(pdf, npartitions=2).to_parquet(tmp_path)
+    cos = dask_cosim.read_parquet(tmp_path).cosim.pairwise("embeds_a", "embeds_b")
+    plan = cos.optimize(fuse=False).expr.walk()
+    reads = [e for e in plan if type(e).__name__ == "FromMapProjectable"]
+    assert len(reads) == 1 and reads[0].columns == ["embeds_a", "embeds_b"]
+    np.testing.assert_allclose(cos.compute().to_numpy(), reference(a, b), atol=1e-6)
+
+
+def test_read_parquet_files_globs_and_big_files(tmp_path: Path, monkeypatch: Any) -> None:
+    a, b = random_pairs(90, 3)
+    table = pa.table(
+        {
+            "id": np.arange(90),
+            "embeds_a": io.encode_vectors(a).cast(pa.list_(pa.float32())),
+            "embeds_b": io.encode_vectors(b),
+        }
+    )
+    for i in range(3):  # part.2 sorts before part.10: natural order
+        pq.write_table(table.slice(30 * i, 30), tmp_path / f"part.{[2, 10, 11][i]}.parquet")
+    expected = reference(a, b)
+    by_glob = dask_cosim.read_parquet(str(tmp_path / "part.*.parquet"))
+    by_list = dask_cosim.read_parquet(sorted(tmp_path.iterdir(), key=lambda p: (len(p.name), p)))
+    for df in (by_glob, by_list):
+        assert df.npartitions == 3
+        got = df.cosim.pairwise("embeds_a", "embeds_b").compute().to_numpy()
+        np.testing.assert_allclose(got, expected, atol=1e-6)
+
+    # Big files are split by row groups (thresholds shrunk to test sizes).
+    pq.write_table(table, tmp_path / "big.parquet", row_group_size=10)
+    monkeypatch.setattr(io.read, "_SPLIT_FILE_BYTES", 1)
+    monkeypatch.setattr(io.read, "TARGET_PARTITION_BYTES", 300)
+    big = dask_cosim.read_parquet(tmp_path / "big.parquet")
+    assert big.npartitions > 1
+    got = big.cosim.pairwise("embeds_a", "embeds_b").compute().to_numpy()
+    np.testing.assert_allclose(got, expected, atol=1e-6)
+    half = dask_cosim.read_parquet(tmp_path / "big.parquet", filters=[("id", ">=", 45)])
+    assert half.compute()["id"].tolist() == list(range(45, 90))
+
+
+def test_read_parquet_hive_folders_and_missing_paths(tmp_path: Path) -> None:
+    a, b = random_pairs(40, 3)
+    pdf = pairs_frame(a, b, "fixed_size_list")
+    pdf["group"] = np.repeat(["x", "y"], 20)
+    pdf.to_parquet(tmp_path / "hive", partition_cols=["group"])
+    df = dask_cosim.read_parquet(tmp_path / "hive")  # dask's reader: it knows key=value
+    assert isinstance(df.dtypes["embeds_a"], pd.ArrowDtype)
+    got = df.compute().sort_values("id")
+    assert got["group"].astype(str).tolist() == pdf["group"].tolist()
+    with pytest.raises(FileNotFoundError, match="'nowhere' not found"):
+        dask_cosim.read_parquet("nowhere")
+    with pytest.raises(FileNotFoundError, match="no files match"):
+        dask_cosim.read_parquet(str(tmp_path / "*.nothing"))
+
+
+def test_read_and_write_through_urls(tmp_path: Path) -> None:
+    """file:// goes to pyarrow's own filesystem; other fsspec URLs (memory://) through
+    fsspec, for reading and for the atomic write."""
+    a, b = random_pairs(30, 4)
+    pdf = pairs_frame(a, b, "fixed_size_list")
+    dask_cosim.to_parquet(pdf, tmp_path / "p")
+    local = dask_cosim.read_parquet(f"file://{tmp_path / 'p'}")
+    np.testing.assert_allclose(
+        local.cosim.pairwise("embeds_a", "embeds_b").compute().to_numpy(),
+        reference(a, b),
+        atol=1e-6,
+    )
+    dask_cosim.to_parquet(pdf, "memory://cosim-test/p", layout="list")
+    in_memory = dask_cosim.read_parquet("memory://cosim-test/p")
+    assert in_memory.npartitions == 1 and len(in_memory.compute()) == 30
+    with pytest.raises(FileExistsError, match="exists; pass overwrite=True"):
+        dask_cosim.to_parquet(pdf, "memory://cosim-test/p")
+
+
+@pytest.mark.parametrize("setting", ["auto", True, False])
+def test_memory_map_setting(tmp_path: Path, setting: Any) -> None:
+    """ "auto" maps our binary layout only: mapped pages count in a worker's memory."""
+    a, b = random_pairs(50, 8)
+    for layout in ("binary", "list"):
+        dask_cosim.to_parquet(pairs_frame(a, b, "fixed_size_list"), tmp_path / layout,
+                              layout=layout)  # fmt: skip
+        schema = pq.read_schema(tmp_path / layout / "part.00000.parquet")
+        with dask.config.set({"cosim.read.memory-map": setting}):
+            mapped = io.read._memory_map(schema)
+            back = dask_cosim.read_parquet(tmp_path / layout).compute()
+        assert mapped == (layout == "binary" if setting == "auto" else setting)
+        np.testing.assert_array_equal(np.stack(back["embeds_a"].to_numpy()), a)
+    with dask.config.set({"cosim.read.memory-map": "yes"}):
+        with pytest.raises(
+            ValueError, match="cosim.read.memory-map='yes'; use 'auto', true or false"
+        ):
+            dask_cosim.read_parquet(tmp_path / "list")

@@ -1,0 +1,141 @@
+"""to_parquet: round trips in every layout and dtype, atomic commits, arguments."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import dask.dataframe as dd
+import numpy as np
+import pandas as pd
+import pytest
+
+import dask_cosim
+from dask_cosim import io
+from tests.conftest import pairs_frame, random_pairs, reference
+
+
+def test_round_trip_through_parquet(tmp_path: object) -> None:
+    a, b = random_pairs(30, 12)
+    pdf = pairs_frame(a, b, "object_torch_300x1", index=pd.Index(np.arange(30) * 3, name="key"))
+    path = str(tmp_path)
+    dask_cosim.from_pandas(pdf, npartitions=3).to_parquet(path)
+    ddf = dask_cosim.read_parquet(path)
+    assert ddf.index.name == "key"
+    back = ddf.compute()
+    np.testing.assert_array_equal(np.stack(back["embeds_b"].to_numpy()), b)
+    assert back.index.tolist() == list(np.arange(30) * 3)
+
+
+# --------------------------------------------------------------------------- to_parquet
+
+
+@pytest.mark.parametrize("layout", ["binary", "list"])
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_to_parquet_round_trip(tmp_path: Path, layout: str, dtype: type) -> None:
+    a, b = random_pairs(60, 7, dtype=dtype)
+    null = np.zeros(60, bool)
+    null[[5, 41]] = True
+    pdf = pairs_frame(
+        a, b, "object_numpy", index=pd.Index(np.arange(60) * 2, name="key"), null_a=null
+    )
+    ddf = dask_cosim.from_pandas(pdf, npartitions=4)
+    out = tmp_path / "pairs"
+    manifest = dask_cosim.to_parquet(ddf, out, layout=layout)
+
+    assert manifest["layout"] == layout and manifest["rows"] == 60
+    want = {"dim": 7, "dtype": np.dtype(dtype).name}
+    assert manifest["vectors"] == {"embeds_a": want, "embeds_b": want}
+    assert sorted(p.name for p in out.iterdir()) == [io.MANIFEST] + [
+        f"part.{i:05d}.parquet" for i in range(4)
+    ]
+    assert [p.name for p in tmp_path.iterdir()] == ["pairs"]  # no staging folder left
+
+    back = dask_cosim.read_parquet(out)
+    assert back.npartitions == 4 and back.divisions == ddf.divisions
+    assert back.dtypes["embeds_a"].pyarrow_dtype.list_size == 7
+    got = back.compute()
+    assert got.index.name == "key" and got.index.tolist() == list(np.arange(60) * 2)
+    assert got["embeds_a"].isna().tolist() == null.tolist()
+    np.testing.assert_array_equal(np.stack(got["embeds_b"].to_numpy()), b)
+    np.testing.assert_array_equal(np.stack(got["embeds_a"][~null].to_numpy()), a[~null])
+    cos = back.cosim.pairwise("embeds_a", "embeds_b").compute().to_numpy()
+    np.testing.assert_allclose(
+        cos[~null], reference(a, b)[~null], atol=1e-3 if dtype == np.float16 else 1e-6
+    )
+    assert np.isnan(cos[null]).all()
+
+    only_b = dask_cosim.read_parquet(out, columns=["embeds_b"])
+    assert list(only_b.columns) == ["embeds_b"] and only_b.index.name == "key"
+    assert len(only_b.compute()) == 60
+    with pytest.raises(KeyError, match=r"columns \['nope'\] not found .* available: "):
+        dask_cosim.read_parquet(out, columns=["nope"])
+
+
+def test_to_parquet_is_atomic(tmp_path: Path) -> None:
+    a, b = random_pairs(40, 3)
+    pdf = pairs_frame(a, b, "object_numpy")
+    out = tmp_path / "p"
+    dask_cosim.to_parquet(pdf, out)
+    with pytest.raises(FileExistsError, match="exists; pass overwrite=True"):
+        dask_cosim.to_parquet(pdf, out)
+
+    # A partition that fails mid-job: the old folder stays, no staging folder is left.
+    ragged = dask_cosim.from_pandas(pdf, npartitions=4)
+    ragged = ragged.map_partitions(_break_partition, 2, meta=ragged._meta)
+    with pytest.raises(ValueError, match="has 2 values but row"):
+        dask_cosim.to_parquet(ragged, out, overwrite=True, vectors=["embeds_a", "embeds_b"])
+    assert [p.name for p in tmp_path.iterdir()] == ["p"]
+    assert len(dask_cosim.read_parquet(out).compute()) == 40
+
+    # Partitions that disagree on D fail when the job commits, with the same guarantee.
+    short = dask_cosim.from_pandas(pairs_frame(a[:, :2], b[:, :2], "object_numpy"))
+    mixed = dd.concat([dask_cosim.from_pandas(pdf), short])
+    with pytest.raises(ValueError, match="part.00001.parquet holds 2-long float32 vectors but"):
+        dask_cosim.to_parquet(mixed, out, overwrite=True, vectors=["embeds_a", "embeds_b"])
+    assert [p.name for p in tmp_path.iterdir()] == ["p"]
+
+    pdf2 = pdf.iloc[:10]
+    dask_cosim.to_parquet(pdf2, out, overwrite=True)
+    assert len(dask_cosim.read_parquet(out).compute()) == 10
+    assert [p.name for p in tmp_path.iterdir()] == ["p"]
+
+
+def _break_partition(df: pd.DataFrame, number: int) -> pd.DataFrame:
+    """Partitions from row 20 on get one short row (so writing them fails)."""
+    if len(df) and df["id"].iloc[0] >= 20:
+        cells = [np.asarray(v, np.float32) for v in df["embeds_a"]]
+        cells[-1] = cells[-1][:number]
+        column = np.empty(len(cells), dtype=object)
+        column[:] = cells
+        df = df.assign(embeds_a=column)
+    return df
+
+
+def test_to_parquet_lazy_empty_partitions_and_results(tmp_path: Path) -> None:
+    a, b = random_pairs(30, 6)
+    ddf = dask_cosim.from_pandas(pairs_frame(a, b, "fixed_size_list"), npartitions=3)
+    ddf = ddf[ddf["id"] >= 10]  # partition 0 becomes empty
+    ddf["cos"] = ddf.cosim.pairwise("embeds_a", "embeds_b")
+    out = tmp_path / "r"
+    job = dask_cosim.to_parquet(ddf[["id", "cos"]], out, compute=False)
+    assert not out.exists()
+    manifest = job.compute()
+    assert manifest["vectors"] == {} and manifest["rows"] == 20
+    assert [f["path"] for f in manifest["files"]] == ["part.00001.parquet", "part.00002.parquet"]
+    back = dask_cosim.read_parquet(out).compute()
+    np.testing.assert_allclose(back["cos"].to_numpy(), reference(a, b)[10:], atol=1e-6)
+
+
+def test_to_parquet_checks_arguments(tmp_path: Path) -> None:
+    a, b = random_pairs(4, 3)
+    pdf = pairs_frame(a, b, "fixed_size_list")
+    with pytest.raises(ValueError, match=r"layout='csv'; use one of \('binary', 'list'\)"):
+        dask_cosim.to_parquet(pdf, tmp_path / "x", layout="csv")
+    with pytest.raises(KeyError, match=r"vector columns \['nope'\] not found"):
+        dask_cosim.to_parquet(pdf, tmp_path / "x", vectors=["nope"])
+    with pytest.raises(TypeError, match="expects a dask or pandas DataFrame, got list"):
+        dask_cosim.to_parquet([1], tmp_path / "x")
+    assert list(tmp_path.iterdir()) == []
+
+
+# --------------------------------------------------------------------------- any Parquet
