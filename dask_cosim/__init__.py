@@ -6,14 +6,11 @@ on cudf DataFrames as soon as cudf is imported) and loads the ``cosim`` config d
 
 from __future__ import annotations
 
-import os
-
-import dask.config
 import wrapt
-import yaml
 
-with open(os.path.join(os.path.dirname(__file__), "cosim.yaml")) as _f:
-    dask.config.update_defaults(yaml.safe_load(_f))
+from dask_cosim import options
+
+options.load_defaults()
 
 from dask_cosim import kernels  # noqa: E402
 from dask_cosim.accessor import CosimAccessor, register_cudf_accessor  # noqa: E402

@@ -7,21 +7,17 @@ call.  On an eager frame it runs the same partition function directly.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Hashable
 from typing import Any
 
 import dask
-import dask.config
 import pandas as pd
 import torch
 from dask.dataframe.extensions import register_dataframe_accessor as register_dask_accessor
 
-from dask_cosim import backends, partition
+from dask_cosim import backends, options, partition
 
 __all__ = ["CosimAccessor", "register_cudf_accessor"]
-
-_DEVICE_HELP = "use 'auto', 'cpu', 'cuda' or 'cuda:N'"
 
 
 class CosimAccessor:
@@ -80,9 +76,9 @@ class CosimAccessor:
         obj = self._obj
         lazy = dask.is_dask_collection(obj)
         meta = obj._meta if lazy else obj
-        eps = _check_eps(dask.config.get("cosim.eps") if eps is None else eps)
-        device = _check_device(dask.config.get("cosim.device") if device is None else device)
-        dtype = partition.as_torch_dtype(dask.config.get("cosim.dtype") if dtype is None else dtype)
+        eps = options.eps(eps)
+        device = options.device(device)
+        dtype = options.torch_dtype(dtype)
         name = "cos" if name is None else name
 
         for column in (a, b):
@@ -95,14 +91,14 @@ class CosimAccessor:
                 f"column {a!r} holds vectors of {spec_a.dim} values and column {b!r} of "
                 f"{spec_b.dim}; cosine similarity needs vectors of the same length"
             )
-        options: dict[str, Any] = dict(
+        kwargs: dict[str, Any] = dict(
             eps=eps,
             device=device,
             name=name,
-            chunk_bytes=dict(dask.config.get("cosim.chunk-bytes")),
+            chunk_bytes=options.chunk_bytes(),
         )
         if not lazy:
-            return partition.pairwise_partition(obj, a, b, dtype=dtype, **options)
+            return partition.pairwise_partition(obj, a, b, dtype=dtype, **kwargs)
 
         if dtype is None:
             # Decided here, from the metadata, so that every partition agrees with the
@@ -117,26 +113,8 @@ class CosimAccessor:
             dtype=dtype,
             meta=meta_out,
             token="cosim-pairwise",
-            **options,
+            **kwargs,
         )
-
-
-def _check_eps(eps: Any) -> float:
-    try:
-        value = float(eps)
-    except (TypeError, ValueError):
-        value = math.nan
-    if not (math.isfinite(value) and value >= 0):
-        raise ValueError(f"eps={eps!r} must be a finite number >= 0 (default 1e-8)")
-    return value
-
-
-def _check_device(device: Any) -> str:
-    """Validate the spelling only: probing CUDA here would touch the GPU in the client."""
-    text = str(device)
-    if text in ("auto", "cpu", "cuda") or (text.startswith("cuda:") and text[5:].isdigit()):
-        return text
-    raise ValueError(f"device={device!r} is not a device; {_DEVICE_HELP}")
 
 
 def register_cudf_accessor(cudf_module: Any = None) -> None:

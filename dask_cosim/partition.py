@@ -14,32 +14,9 @@ import numpy as np
 import torch
 
 from dask_cosim import backends, kernels
+from dask_cosim.options import DEVICE_HELP, torch_dtype
 
-__all__ = ["pairwise_partition", "resolve_device", "as_torch_dtype", "default_result_dtype"]
-
-_DTYPES = {
-    "float32": torch.float32,
-    "float64": torch.float64,
-}
-
-
-def as_torch_dtype(dtype: Any) -> torch.dtype | None:
-    """None, "float32"/"float64", numpy or torch dtype -> torch dtype (or None).
-
-    Raises ``ValueError`` for anything but float32 and float64.
-    """
-    if dtype is None:
-        return None
-    if isinstance(dtype, torch.dtype):
-        key = str(dtype).removeprefix("torch.")
-    else:
-        try:
-            key = np.dtype(dtype).name
-        except TypeError:
-            key = str(dtype)
-    if key not in _DTYPES:
-        raise ValueError(f"dtype={dtype!r} is not supported; use 'float32' or 'float64'")
-    return _DTYPES[key]
+__all__ = ["pairwise_partition", "resolve_device", "default_result_dtype"]
 
 
 def default_result_dtype(input_dtypes: list[Any]) -> torch.dtype:
@@ -62,9 +39,7 @@ def resolve_device(device: str | torch.device, data_device: torch.device) -> tor
     try:
         resolved = torch.device(device)
     except RuntimeError as err:
-        raise ValueError(
-            f"device={device!r} is not a device; use 'auto', 'cpu', 'cuda' or 'cuda:N'"
-        ) from err
+        raise ValueError(f"device={device!r} is not a device; {DEVICE_HELP}") from err
     if resolved.type == "cuda" and not torch.cuda.is_available():
         raise RuntimeError(
             f"device={device!r} but torch sees no CUDA device in this process; "
@@ -109,7 +84,7 @@ def pairwise_partition(
     null = _either(va.null, vb.null)
     n = va.length
 
-    out_dtype = as_torch_dtype(dtype)
+    out_dtype = torch_dtype(dtype, from_config=False)
     if out_dtype is None:
         out_dtype = default_result_dtype([t.dtype for t in va.blocks + vb.blocks])
 

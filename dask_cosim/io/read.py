@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from dask_cosim import backends
+from dask_cosim import backends, options
 from dask_cosim.backends import arrow_vector_types
 from dask_cosim.io.convert import TARGET_PARTITION_BYTES
 from dask_cosim.io.files import parquet_files
@@ -214,12 +214,10 @@ def _memory_map(schema: pa.Schema) -> bool:
     either way, so there mapping only adds memory (a 125 MB partition: +360 MiB mapped,
     +254 MiB buffered; capped workers reached 915 MiB of 1.25 GiB mapped, 688 buffered).
     """
-    choice = dask.config.get("cosim.read.memory-map")
+    choice = options.memory_map()
     if choice == "auto":
         return binary_layout(schema)
-    if not isinstance(choice, bool):
-        raise ValueError(f"cosim.read.memory-map={choice!r}; use 'auto', true or false")
-    return choice
+    return bool(choice)
 
 
 _BATCH_BYTES = 16 * 2**20

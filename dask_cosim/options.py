@@ -1,0 +1,135 @@
+"""The ``cosim`` options: their defaults (``cosim.yaml``), and one check per option.
+
+Every option is read through ``dask.config`` under the ``cosim`` namespace, so it can be
+set per block (``with dask.config.set({"cosim.eps": 1e-6}): ...``), in a YAML file in
+``~/.config/dask/`` or through ``DASK_COSIM__EPS``-style environment variables.  The
+functions below take the value a caller was given (None: use the config), check it and
+return it in the form the lower layers take as plain arguments; each option has exactly
+one error text.  The kernels read no config: only the layers above them call this module.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import dask.config
+import numpy as np
+import torch
+import yaml
+from dask.utils import parse_bytes
+
+__all__ = [
+    "DEVICE_HELP",
+    "chunk_bytes",
+    "device",
+    "eps",
+    "load_defaults",
+    "memory_map",
+    "torch_dtype",
+]
+
+DEVICE_HELP = "use 'auto', 'cpu', 'cuda' or 'cuda:N'"
+
+_DTYPES = {"float32": torch.float32, "float64": torch.float64}
+_DEVICE_KINDS = ("cpu", "cuda")
+
+
+def load_defaults() -> None:
+    """Register ``cosim.yaml`` as dask.config defaults (user settings keep priority)."""
+    with open(os.path.join(os.path.dirname(__file__), "cosim.yaml")) as f:
+        dask.config.update_defaults(yaml.safe_load(f))
+
+
+def _given(value: Any, key: str) -> Any:
+    return dask.config.get(f"cosim.{key}") if value is None else value
+
+
+def eps(value: Any = None) -> float:
+    """``eps`` (config ``cosim.eps``): a finite number >= 0, as a float."""
+    value = _given(value, "eps")
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        number = math.nan
+    if not (math.isfinite(number) and number >= 0):
+        raise ValueError(f"eps={value!r} must be a finite number >= 0 (default 1e-8)")
+    return number
+
+
+def device(value: Any = None) -> str:
+    """``device`` (config ``cosim.device``): "auto", "cpu", "cuda" or "cuda:N".
+
+    Only the spelling is checked: probing CUDA here would create a CUDA context in the
+    client process, before the workers own their GPUs.
+    """
+    value = _given(value, "device")
+    text = str(value)
+    if text in ("auto", "cpu", "cuda") or (text.startswith("cuda:") and text[5:].isdigit()):
+        return text
+    raise ValueError(f"device={value!r} is not a device; {DEVICE_HELP}")
+
+
+def torch_dtype(value: Any = None, *, from_config: bool = True) -> torch.dtype | None:
+    """``dtype`` (config ``cosim.dtype``): None, "float32"/"float64", numpy or torch dtype
+    -> torch dtype, or None (the result dtype follows the inputs).
+
+    ``from_config=False`` checks ``value`` alone (None stays None).
+    """
+    if from_config:
+        value = _given(value, "dtype")
+    if value is None:
+        return None
+    if isinstance(value, torch.dtype):
+        key = str(value).removeprefix("torch.")
+    else:
+        try:
+            key = np.dtype(value).name
+        except TypeError:
+            key = str(value)
+    if key not in _DTYPES:
+        raise ValueError(f"dtype={value!r} is not supported; use 'float32' or 'float64'")
+    return _DTYPES[key]
+
+
+def chunk_bytes(value: Any = None) -> dict[str, int]:
+    """``chunk_bytes`` (config ``cosim.chunk-bytes``) -> ``{"cpu": bytes, "cuda": bytes}``.
+
+    ``value`` may be one size for both kinds of device (``"1MiB"``, ``1048576``) or a
+    mapping by device kind; kinds it leaves out keep their configured size.
+    """
+    configured = dict(dask.config.get("cosim.chunk-bytes"))
+    if value is None:
+        value = configured
+    if not isinstance(value, Mapping):
+        value = dict.fromkeys(_DEVICE_KINDS, value)
+    unknown = sorted(set(value) - set(_DEVICE_KINDS))
+    if unknown:
+        raise ValueError(
+            f"chunk_bytes has unknown device kinds {unknown!r}; use keys 'cpu' and 'cuda'"
+        )
+    merged = {**configured, **value}
+    sizes = {}
+    for kind in _DEVICE_KINDS:
+        size = merged[kind]
+        try:
+            number = parse_bytes(size) if isinstance(size, str) else int(size)
+        except (TypeError, ValueError):
+            number = 0
+        if isinstance(size, bool) or number < 1:
+            raise ValueError(
+                f"chunk_bytes[{kind!r}]={size!r} must be a positive size such as '512KiB' "
+                "or 1048576"
+            )
+        sizes[kind] = number
+    return sizes
+
+
+def memory_map(value: Any = None) -> str | bool:
+    """``memory_map`` (config ``cosim.read.memory-map``): "auto", True or False."""
+    value = _given(value, "read.memory-map")
+    if value == "auto" or isinstance(value, bool):
+        return value
+    raise ValueError(f"cosim.read.memory-map={value!r}; use 'auto', true or false")

@@ -1,0 +1,61 @@
+"""The cosim options: defaults loaded on import, one check and one error text each."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import dask
+import numpy as np
+import pytest
+import torch
+
+import dask_cosim  # noqa: F401  (loads the defaults)
+from dask_cosim import options
+
+
+def test_defaults_come_from_cosim_yaml() -> None:
+    assert options.eps() == 1e-8
+    assert options.device() == "auto"
+    assert options.torch_dtype() is None
+    assert options.chunk_bytes() == {"cpu": 512 * 2**10, "cuda": 256 * 2**20}
+    assert options.memory_map() == "auto"
+
+
+def test_config_and_arguments() -> None:
+    with dask.config.set({"cosim.eps": "1e-6", "cosim.device": "cuda:1", "cosim.dtype": "float64"}):
+        assert options.eps() == 1e-6
+        assert options.device() == "cuda:1"
+        assert options.torch_dtype() is torch.float64
+        assert options.eps(0) == 0.0  # an argument wins over the config
+    assert options.torch_dtype(np.float32) is torch.float32
+    assert options.torch_dtype(torch.float64) is torch.float64
+    assert options.torch_dtype(None, from_config=False) is None
+    with dask.config.set({"cosim.chunk-bytes.cpu": "1MiB"}):
+        assert options.chunk_bytes() == {"cpu": 2**20, "cuda": 256 * 2**20}
+        assert options.chunk_bytes({"cuda": 4096}) == {"cpu": 2**20, "cuda": 4096}
+    assert options.chunk_bytes("2KiB") == {"cpu": 2048, "cuda": 2048}
+
+
+@pytest.mark.parametrize(
+    ("check", "value", "message"),
+    [
+        (options.eps, -1, "eps=-1 must be a finite number >= 0"),
+        (options.eps, "tiny", "eps='tiny' must be a finite number >= 0"),
+        (options.eps, float("nan"), "eps=nan must be a finite number >= 0"),
+        (options.device, "gpu", "device='gpu' is not a device; use 'auto', 'cpu', 'cuda'"),
+        (options.device, "cuda:x", "device='cuda:x' is not a device"),
+        (options.torch_dtype, "float16", "dtype='float16' is not supported; use 'float32'"),
+        (options.chunk_bytes, 0, "chunk_bytes['cpu']=0 must be a positive size"),
+        (options.chunk_bytes, "lots", "chunk_bytes['cpu']='lots' must be a positive size"),
+        (options.chunk_bytes, {"tpu": 1}, "unknown device kinds ['tpu']"),
+        (options.memory_map, "yes", "cosim.read.memory-map='yes'; use 'auto', true or false"),
+    ],
+)
+def test_each_option_has_one_error(check: Any, value: Any, message: str) -> None:
+    with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("(", r"\(")):
+        check(value)
+
+
+def test_bad_config_is_reported_where_it_is_used() -> None:
+    with dask.config.set({"cosim.eps": -5}), pytest.raises(ValueError, match="eps=-5"):
+        options.eps()
