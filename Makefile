@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 # On a CUDA box: make TORCH_SPEC=torch test
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: test demo bench lint clean
+.PHONY: test test-min demo bench lint clean
 
 $(VENV)/.installed: pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -17,6 +17,21 @@ $(VENV)/.installed: pyproject.toml Makefile
 
 test: $(VENV)/.installed
 	$(PY) -m pytest -q
+
+# The core tests against the oldest versions pyproject.toml admits (.ci/min-versions.txt),
+# in a venv of their own.
+VENV_MIN ?= .venv-min
+$(VENV_MIN)/.installed: pyproject.toml Makefile .ci/min-versions.txt
+	test -x $(VENV_MIN)/bin/python || $(PYTHON) -m venv $(VENV_MIN)
+	$(VENV_MIN)/bin/python -m pip install -q --upgrade pip
+	$(VENV_MIN)/bin/python -m pip install -q "$(TORCH_SPEC)"
+	$(VENV_MIN)/bin/python -m pip install -q -c .ci/min-versions.txt -e ".[test]" \
+		$$(grep -v '^#' .ci/min-versions.txt)
+	touch $@
+
+test-min: $(VENV_MIN)/.installed
+	$(VENV_MIN)/bin/python -m pip list 2>/dev/null | grep -iE '^(dask|distributed|pandas|pyarrow|numpy|torch) '
+	$(VENV_MIN)/bin/python -m pytest -q --ignore=tests/test_notebooks.py --ignore=tests/test_peers.py
 
 demo: $(VENV)/.installed
 	$(PY) -m dask_cosim demo
@@ -31,4 +46,4 @@ lint: $(VENV)/.installed
 	$(VENV)/bin/mypy dask_cosim
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(VENV_MIN) .pytest_cache .hypothesis .mypy_cache .ruff_cache
