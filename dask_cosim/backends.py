@@ -7,10 +7,11 @@ Dispatchers keyed on the Series (or DataFrame) type:
 - ``to_vectors(series, column)``: the column's rows as (N, D) tensors, zero-copy where the
   layout allows;
 - ``make_result(like, values, null, name)``: a Series of the library of ``like``;
-- ``frame_to_arrow(df, preserve_index)``: a partition as an Arrow table, for writing;
 
 and ``frame_from_arrow(table, backend)``, which picks the library by name ("pandas" or
-"cudf", dask's ``dataframe.backend``) because a table read from a file has no library yet.
+"cudf", dask's ``dataframe.backend``) because a table read from a file has no library yet
+(and cudf has no fixed-size list type to receive it).  A partition goes to Arrow through
+dask's own ``to_pyarrow_table_dispatch``.
 
 pandas is registered here; cudf lazily (``register_lazy("cudf")``) so cudf is imported only
 when the user already has cudf objects.
@@ -34,7 +35,6 @@ __all__ = [
     "vector_spec",
     "to_vectors",
     "make_result",
-    "frame_to_arrow",
     "frame_from_arrow",
     "arrow_vector_types",
     "stack_object_column",
@@ -78,7 +78,6 @@ class Vectors:
 vector_spec = Dispatch("vector_spec")
 to_vectors = Dispatch("to_vectors")
 make_result = Dispatch("make_result")
-frame_to_arrow = Dispatch("frame_to_arrow")
 
 
 # --------------------------------------------------------------------------- errors
@@ -386,11 +385,6 @@ def _pandas_make_result(like: pd.Series, values: torch.Tensor, null: Any, name: 
     return pd.Series(array, index=like.index, name=name, copy=False)
 
 
-@frame_to_arrow.register(pd.DataFrame)
-def _pandas_frame_to_arrow(df: pd.DataFrame, preserve_index: bool | None) -> pa.Table:
-    return pa.Table.from_pandas(df, preserve_index=preserve_index)
-
-
 def arrow_vector_types(arrow_type: pa.DataType) -> pd.ArrowDtype | None:
     """``types_mapper`` for ``Table.to_pandas``: list columns stay Arrow, all else default.
 
@@ -431,13 +425,8 @@ def frame_from_arrow(table: pa.Table, backend: str = "pandas") -> Any:
 @vector_spec.register_lazy("cudf")
 @to_vectors.register_lazy("cudf")
 @make_result.register_lazy("cudf")
-@frame_to_arrow.register_lazy("cudf")
 def _register_cudf() -> None:
     import cudf
-
-    @frame_to_arrow.register(cudf.DataFrame)
-    def _cudf_frame_to_arrow(df: Any, preserve_index: bool | None) -> pa.Table:
-        return df.to_arrow(preserve_index=preserve_index)
 
     @vector_spec.register(cudf.Series)
     def _cudf_vector_spec(meta: Any, column: str) -> VectorSpec:

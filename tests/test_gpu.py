@@ -114,7 +114,7 @@ def test_dask_cudf_accessor_and_read_parquet(tmp_path: object) -> None:
 
 @pytest.mark.parametrize("layout", ["binary", "list"])
 def test_dask_cudf_to_parquet_round_trip(tmp_path: object, layout: str) -> None:
-    """cudf partitions written in each layout (via frame_to_arrow), read back as cudf."""
+    """cudf partitions written in each layout (via dask.dataframe.dispatch.to_pyarrow_table_dispatch), read back as cudf."""
     dask_cudf = pytest.importorskip("dask_cudf")
     import dask
 

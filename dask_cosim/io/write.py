@@ -17,8 +17,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
+from dask.dataframe.dispatch import to_pyarrow_table_dispatch
 
-from dask_cosim import backends
 from dask_cosim.io.convert import from_pandas
 from dask_cosim.io.files import FORMAT_VERSION, MANIFEST, exists, filesystem
 from dask_cosim.io.layouts import check_layout, encode_column, list_columns, stored_vector
@@ -40,7 +40,8 @@ def frame_to_table(
     check_layout(layout)
     vectors = list(vectors) if vectors is not None else list_columns(df)
     others = [c for c in df.columns if c not in vectors]
-    table = backends.frame_to_arrow(df[others], preserve_index)
+    # dask's own dispatch: pandas -> pa.Table.from_pandas, cudf -> DataFrame.to_arrow.
+    table = to_pyarrow_table_dispatch(df[others], preserve_index=preserve_index)
     fields, arrays = list(table.schema), list(table.columns)
     positions = {c: i for i, c in enumerate(df.columns)}
     # In column order, so each lands where it was (index columns stay last).
