@@ -47,7 +47,7 @@ class CosimAccessor:
             holding one numpy array or torch tensor per row (any shape with D elements),
             or cudf list columns.  ``a == b`` is allowed.
         eps : float, default config ``cosim.eps`` (1e-8)
-            cos = (a / max(|a|, eps)) . (b / max(|b|, eps)); a zero vector gives 0.0.
+            ``cos = (a / max(|a|, eps)) . (b / max(|b|, eps))``; a zero vector gives 0.0.
         dtype : {None, "float32", "float64"}, default config ``cosim.dtype`` (None)
             None: float64 when both columns are float64 (known from the metadata), else
             float32.  Accumulation is float32 at least (fp16/bf16 are upcast).

@@ -20,7 +20,7 @@ __all__ = ["make_pairs", "pair_arrays", "write_pairs"]
 
 
 def pair_arrays(rows: int, dim: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """(a, b), float32 (rows, dim), similarities spread over [-1, 1]: b = t*a + (1-|t|)*noise."""
+    """(a, b), float32 (rows, dim), cosines spread over [-1, 1]: ``b = t*a + (1-|t|)*noise``."""
     rng = np.random.default_rng(seed)
     a = rng.standard_normal((rows, dim), dtype=np.float32)
     t = rng.uniform(-1, 1, size=(rows, 1)).astype(np.float32)

@@ -78,7 +78,7 @@ def pairwise_cosine(
 ) -> torch.Tensor:
     """res[i] = cos(a[i], b[i]) for two (N, D) tensors.
 
-    cos = (a / max(|a|, eps)) . (b / max(|b|, eps)), clamped to [-1, 1]: a zero vector
+    ``cos = (a / max(|a|, eps)) . (b / max(|b|, eps))``, clamped to [-1, 1]: a zero vector
     gives 0.0, NaN or inf anywhere in a row gives NaN.
 
     Parameters
