@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 # On a CUDA box: make TORCH_SPEC=torch test
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: test test-min demo bench lint clean
+.PHONY: test test-min demo bench lint docs clean
 
 $(VENV)/.installed: pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -45,5 +45,13 @@ lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check dask_cosim tests benchmarks
 	$(VENV)/bin/mypy dask_cosim
 
+# The documentation site: docs/ -> docs/_build/html, every warning an error, offline.
+$(VENV)/.docs-installed: $(VENV)/.installed pyproject.toml
+	$(PY) -m pip install -q -e ".[docs]"
+	touch $@
+
+docs: $(VENV)/.docs-installed
+	$(VENV)/bin/sphinx-build -W --keep-going -b html docs docs/_build/html
+
 clean:
-	rm -rf $(VENV) $(VENV_MIN) .pytest_cache .hypothesis .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(VENV_MIN) .pytest_cache .hypothesis .mypy_cache .ruff_cache docs/_build docs/generated
