@@ -22,9 +22,9 @@ def read_parquet(path: Any, columns: list[str] | None = None, **kwargs: Any) -> 
     """Read Parquet into a dask DataFrame whose embedding columns stay vectors.
 
     Files are decoded by ``pyarrow.parquet.read_table`` on pyarrow's own filesystem, one
-    partition per file (files over 256 MiB are split by row groups): about 1.6x faster
-    here than dask's dataset scanner on list columns, and ~5x faster than fsspec file
-    objects.  pandas backend: list columns come back as Arrow list types
+    partition per file (files over 256 MiB are split by row groups), which is faster than
+    dask's dataset scanner and fsspec file objects (benchmarks/NOTES.md, "Reading
+    Parquet").  pandas backend: list columns come back as Arrow list types
     (``fixed_size_list`` when stored so), not object columns of numpy arrays; with dask's
     ``dataframe.backend`` set to "cudf", cudf list columns.
 
@@ -194,8 +194,8 @@ def _read_piece(
         table = _read_batches(file, row_groups, columns, where)
     elif row_groups is None:
         # Our binary layout: pyarrow decodes the columns in parallel, and decoding is a
-        # copy per column, so the whole-table read is the fastest (1M x 300 end to end:
-        # 1.09 s against 1.39 s in batches) and peaks no higher.
+        # copy per column, so the whole-table read is faster than batches and peaks no
+        # higher (benchmarks/NOTES.md, section 6).
         table = pq.read_table(file, columns=columns, use_pandas_metadata=True, **where)
     else:
         table = pq.ParquetFile(file, **where).read_row_groups(
@@ -211,8 +211,8 @@ def _memory_map(schema: pa.Schema) -> bool:
 
     Mapped pages count in a worker's RSS (what dask pauses on).  For the binary layout
     decoding is a copy from the page cache and mapping pays; list decoding costs the same
-    either way, so there mapping only adds memory (a 125 MB partition: +360 MiB mapped,
-    +254 MiB buffered; capped workers reached 915 MiB of 1.25 GiB mapped, 688 buffered).
+    either way, so there mapping only adds memory (measured in benchmarks/NOTES.md,
+    section 6).
     """
     choice = options.memory_map()
     if choice == "auto":
@@ -231,9 +231,9 @@ def _read_batches(
 ) -> pa.Table:
     """Decoded in batches of about _BATCH_BYTES, through a _READ_BUFFER.
 
-    pq.read_table decodes a list column into one buffer that grows by doubling: a list-
-    layout partition of 120 MiB peaked at ~2x its size in Arrow memory (RSS +767 MiB over
-    three reads, against +364 MiB in batches, which also read 2.5x faster).  Batches are
+    pq.read_table decodes a list column into one buffer that grows by doubling, so a
+    list-layout partition peaks at about twice its size in Arrow memory; batches also
+    decode faster (benchmarks/NOTES.md, section 6).  Batches are
     allocated once each and become chunks, which the backends turn into one tensor block
     each, without concatenating.
     """

@@ -85,8 +85,8 @@ def to_parquet(
         The folder to create: a local path, or a URL pyarrow or fsspec knows.  The final
         rename is atomic on local disks; on object stores it is a copy.
     layout : {"binary", "list"}, default "binary"
-        How vector columns are stored (see :mod:`dask_cosim.io.layouts`): "binary" reads ~10x
-        faster with pyarrow; "list" is readable by every Parquet reader.
+        How vector columns are stored (see :mod:`dask_cosim.io.layouts`): "binary" reads several
+        times faster with pyarrow; "list" is readable by every Parquet reader.
     vectors : list of str, optional
         Columns to store as vectors; default every Arrow/cudf list column.  Name object
         columns of arrays or tensors here to convert them.
@@ -234,8 +234,8 @@ def _write_partition(
         f"{staging}/{name}",
         filesystem=fs,
         compression=compression,
-        # Dictionary-encoding distinct float vectors only costs: it makes the binary
-        # layout read ~5x slower.
+        # Distinct float vectors gain nothing from a dictionary: it only adds a pass to
+        # every write and read.
         use_dictionary=[c for c in table.column_names if c not in vectors],
         row_group_size=row_group_rows,
     )
