@@ -25,7 +25,7 @@ $(VENV_MIN)/.installed: pyproject.toml Makefile .ci/min-versions.txt
 	test -x $(VENV_MIN)/bin/python || $(PYTHON) -m venv $(VENV_MIN)
 	$(VENV_MIN)/bin/python -m pip install -q --upgrade pip
 	$(VENV_MIN)/bin/python -m pip install -q "$(TORCH_SPEC)"
-	$(VENV_MIN)/bin/python -m pip install -q -c .ci/min-versions.txt -e ".[test]" \
+	$(VENV_MIN)/bin/python -m pip install -q -c .ci/min-versions.txt -e ".[test,bench]" \
 		$$(grep -v '^#' .ci/min-versions.txt)
 	touch $@
 

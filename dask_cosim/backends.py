@@ -20,6 +20,7 @@ when the user already has cudf objects.
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -123,8 +124,15 @@ def _as_tensor(array: np.ndarray) -> torch.Tensor:
 
     DLPack rather than ``torch.from_numpy``: Arrow buffers are read-only, and from_numpy
     warns on those, while DLPack shares them silently (nothing here writes to an input).
+    numpy before 2.1 cannot export a read-only array through DLPack: from_numpy then,
+    without its warning.
     """
-    return torch.from_dlpack(array)
+    try:
+        return torch.from_dlpack(array)
+    except BufferError:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+            return torch.from_numpy(array)
 
 
 # --------------------------------------------------------------------------- pandas meta
@@ -242,6 +250,10 @@ def stack_object_column(
     cells = values if null is None else values[positions]
     if len(cells) == 0:
         return np.zeros((n, 0), dtype=np.float32), null
+    if isinstance(cells[0], str):
+        # A text column, or vectors that became text: pandas before 3.0 keeps strings in
+        # object columns, so this is where they are first seen.
+        raise string_column_error(column, values.dtype)
 
     dense = _stack_uniform(cells)
     if dense is None:

@@ -33,7 +33,8 @@ def test_pairwise_on_worker_processes(client: Client, tmp_path: object) -> None:
     np.testing.assert_allclose(result.to_numpy(), reference(a, b), atol=1e-6)
     assert result.index.tolist() == list(range(3000))
     # The partition function really ran in the worker processes.
-    ran = [t for t in stream.data if "cosim-pairwise" in str(t["key"])]
+    # Older dask fuses the task into "cosim-assign-getitem-...": our prefix stays.
+    ran = [t for t in stream.data if "cosim-" in str(t["key"])]
     assert len(ran) == 7 and {t["worker"] for t in ran} <= set(workers)
     # Parquet in, Parquet out, through the workers.
     ddf[["id", "embeds_a", "embeds_b"]].to_parquet(f"{tmp_path}/in")

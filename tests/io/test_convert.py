@@ -40,7 +40,10 @@ def test_from_pandas_keeps_dtypes_nulls_and_sizes() -> None:
     assert back["embeds_a"].isna().tolist() == null.tolist()
     assert dask_cosim.from_pandas(pdf).npartitions == 1
 
-    bf = pd.DataFrame({"v": [torch.ones(4, dtype=torch.bfloat16)] * 3})
+    cells = np.empty(3, dtype=object)  # pandas 2 would call __array__ on a list of tensors
+    for i in range(3):
+        cells[i] = torch.ones(4, dtype=torch.bfloat16)
+    bf = pd.DataFrame({"v": cells})
     assert str(dask_cosim.from_pandas(bf).dtypes["v"].pyarrow_dtype.value_type) == "float"
 
 
