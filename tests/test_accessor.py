@@ -13,7 +13,7 @@ import pytest
 from sklearn.metrics.pairwise import paired_cosine_distances
 
 import dask_cosim
-from tests.conftest import FORMATS, pairs_frame, random_pairs, reference
+from tests.helpers import FORMATS, counting_computes, pairs_frame, random_pairs, reference
 
 
 def dask_frame(
@@ -39,13 +39,7 @@ def test_every_format_on_dask_partitions(fmt: str, npartitions: int) -> None:
 
 def test_lazy_until_compute() -> None:
     ddf, _, _ = dask_frame("fixed_size_list")
-    calls = []
-
-    def counting_get(graph, keys, **kwargs):  # type: ignore[no-untyped-def]
-        calls.append(keys)
-        return dask.get(graph, keys, **kwargs)
-
-    with dask.config.set(scheduler=counting_get):
+    with counting_computes() as calls:
         cos = ddf.cosim.pairwise("embeds_a", "embeds_b")
         ddf["cos"] = cos
         assert calls == []

@@ -33,7 +33,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import dask_cosim
-from tests.conftest import random_pairs, reference
+from tests.helpers import no_computes, random_pairs, reference
 
 
 @pytest.fixture(autouse=True)
@@ -96,12 +96,6 @@ def with_rows(x: np.ndarray, **rows: Any) -> np.ndarray:
         else:
             out[i] = value
     return out
-
-
-def ref(x: np.ndarray, y: np.ndarray, null: Sequence[int] = (), eps: float = 1e-8) -> np.ndarray:
-    expected = reference(x, y, eps=eps)
-    expected[list(null)] = np.nan
-    return expected
 
 
 # --------------------------------------------------------------------------- the table
@@ -168,57 +162,57 @@ def _empty_partitions(df: Any) -> Any:
 
 CASES = [
     # ----------------------------------------------------------------- dtypes
-    Case("fp32", lambda: frame(fixed(A), fixed(B)), lambda: Result(ref(A, B))),
+    Case("fp32", lambda: frame(fixed(A), fixed(B)), lambda: Result(reference(A, B))),
     Case(
         "fp64 -> float64",
         lambda: frame(fixed(A64), fixed(B64)),
-        lambda: Result(ref(A64, B64), np.float64, atol=1e-12),
+        lambda: Result(reference(A64, B64), np.float64, atol=1e-12),
     ),
     Case(
         "fp16 Arrow fixed_size_list<float16>",
         lambda: frame(fixed(A16), fixed(B16)),
-        lambda: Result(ref(A16, B16)),
+        lambda: Result(reference(A16, B16)),
     ),
     Case(
         "fp16 Arrow list<float16>",
         lambda: frame(variable(list(A16), pa.float16()), variable(list(B16), pa.float16())),
-        lambda: Result(ref(A16, B16)),
+        lambda: Result(reference(A16, B16)),
     ),
     Case(
-        "fp16 numpy arrays", lambda: frame(arrays(A16), arrays(B16)), lambda: Result(ref(A16, B16))
+        "fp16 numpy arrays", lambda: frame(arrays(A16), arrays(B16)), lambda: Result(reference(A16, B16))
     ),
     Case(
         "bf16 torch tensors",
         lambda: frame(tensors(A, BF16), tensors(B, BF16)),
-        lambda: Result(ref(A_BF, B_BF)),
+        lambda: Result(reference(A_BF, B_BF)),
     ),
     Case(
         "fp16 D=4096 values 1e3-6e4, Arrow",  # fp16 squared norms overflow: upcast first
         lambda: frame(fixed(BIG16_A), fixed(BIG16_B)),
-        lambda: Result(ref(BIG16_A, BIG16_B)),
+        lambda: Result(reference(BIG16_A, BIG16_B)),
     ),
     Case(
         "fp16 D=4096 values 1e3-6e4, (D, 1) torch tensors",
         lambda: frame(
             tensors(BIG16_A, torch.float16, (4096, 1)), tensors(BIG16_B, torch.float16, (4096, 1))
         ),
-        lambda: Result(ref(BIG16_A, BIG16_B)),
+        lambda: Result(reference(BIG16_A, BIG16_B)),
     ),
     Case(
         "mixed fp16 and fp64 columns -> float32",
         lambda: frame(fixed(A16), fixed(B64)),
-        lambda: Result(ref(A16, B64)),
+        lambda: Result(reference(A16, B64)),
     ),
     # ----------------------------------------------------------------- special values
     Case(
         "zero vectors -> 0.0",
         lambda: frame(fixed(with_rows(A, r0=0, r2=0)), fixed(with_rows(B, r1=0, r2=0))),
-        lambda: Result(ref(with_rows(A, r0=0, r2=0), with_rows(B, r1=0, r2=0))),
+        lambda: Result(reference(with_rows(A, r0=0, r2=0), with_rows(B, r1=0, r2=0))),
     ),
     Case(
         "NaN in a row -> NaN",
         lambda: frame(fixed(with_rows(A, r0=(1, np.nan))), fixed(with_rows(B, r3=(0, np.nan)))),
-        lambda: Result(ref(A, B, null=[0, 3])),
+        lambda: Result(reference(A, B, null=[0, 3])),
     ),
     Case(
         "+inf / -inf in a row -> NaN",
@@ -226,7 +220,7 @@ CASES = [
             fixed(with_rows(A, r0=(0, np.inf), r2=(1, np.inf))),
             fixed(with_rows(B, r1=(3, -np.inf), r2=(1, np.inf))),
         ),
-        lambda: Result(ref(A, B, null=[0, 1, 2])),
+        lambda: Result(reference(A, B, null=[0, 1, 2])),
     ),
     Case(
         "float32 subnormals (1e-40): norm < eps, counts as zero -> 0.0",
@@ -234,7 +228,7 @@ CASES = [
             fixed(with_rows(TINY32, r2=A[2])), fixed(with_rows(TINY32, r1=B[1], r2=B[2]))
         ),
         # Row 1, 1e-40s against a vector of norm ~2: ~3e-32; row 2: two ordinary vectors.
-        lambda: Result(np.r_[0.0, ref(TINY32, B)[1], ref(A, B)[2], 0.0, 0.0, 0.0]),
+        lambda: Result(np.r_[0.0, reference(TINY32, B)[1], reference(A, B)[2], 0.0, 0.0, 0.0]),
     ),
     Case(
         "float64 subnormals (1e-310) -> 0.0",
@@ -244,40 +238,40 @@ CASES = [
     Case(
         "float16 subnormals (1e-7): upcast norm > eps, a real vector",
         lambda: frame(fixed(TINY16), fixed(with_rows(TINY16, r1=-TINY16[1]))),
-        lambda: Result(ref(TINY16, with_rows(TINY16, r1=-TINY16[1]))),
+        lambda: Result(reference(TINY16, with_rows(TINY16, r1=-TINY16[1]))),
     ),
     Case(
         "norm below eps but not zero (1e-10): clamped, cos x |a| / eps",
         lambda: frame(fixed(A * 1e-10 / np.linalg.norm(A, axis=1, keepdims=True)), fixed(B)),
-        lambda: Result(ref(A * 1e-10 / np.linalg.norm(A, axis=1, keepdims=True), B)),
+        lambda: Result(reference(A * 1e-10 / np.linalg.norm(A, axis=1, keepdims=True), B)),
     ),
     Case(
         "float32 values 1e30 (sums overflow float32, redone in float64)",
         lambda: frame(fixed(A * np.float32(1e30)), fixed(with_rows(B, r2=B[2] * 1e25))),
-        lambda: Result(ref(A * np.float32(1e30), with_rows(B, r2=B[2] * 1e25))),
+        lambda: Result(reference(A * np.float32(1e30), with_rows(B, r2=B[2] * 1e25))),
     ),
     # ----------------------------------------------------------------- integers
     Case(
         "int Arrow fixed_size_list<int64> -> cast, float32",
         lambda: frame(fixed(INTS_A), fixed(B)),
-        lambda: Result(ref(INTS_A, B)),
+        lambda: Result(reference(INTS_A, B)),
     ),
     Case(
         "int Arrow list<uint8> -> cast, float32",
         lambda: frame(variable([list(r) for r in INTS_A + 3], pa.uint8()), fixed(B)),
-        lambda: Result(ref(INTS_A + 3, B)),
+        lambda: Result(reference(INTS_A + 3, B)),
     ),
     Case(
         "int numpy arrays -> cast, float32",
         lambda: frame(arrays(INTS_A), arrays(B)),
-        lambda: Result(ref(INTS_A, B)),
+        lambda: Result(reference(INTS_A, B)),
     ),
     Case(
         "Python float lists -> float64",
         lambda: frame(
             cells([list(map(float, r)) for r in A]), cells([list(map(float, r)) for r in B])
         ),
-        lambda: Result(ref(A, B), np.float64, atol=1e-12),
+        lambda: Result(reference(A, B), np.float64, atol=1e-12),
     ),
     Case(
         "int64 scalar column",
@@ -464,7 +458,7 @@ CASES = [
     Case(
         "null rows, Arrow fixed_size_list -> NaN",
         lambda: frame(fixed(A, null=[1, 4]), fixed(B, null=[4, 5])),
-        lambda: Result(ref(A, B, null=[1, 4, 5])),
+        lambda: Result(reference(A, B, null=[1, 4, 5])),
     ),
     Case(
         "null rows, Arrow list<float> of length 0 -> NaN",
@@ -472,19 +466,19 @@ CASES = [
             variable([None, *map(list, A[1:])]),
             variable([*map(list, B[:3]), None, *map(list, B[4:])]),
         ),
-        lambda: Result(ref(A, B, null=[0, 3])),
+        lambda: Result(reference(A, B, null=[0, 3])),
     ),
     Case(
         "null value inside a vector (Arrow) -> NaN",
         lambda: frame(
             variable([*map(list, A[:2]), [1.0, None, 2.0, 3.0], *map(list, A[3:])]), fixed(B)
         ),
-        lambda: Result(ref(A, B, null=[2])),
+        lambda: Result(reference(A, B, null=[2])),
     ),
     Case(
         "null cells None / NaN / pd.NA in object columns -> NaN",
         lambda: frame(cells([A[0], None, A[2], np.nan, A[4], A[5]]), cells([*B[:4], pd.NA, B[5]])),
-        lambda: Result(ref(A, B, null=[1, 3, 4])),
+        lambda: Result(reference(A, B, null=[1, 3, 4])),
     ),
     Case(
         "every row of a null -> all NaN",
@@ -505,11 +499,11 @@ CASES = [
     Case(
         "empty partitions (after a filter)",
         lambda: frame(fixed(np.r_[A, B[:2]]), arrays(np.r_[B, A[:2]]), index=pd.RangeIndex(8) * 10),
-        lambda: Result(ref(np.r_[A, B[:2]], np.r_[B, A[:2]])[[0, 1, 6, 7]]),
+        lambda: Result(reference(np.r_[A, B[:2]], np.r_[B, A[:2]])[[0, 1, 6, 7]]),
         npartitions=4,
         select=_empty_partitions,
     ),
-    Case("one row", lambda: frame(arrays(A[:1]), arrays(B[:1])), lambda: Result(ref(A[:1], B[:1]))),
+    Case("one row", lambda: frame(arrays(A[:1]), arrays(B[:1])), lambda: Result(reference(A[:1], B[:1]))),
     Case(
         "D=1: sign(a * b), 0.0 for 0",
         lambda: frame(
@@ -523,7 +517,7 @@ CASES = [
         lambda: frame(
             fixed(A), fixed(B), index=pd.Index(["r0", "r1", "r1", "r1", "r2", "r3"], name="key")
         ),
-        lambda: Result(ref(A, B)),
+        lambda: Result(reference(A, B)),
         npartitions=3,
     ),
     # ----------------------------------------------------------------- columns and options
@@ -542,7 +536,7 @@ CASES = [
     Case(
         "eps=0: a zero vector gives NaN",
         lambda: frame(fixed(with_rows(A, r0=0)), fixed(B)),
-        lambda: Result(ref(with_rows(A, r0=0), B, eps=0.0)),
+        lambda: Result(reference(with_rows(A, r0=0), B, eps=0.0)),
         kwargs={"eps": 0.0},
     ),
 ]
@@ -558,10 +552,6 @@ def _check_result(res: Any, pdf: pd.DataFrame, want: Result, name: Any = "cos") 
     exact = want.values == 0  # the documented zero-vector result is exact
     np.testing.assert_array_equal(got[exact], 0.0)
     np.testing.assert_allclose(got, want.values, atol=want.atol, rtol=0)
-
-
-def _no_compute(*args: Any, **kwargs: Any) -> Any:
-    raise AssertionError("building the graph computed something")
 
 
 @pytest.mark.parametrize("case", [pytest.param(c, id=c.id) for c in CASES])
@@ -597,7 +587,7 @@ def test_dask(case: Case) -> None:
         ddf, pdf = case.select(ddf), case.select(pdf)
         sizes = ddf.map_partitions(len).compute().tolist()
         assert 0 in sizes and sum(sizes) == len(pdf)
-    with dask.config.set(scheduler=_no_compute):  # validation reads _meta only
+    with no_computes():  # validation reads _meta only
         if stage == "graph":
             assert expect_error is not None
             with expect_error:
@@ -670,7 +660,7 @@ def _two_frames(
     assert df1.divisions != df2.divisions
     if divisions == "unknown":
         df1, df2 = df1.clear_divisions(), df2.clear_divisions()
-    expected = pd.Series(ref(a, b, null=list(drop)), index=index, name="cos")
+    expected = pd.Series(reference(a, b, null=list(drop)), index=index, name="cos")
     return df1, df2, expected
 
 

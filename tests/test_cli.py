@@ -19,7 +19,7 @@ import torch
 
 import dask_cosim
 from dask_cosim import io
-from tests.conftest import random_pairs, reference
+from tests.helpers import random_pairs, reference
 
 
 def cli(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:

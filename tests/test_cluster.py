@@ -17,7 +17,7 @@ from distributed import Client, get_task_stream
 from distributed.utils_test import cleanup, client, cluster_fixture, loop, loop_in_thread  # noqa: F401
 
 import dask_cosim
-from tests.conftest import pairs_frame, random_pairs, reference
+from tests.helpers import pairs_frame, random_pairs, reference
 
 
 def test_pairwise_on_worker_processes(client: Client, tmp_path: object) -> None:  # noqa: F811

@@ -20,7 +20,7 @@ from distributed import Client, KilledWorker, LocalCluster, get_task_stream
 import dask_cosim
 from dask_cosim.cli import _failure_message
 from dask_cosim.io import vectors_to_arrow
-from tests.conftest import pairs_frame, random_pairs, reference
+from tests.helpers import pairs_frame, random_pairs, reference
 
 
 def _slowly(s: pd.Series) -> pd.Series:

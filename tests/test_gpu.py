@@ -16,7 +16,7 @@ import torch
 import dask_cosim
 from dask_cosim import kernels
 from dask_cosim.partition import pairwise_partition
-from tests.conftest import pairs_frame, random_pairs, reference
+from tests.helpers import pairs_frame, random_pairs, reference
 
 pytestmark = pytest.mark.gpu
 

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from sklearn.metrics.pairwise import paired_cosine_distances
 
 from dask_cosim import kernels
-from tests.conftest import random_pairs, reference
+from tests.helpers import random_pairs, reference
 
 
 @pytest.mark.parametrize("chunk_rows", [None, 1, 7, 64, 10_000])

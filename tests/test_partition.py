@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from dask_cosim.partition import pairwise_partition
-from tests.conftest import FORMATS, pairs_frame, random_pairs, reference
+from tests.helpers import FORMATS, pairs_frame, random_pairs, reference
 
 OPTS = dict(eps=1e-8)
 

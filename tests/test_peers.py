@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 from distributed import Client, LocalCluster
 
-from tests.conftest import random_pairs
+from tests.helpers import random_pairs
 
 # As the runner does: benchmarks/ is not a package.  On sys.path before the cluster and the
 # spawned ranks start, so that they import `peers` too.

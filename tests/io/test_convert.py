@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import dask_cosim
-from tests.conftest import pairs_frame, random_pairs, reference
+from tests.helpers import pairs_frame, random_pairs, reference
 
 
 @pytest.mark.parametrize("fmt", ["object_numpy", "object_torch_300x1", "object_lists"])

@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 
 import dask_cosim
 from dask_cosim import io
-from tests.conftest import pairs_frame, random_pairs
+from tests.helpers import pairs_frame, random_pairs
 
 
 def test_binary_layout_is_zero_copy_and_self_describing(tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ import pytest
 
 import dask_cosim
 from dask_cosim import io
-from tests.conftest import pairs_frame, random_pairs, reference
+from tests.helpers import pairs_frame, random_pairs, reference
 
 
 def test_read_parquet_reads_only_the_columns_used(tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ import pytest
 
 import dask_cosim
 from dask_cosim import io
-from tests.conftest import pairs_frame, random_pairs, reference
+from tests.helpers import pairs_frame, random_pairs, reference
 
 
 def test_round_trip_through_parquet(tmp_path: object) -> None:

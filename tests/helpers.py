@@ -1,0 +1,105 @@
+"""What the tests share: the float64 reference of the numerics policy, pairs and frames in
+every accepted input format, and schedulers that count or forbid computations."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import dask
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import torch
+
+
+def reference(
+    a: np.ndarray, b: np.ndarray, eps: float = 1e-8, null: Sequence[int] = ()
+) -> np.ndarray:
+    """The numerics policy in float64: (a/max(|a|,eps)).(b/max(|b|,eps)), clamped; NaN
+    for rows with NaN or inf and for the ``null`` row positions."""
+    a = np.asarray(a, dtype=np.float64).reshape(len(a), -1)
+    b = np.asarray(b, dtype=np.float64).reshape(len(b), -1)
+    with np.errstate(all="ignore"):
+        na = np.maximum(np.sqrt((a * a).sum(1)), eps)
+        nb = np.maximum(np.sqrt((b * b).sum(1)), eps)
+        res = (a / na[:, None] * (b / nb[:, None])).sum(1)
+    bad = ~(np.isfinite(a).all(1) & np.isfinite(b).all(1))
+    res[bad] = np.nan
+    res[list(null)] = np.nan
+    return np.clip(res, -1, 1)
+
+
+def random_pairs(
+    n: int, d: int, seed: int = 0, dtype: type = np.float32
+) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal((n, d)).astype(dtype)
+    b = (0.5 * a + rng.standard_normal((n, d))).astype(dtype)
+    return a, b
+
+
+FORMATS = ["fixed_size_list", "list", "object_numpy", "object_torch_300x1", "object_lists"]
+
+
+def as_column(
+    x: np.ndarray, fmt: str, null: np.ndarray | None = None
+) -> pd.Series | pd.api.extensions.ExtensionArray:
+    """An (N, D) array as a column in one of FORMATS; rows where ``null`` is True are null."""
+    n, d = x.shape
+    null = np.zeros(n, bool) if null is None else null
+    if fmt in ("fixed_size_list", "list"):
+        rows = [None if null[i] else x[i] for i in range(n)]
+        value = pa.from_numpy_dtype(x.dtype)
+        t = pa.list_(value, d) if fmt == "fixed_size_list" else pa.list_(value)
+        return pd.array(pa.array(rows, type=t), dtype=pd.ArrowDtype(t))
+    if fmt == "object_numpy":
+        cells = [None if null[i] else x[i].copy() for i in range(n)]
+    elif fmt == "object_torch_300x1":
+        cells = [None if null[i] else torch.from_numpy(x[i].copy()).reshape(d, 1) for i in range(n)]
+    elif fmt == "object_lists":
+        cells = [None if null[i] else x[i].tolist() for i in range(n)]
+    else:
+        raise ValueError(fmt)
+    out = np.empty(n, dtype=object)
+    out[:] = cells
+    return out
+
+
+def pairs_frame(
+    a: np.ndarray, b: np.ndarray, fmt: str, index: pd.Index | None = None, **nulls: np.ndarray
+) -> pd.DataFrame:
+    return pd.DataFrame(
+        {
+            "embeds_a": as_column(a, fmt, nulls.get("null_a")),
+            "embeds_b": as_column(b, fmt, nulls.get("null_b")),
+            "id": np.arange(len(a)),
+        },
+        index=index,
+    )
+
+
+@contextmanager
+def counting_computes() -> Iterator[list[Any]]:
+    """Run dask computations in this block on the synchronous scheduler, recording the
+    keys of each one in the yielded list."""
+    calls: list[Any] = []
+
+    def counting_get(graph: Any, keys: Any, **kwargs: Any) -> Any:
+        calls.append(keys)
+        return dask.get(graph, keys, **kwargs)
+
+    with dask.config.set(scheduler=counting_get):
+        yield calls
+
+
+@contextmanager
+def no_computes() -> Iterator[None]:
+    """Fail the test if anything in this block computes (graph building reads ``_meta``)."""
+
+    def forbidden(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("building the graph computed something")
+
+    with dask.config.set(scheduler=forbidden):
+        yield
