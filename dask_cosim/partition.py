@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import dask.config
 import numpy as np
 import torch
 
@@ -78,7 +79,7 @@ def pairwise_partition(
     a: str,
     b: str,
     *,
-    eps: float,
+    eps: float | None = None,
     dtype: Any = None,
     device: str | torch.device = "auto",
     name: Any = "cos",
@@ -92,18 +93,23 @@ def pairwise_partition(
         One partition.
     a, b : str
         Embedding columns (see :data:`dask_cosim.backends.ACCEPTED`).
-    eps : float
+    eps : float, default config ``cosim.eps``
         Lower bound on each vector's norm (see :func:`dask_cosim.kernels.pairwise_cosine`).
     dtype : {None, "float32", "float64"}, default None
         Result dtype; None means float64 when both inputs are float64, else float32.
     device : {"auto", "cpu", "cuda", "cuda:N"}, default "auto"
     name : hashable, default "cos"
-    chunk_bytes : int or str, optional
-        Kernel temporaries budget; default from config ``cosim.chunk-bytes``.
+    chunk_bytes : int, str or mapping, default config ``cosim.chunk-bytes``
+        Temporaries budget of the torch kernel.
 
     Null rows give NaN (pandas) or null (cudf).  Raises ``ValueError`` naming the first
     row whose vectors differ in length (ragged rows, or a and b of different lengths).
     """
+    # The kernels read no configuration: options are read here, in the worker's task.
+    if eps is None:
+        eps = float(dask.config.get("cosim.eps"))
+    if chunk_bytes is None:
+        chunk_bytes = dict(dask.config.get("cosim.chunk-bytes"))
     va = backends.to_vectors(df[a], a)
     vb = va if b == a else backends.to_vectors(df[b], b)
     null = _either(va.null, vb.null)
