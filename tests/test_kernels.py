@@ -327,16 +327,25 @@ def test_fused_argument_errors() -> None:
 
 
 def test_fused_kernel_releases_grad_and_follows_torch_threads() -> None:
-    """Tensors that require grad are read without a copy; numba uses torch's threads."""
+    """Tensors that require grad are read without a copy; numba takes torch's thread
+    count (what TorchThreads sets in dask workers), and small inputs one thread."""
     import numba
+
+    from dask_cosim import _kernels_numba
 
     a, b = random_pairs(64, 10)
     ta = torch.from_numpy(a).requires_grad_()
+    res = kernels.pairwise_cosine(ta, torch.from_numpy(b), fused="numba")
+    np.testing.assert_allclose(res.numpy(), reference(a, b), atol=1e-6)
+
+    big = torch.ones(_kernels_numba.PARALLEL_MIN_VALUES // 64, 64)
     before = torch.get_num_threads()
+    most = numba.config.NUMBA_NUM_THREADS  # type: ignore[attr-defined]
     try:
-        torch.set_num_threads(1)
-        res = kernels.pairwise_cosine(ta, torch.from_numpy(b), fused="numba")
-        assert numba.get_num_threads() == 1
+        for threads in (1, 2):
+            numba.set_num_threads(1)
+            torch.set_num_threads(threads)
+            assert kernels.pairwise_cosine(big, big, fused="numba").min().item() == 1.0
+            assert numba.get_num_threads() == min(threads, most)
     finally:
         torch.set_num_threads(before)
-    np.testing.assert_allclose(res.numpy(), reference(a, b), atol=1e-6)
