@@ -140,7 +140,7 @@ def pairwise_cosine(
             f"pairwise_cosine needs two (N, D) tensors of the same shape; "
             f"got a {tuple(a.shape)} and b {tuple(b.shape)}"
         )
-    target = torch.device(device) if device is not None else a.device
+    target = _resolve(torch.device(device) if device is not None else a.device)
     dtype = compute_dtype_for(a.dtype, b.dtype, *([dtype] if dtype is not None else []))
     n, dim = a.shape
     if n == 0 or dim == 0:
@@ -170,7 +170,14 @@ def fused_kernel_for(
     host tensor computed on a GPU, which is bound by the copy anyway) runs the torch
     kernel.
     """
-    return _fused_kernel_why(a, b, torch.device(device) if device else a.device)[0]
+    return _fused_kernel_why(a, b, _resolve(torch.device(device) if device else a.device))[0]
+
+
+def _resolve(target: torch.device) -> torch.device:
+    """A bare "cuda" is the current GPU: the device of tensors on "cuda:0" there."""
+    if target.type == "cuda" and target.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return target
 
 
 def _fused_kernel_why(
