@@ -349,3 +349,15 @@ def test_fused_kernel_releases_grad_and_follows_torch_threads() -> None:
             assert numba.get_num_threads() == min(threads, most)
     finally:
         torch.set_num_threads(before)
+
+
+def test_without_numba_the_torch_kernel_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a machine without numba (or with a broken install) gets: the same numbers."""
+    monkeypatch.setitem(kernels._loaded, "numba", "numba is not installed (pip install numba)")
+    a, b = random_pairs(50, 12)
+    ta, tb = torch.from_numpy(a), torch.from_numpy(b)
+    assert kernels.fused_kernel_for(ta, tb) is None
+    np.testing.assert_allclose(kernels.pairwise_cosine(ta, tb).numpy(), reference(a, b), atol=1e-6)
+    with pytest.raises(RuntimeError, match=r"fused=True but no fused kernel applies: numba is "
+                       r"not installed \(pip install numba\); use fused=None"):  # fmt: skip
+        kernels.pairwise_cosine(ta, tb, fused=True)
