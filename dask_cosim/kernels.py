@@ -98,8 +98,8 @@ def pairwise_cosine(
     """res[i] = cos(a[i], b[i]) for two (N, D) tensors.
 
     cos = (a / max(|a|, eps)) . (b / max(|b|, eps)), clamped to [-1, 1], for every
-    finite input: a zero vector gives 0.0 (whatever ``eps``, 0 included), and so does
-    every row when D = 0; NaN or inf anywhere in a row gives NaN.  Rows whose sums of
+    finite input: a zero vector gives 0.0 (NaN with ``eps=0``: 0/0), and so does every
+    row when D = 0; NaN or inf anywhere in a row gives NaN.  Rows whose sums of
     squares would overflow or lose digits to underflow (magnitudes past ~1e154 or below
     ~1e-145 in float64, past ~1e19 or below ~1e-16 in float32's own sums) are recomputed
     in float64 with each vector first scaled by its largest magnitude, so ``[1e308] * 3``
@@ -144,8 +144,8 @@ def pairwise_cosine(
     dtype = compute_dtype_for(a.dtype, b.dtype, *([dtype] if dtype is not None else []))
     n, dim = a.shape
     if n == 0 or dim == 0:
-        # D = 0: every vector is the zero vector, whose cosine is 0.0 by the rule above.
-        return torch.zeros(n, dtype=dtype, device=target)
+        # D = 0: every vector is the zero vector, and the zero-vector rule applies.
+        return torch.full((n,), 0.0 if eps > 0 else math.nan, dtype=dtype, device=target)
     kernel = _choose_kernel(fused, a, b, target)
     if kernel is None:
         res, redo = _torch_kernel(a, b, eps, target, dtype, chunk_rows, chunk_bytes)
@@ -406,6 +406,7 @@ def _scaled_cosine(x: torch.Tensor, y: torch.Tensor, eps: float) -> torch.Tensor
     if eps > 0:
         # |a| = sx * nx may overflow to inf: then it is >= eps and the factor is 1.
         cos = cos * (ok_x * nx / eps).clamp(max=1.0) * (ok_y * ny / eps).clamp(max=1.0)
-    cos = torch.where(zero, 0.0, cos)
+    # A zero vector: 0 / eps = 0.0, or 0 / 0 = NaN when eps is 0 (the formula, as stated).
+    cos = torch.where(zero, 0.0 if eps > 0 else math.nan, cos)
     cos = torch.where(finite, cos, math.nan)
     return cos.clamp(-1.0, 1.0)

@@ -35,15 +35,18 @@ def test_matches_reference_and_sklearn(chunk_rows: int | None, fused: bool | str
 
 
 @pytest.mark.parametrize("fused", KERNELS)
-@pytest.mark.parametrize("eps", [1e-8, 0.0])
-def test_zero_vector_gives_zero_and_nonfinite_gives_nan(fused: bool | str, eps: float) -> None:
+def test_zero_vector_gives_zero_and_nonfinite_gives_nan(fused: bool | str) -> None:
     a = torch.tensor([[0.0, 0.0], [1.0, 0.0], [np.nan, 1.0], [np.inf, 0.0], [1.0, 1.0], [0.0, 0.0]])
     b = torch.tensor([[1.0, 2.0], [0.0, 0.0], [1.0, 1.0], [1.0, 0.0], [-np.inf, 1.0], [0.0, 0.0]])
     for dtype in (torch.float32, torch.float64):
-        res = kernels.pairwise_cosine(a.to(dtype), b.to(dtype), eps=eps, fused=fused)
+        res = kernels.pairwise_cosine(a.to(dtype), b.to(dtype), fused=fused)
         assert res[:2].tolist() == [0.0, 0.0]
         assert torch.isnan(res[2:5]).all()
         assert res[5].item() == 0.0
+        # eps = 0 is the plain formula: a zero vector is 0/0, NaN.
+        res = kernels.pairwise_cosine(a.to(dtype), b.to(dtype), eps=0.0, fused=fused)
+        assert torch.isnan(res[[0, 1, 2, 3, 4, 5]]).all()
+        assert kernels.pairwise_cosine(a[4:5], a[4:5], eps=0.0, fused=fused).item() == 1.0
     # A zero row beside NaN is NaN: the NaN rule comes first.
     nan_zero = kernels.pairwise_cosine(torch.zeros(1, 3), torch.full((1, 3), np.nan), fused=fused)
     assert torch.isnan(nan_zero).all()
@@ -295,6 +298,8 @@ def test_zero_length_vectors_give_zero(fused: bool | str | None, dtype: torch.dt
     """D = 0: every vector is the zero vector, so every row is 0.0 (no error)."""
     res = kernels.pairwise_cosine(torch.empty(5, 0, dtype=dtype), torch.empty(5, 0, dtype=dtype))
     assert res.dtype == dtype and res.tolist() == [0.0] * 5
+    empty = torch.empty(5, 0, dtype=dtype)
+    assert torch.isnan(kernels.pairwise_cosine(empty, empty, eps=0.0, fused=fused)).all()
     assert kernels.pairwise_cosine(torch.empty(0, 0), torch.empty(0, 0)).shape == (0,)
     assert kernels.pairwise_cosine(torch.empty(0, 3), torch.empty(0, 3), fused=fused).shape == (0,)
 
@@ -361,3 +366,18 @@ def test_without_numba_the_torch_kernel_runs(monkeypatch: pytest.MonkeyPatch) ->
     with pytest.raises(RuntimeError, match=r"fused=True but no fused kernel applies: numba is "
                        r"not installed \(pip install numba\); use fused=None"):  # fmt: skip
         kernels.pairwise_cosine(ta, tb, fused=True)
+
+
+@pytest.mark.parametrize("layout", ["fixed_size_list", "list"])
+def test_zero_length_vectors_through_a_partition(layout: str) -> None:
+    import pandas as pd
+    import pyarrow as pa
+
+    from dask_cosim import partition
+
+    value_type = (
+        pa.list_(pa.float32(), 0) if layout == "fixed_size_list" else pa.list_(pa.float32())
+    )
+    column = pd.arrays.ArrowExtensionArray(pa.array([[], [], []], type=value_type))
+    df = pd.DataFrame({"a": column, "b": column})
+    assert partition.pairwise_partition(df, "a", "b").tolist() == [0.0] * 3
