@@ -1,18 +1,36 @@
-"""Cosine similarity kernels: pure torch, any device, no dataframes.
+"""Cosine similarity kernels: tensors in, tensors out, any device, no dataframes.
 
-The one kernel here streams both inputs once, chunk by chunk, so that its temporary
-memory stays under a fixed budget whatever the number of rows.
+``pairwise_cosine`` runs one fused kernel per device where it can (numba on the CPU,
+Triton on CUDA: each row read once, the three sums a.b, a.a, b.b kept in registers) and a
+chunked torch kernel everywhere else.  Rows whose sums leave the floating-point range
+(huge or tiny magnitudes, zero vectors, NaN and inf) are answered by one careful rule
+(:func:`_careful_rows`) whatever kernel ran.  Options arrive as arguments: this module
+reads no configuration.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import math
 from collections.abc import Mapping
+from types import ModuleType
 
-import dask.config
 import torch
 from dask.utils import parse_bytes
 
-__all__ = ["pairwise_cosine", "chunk_rows_for", "compute_dtype_for"]
+__all__ = [
+    "pairwise_cosine",
+    "chunk_rows_for",
+    "compute_dtype_for",
+    "fused_kernel_for",
+    "DEFAULT_EPS",
+    "DEFAULT_CHUNK_BYTES",
+]
+
+#: Lower bound on a vector's norm in the cosine (the ``cosim.eps`` default).
+DEFAULT_EPS = 1e-8
+#: Temporaries budget of the torch kernel per device type (``cosim.chunk-bytes``).
+DEFAULT_CHUNK_BYTES: Mapping[str, int | str] = {"cpu": "512KiB", "cuda": "256MiB"}
 
 _SMALL_FLOATS = (torch.float16, torch.bfloat16)
 
@@ -47,16 +65,16 @@ def chunk_rows_for(
     dtype : torch.dtype
         The compute dtype (see :func:`compute_dtype_for`).
     device : torch.device or str, default "cpu"
-        Picks the default budget: config ``cosim.chunk-bytes.cpu`` or ``.cuda``.
+        Picks the budget's entry when ``chunk_bytes`` is a mapping by device type.
     converts : bool, default False
         Whether each chunk of ``a`` and ``b`` is also copied (dtype or device change).
-    chunk_bytes : int, str or mapping, optional
-        Overrides the configured budget: "1MiB", 1048576, or a mapping by device type
-        like the config's ``{"cpu": "1MiB", "cuda": "256MiB"}``.
+    chunk_bytes : int, str or mapping, default :data:`DEFAULT_CHUNK_BYTES`
+        The budget: "1MiB", 1048576, or a mapping by device type like
+        ``{"cpu": "1MiB", "cuda": "256MiB"}`` (the shape of config ``cosim.chunk-bytes``).
     """
     kind = "cuda" if torch.device(device).type == "cuda" else "cpu"
     if chunk_bytes is None:
-        chunk_bytes = dask.config.get("cosim.chunk-bytes")
+        chunk_bytes = DEFAULT_CHUNK_BYTES
     if isinstance(chunk_bytes, Mapping):
         chunk_bytes = chunk_bytes[kind]
     budget = parse_bytes(chunk_bytes) if isinstance(chunk_bytes, str) else int(chunk_bytes)
@@ -70,27 +88,34 @@ def pairwise_cosine(
     a: torch.Tensor,
     b: torch.Tensor,
     *,
-    eps: float | None = None,
+    eps: float = DEFAULT_EPS,
     chunk_rows: int | None = None,
     chunk_bytes: int | str | Mapping[str, int | str] | None = None,
     device: torch.device | str | None = None,
     dtype: torch.dtype | None = None,
+    fused: bool | str | None = None,
 ) -> torch.Tensor:
     """res[i] = cos(a[i], b[i]) for two (N, D) tensors.
 
-    ``cos = (a / max(|a|, eps)) . (b / max(|b|, eps))``, clamped to [-1, 1]: a zero vector
-    gives 0.0, NaN or inf anywhere in a row gives NaN.
+    ``cos = (a / max(|a|, eps)) . (b / max(|b|, eps))``, clamped to [-1, 1], for every
+    finite input: a zero vector gives 0.0 (NaN with ``eps=0``: 0/0), and so does every
+    row when D = 0; NaN or inf anywhere in a row gives NaN.  Rows whose sums of
+    squares would overflow or lose digits to underflow (magnitudes past ~1e154 or below
+    ~1e-145 in float64, past ~1e19 or below ~1e-16 in float32's own sums) are recomputed
+    in float64 with each vector first scaled by its largest magnitude, so ``[1e308] * 3``
+    against its negation gives -1.0 and ``[1e200, 0]`` against ``[1, 0]`` gives 1.0.
 
     Parameters
     ----------
     a, b : torch.Tensor
         Two tensors of the same shape (N, D), any floating or integer dtype, any device.
-    eps : float, default config ``cosim.eps`` (1e-8)
+    eps : float, default :data:`DEFAULT_EPS` (1e-8)
         Lower bound on each vector's norm.
     chunk_rows : int, optional
-        Rows per chunk; default from ``chunk_bytes``.
-    chunk_bytes : int or str, default config ``cosim.chunk-bytes.cpu`` / ``.cuda``
-        Budget for one chunk's temporaries (see :func:`chunk_rows_for`).
+        Rows per chunk of the torch kernel; default from ``chunk_bytes``.
+    chunk_bytes : int, str or mapping, default :data:`DEFAULT_CHUNK_BYTES`
+        Budget for one chunk's temporaries in the torch kernel (see
+        :func:`chunk_rows_for`); the fused kernels need none.
     device : torch.device or str, optional
         Where to compute; default ``a.device``.  Chunks are moved there one at a time,
         so a host tensor is never copied to the device whole.  When the device runs out
@@ -98,6 +123,11 @@ def pairwise_cosine(
         chunk is halved and retried, down to one row.
     dtype : torch.dtype, optional
         Accumulate in at least this dtype (float64 for a float64 result).
+    fused : bool or {"numba", "triton"}, optional
+        None: the fused kernel for this input when there is one (see
+        :func:`fused_kernel_for`), else the torch kernel.  False: the torch kernel.
+        True: the fused kernel or a ``RuntimeError`` saying why none applies.  A name
+        runs that kernel (tests run "triton" on CPU tensors in Triton's interpreter).
 
     Returns
     -------
@@ -110,10 +140,154 @@ def pairwise_cosine(
             f"pairwise_cosine needs two (N, D) tensors of the same shape; "
             f"got a {tuple(a.shape)} and b {tuple(b.shape)}"
         )
-    if eps is None:
-        eps = float(dask.config.get("cosim.eps"))
-    target = torch.device(device) if device is not None else a.device
+    target = _resolve(torch.device(device) if device is not None else a.device)
     dtype = compute_dtype_for(a.dtype, b.dtype, *([dtype] if dtype is not None else []))
+    n, dim = a.shape
+    if n == 0 or dim == 0:
+        # D = 0: every vector is the zero vector, and the zero-vector rule applies.
+        return torch.full((n,), 0.0 if eps > 0 else math.nan, dtype=dtype, device=target)
+    kernel = _choose_kernel(fused, a, b, target)
+    if kernel is None:
+        res, redo = _torch_kernel(a, b, eps, target, dtype, chunk_rows, chunk_bytes)
+    else:
+        res, redo = _fused_kernel(kernel, a, b, eps, target, dtype)
+    _careful_rows(res, redo, a, b, eps)
+    return res
+
+
+def fused_kernel_for(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    *,
+    device: torch.device | str | None = None,
+) -> str | None:
+    """The fused kernel :func:`pairwise_cosine` runs on this input, or None for torch's.
+
+    "numba" on the CPU for C-contiguous float32 or float64 inputs of one dtype, when
+    numba imports; "triton" on CUDA for float16, bfloat16, float32 or float64 inputs
+    already on the device with unit column stride, when triton imports (it ships with
+    the CUDA builds of torch).  Anything else (integers, mixed dtypes, strided views, a
+    host tensor computed on a GPU, which is bound by the copy anyway) runs the torch
+    kernel.
+    """
+    return _fused_kernel_why(a, b, _resolve(torch.device(device) if device else a.device))[0]
+
+
+def _resolve(target: torch.device) -> torch.device:
+    """A bare "cuda" is the current GPU: the device of tensors on "cuda:0" there."""
+    if target.type == "cuda" and target.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return target
+
+
+def _fused_kernel_why(
+    a: torch.Tensor, b: torch.Tensor, target: torch.device
+) -> tuple[str | None, str]:
+    if target.type == "cpu":
+        if a.device.type != "cpu" or b.device.type != "cpu":
+            return None, f"the inputs are on {a.device} and {b.device}, not the CPU"
+        if a.dtype != b.dtype or a.dtype not in (torch.float32, torch.float64):
+            return None, f"numba takes float32 or float64 pairs, got {a.dtype} and {b.dtype}"
+        if not (a.is_contiguous() and b.is_contiguous()):
+            return None, "numba takes C-contiguous inputs; pass a.contiguous()"
+        return _available("numba")
+    if target.type == "cuda":
+        if a.device != target or b.device != target:
+            return None, f"triton takes inputs already on {target}, got {a.device}, {b.device}"
+        if a.dtype not in _TRITON_DTYPES or b.dtype not in _TRITON_DTYPES:
+            return None, f"triton takes float16/bfloat16/float32/float64, got {a.dtype}, {b.dtype}"
+        if a.stride(1) != 1 or b.stride(1) != 1:
+            return None, "triton takes inputs with unit column stride; pass a.contiguous()"
+        return _available("triton")
+    return None, f"no fused kernel for device type {target.type!r}"
+
+
+_TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+_MODULES = {"numba": "dask_cosim._kernels_numba", "triton": "dask_cosim._kernels_triton"}
+_loaded: dict[str, ModuleType | str] = {}
+
+
+def _available(kernel: str) -> tuple[str | None, str]:
+    """(kernel, "") when its compiler imports here, else (None, why not)."""
+    if kernel not in _loaded:
+        if importlib.util.find_spec(kernel) is None:
+            _loaded[kernel] = f"{kernel} is not installed (pip install {kernel})"
+        else:
+            try:
+                _loaded[kernel] = importlib.import_module(_MODULES[kernel])
+            except Exception as err:  # a broken install falls back to the torch kernel
+                _loaded[kernel] = f"importing {kernel} failed: {err!r}"
+    status = _loaded[kernel]
+    return (None, status) if isinstance(status, str) else (kernel, "")
+
+
+def _choose_kernel(
+    fused: bool | str | None, a: torch.Tensor, b: torch.Tensor, target: torch.device
+) -> str | None:
+    if fused is None or fused is False:
+        return _fused_kernel_why(a, b, target)[0] if fused is None else None
+    if fused is True:
+        kernel, why = _fused_kernel_why(a, b, target)
+        if kernel is None:
+            raise RuntimeError(f"fused=True but no fused kernel applies: {why}; use fused=None")
+        return kernel
+    if fused not in _MODULES:
+        raise ValueError(f"fused={fused!r}; use None, True, False, 'numba' or 'triton'")
+    kernel, why = _available(fused)
+    if kernel is None:
+        raise RuntimeError(f"fused={fused!r}: {why}")
+    return kernel
+
+
+def _limits(acc: torch.dtype) -> tuple[float, float]:
+    """[lo, hi]: sums of squares in this range were computed without loss of range.
+
+    Below lo, squares may have fallen into subnormals (losing digits) or to zero; above
+    the largest finite value they overflowed.  lo leaves 26 (float32) and 114 (float64)
+    bits of margin over the subnormals, so what was lost there is far below rounding.
+    """
+    if acc == torch.float64:
+        return 2.0**-960, float(torch.finfo(torch.float64).max)
+    return 2.0**-100, float(torch.finfo(torch.float32).max)
+
+
+def _fused_kernel(
+    kernel: str,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    eps: float,
+    target: torch.device,
+    dtype: torch.dtype,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(res, redo): the fused kernel's results and the rows left to :func:`_careful_rows`."""
+    n = a.shape[0]
+    module = _loaded[kernel]
+    assert isinstance(module, ModuleType)
+    res = torch.empty(n, dtype=dtype, device=target)
+    if kernel == "numba":
+        redo = torch.empty(n, dtype=torch.bool)
+        lo, hi = _limits(torch.float64)  # numba sums in float64 whatever the input
+        module.rows_cosine(
+            a.detach().numpy(), b.detach().numpy(), eps, lo, hi,
+            res.numpy(), redo.numpy(), torch.get_num_threads(),
+        )  # fmt: skip
+        return res, redo
+    flags = torch.empty(n, dtype=torch.int8, device=target)
+    lo, hi = _limits(dtype)
+    module.rows_cosine(a.detach(), b.detach(), dtype, eps, lo, hi, res, flags)
+    return res, flags.bool()
+
+
+def _torch_kernel(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    eps: float,
+    target: torch.device,
+    dtype: torch.dtype,
+    chunk_rows: int | None,
+    chunk_bytes: int | str | Mapping[str, int | str] | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(res, redo) from three chunked reductions per chunk; any dtype, any device."""
     n, dim = a.shape
     converts = a.dtype != dtype or b.dtype != dtype or a.device != target or b.device != target
     if chunk_rows is None:
@@ -155,13 +329,14 @@ def pairwise_cosine(
             continue
         start = stop
 
-    norm_a.sqrt_()
-    norm_b.sqrt_()
-    denom = norm_a.clamp_min_(eps).mul_(norm_b.clamp_min_(eps))
-    res = dot.div_(denom)
-    if dtype == torch.float32:
-        _recompute_overflowed(res, denom, a, b, eps, target)
-    return res.clamp_(-1.0, 1.0)
+    lo, hi = _limits(dtype)
+    # NaN fails every comparison, so non-finite rows are redone (and come out NaN).
+    fast = (norm_a >= lo) & (norm_a <= hi)
+    fast &= (norm_b >= lo) & (norm_b <= hi)
+    fast &= dot.abs() <= hi
+    # Two divisions, not one by a product of norms, which could overflow.
+    res = dot.div_(norm_a.sqrt_().clamp_min_(eps)).div_(norm_b.sqrt_().clamp_min_(eps))
+    return res.clamp_(-1.0, 1.0), fast.logical_not_()
 
 
 # What an allocation on a full device raises: torch's caching allocator, or RMM (when
@@ -191,29 +366,47 @@ def _products(
     torch.sum(torch.mul(y, y, out=p), dim=1, out=norm_b[start:stop])
 
 
-def _recompute_overflowed(
-    res: torch.Tensor,
-    denom: torch.Tensor,
-    a: torch.Tensor,
-    b: torch.Tensor,
-    eps: float,
-    device: torch.device,
+def _careful_rows(
+    res: torch.Tensor, redo: torch.Tensor, a: torch.Tensor, b: torch.Tensor, eps: float
 ) -> None:
-    """Redo in float64 the rows whose float32 sums overflowed (|x| beyond ~1e18).
+    """Answer the rows flagged in ``redo`` by the rule, whatever their magnitudes.
 
-    Rows holding inf give inf here too and still come out NaN in float64, as they should.
-    Such rows are rare, so the check costs one pass over N values, not N x D.
+    These are rows whose sums left the range where the fast kernels are exact enough:
+    huge or tiny magnitudes, zero vectors, NaN and inf.  They are rare, so the second
+    read of just those rows costs one pass over N flags, not over N x D values.
     """
-    bad = torch.isinf(denom) | torch.isinf(res)
-    if not bool(bad.any()):
+    if not bool(redo.any()):
         return
-    rows = bad.nonzero().squeeze(1)
-    # The kernel itself, in float64 (which takes no such fallback), on just those rows.
-    redo = pairwise_cosine(
-        a.index_select(0, rows.to(a.device)),
-        b.index_select(0, rows.to(b.device)),
-        eps=eps,
-        device=device,
-        dtype=torch.float64,
-    )
-    res.index_copy_(0, rows, redo.to(res.dtype))
+    rows = redo.nonzero().squeeze(1)
+    x = a.index_select(0, rows.to(a.device)).to(device=res.device, dtype=torch.float64)
+    y = b.index_select(0, rows.to(b.device)).to(device=res.device, dtype=torch.float64)
+    res.index_copy_(0, rows, _scaled_cosine(x, y, eps).to(res.dtype))
+
+
+def _scaled_cosine(x: torch.Tensor, y: torch.Tensor, eps: float) -> torch.Tensor:
+    """The cosine rule for float64 rows of any finite magnitude (D >= 1).
+
+    Each vector is divided by its largest magnitude first, as reference BLAS ``nrm2``
+    does, so every entry lies in [-1, 1] with one of magnitude 1: no sum below can
+    overflow, and none can underflow enough to matter.  The eps rule is applied through
+    ``a / max(|a|, eps) = (a / |a|) * min(1, |a| / eps)``, which needs no product of
+    norms (that product overflows at |a| = |b| = 1e155).
+    """
+    sx = x.abs().amax(1)  # amax propagates NaN
+    sy = y.abs().amax(1)
+    finite = torch.isfinite(sx) & torch.isfinite(sy)
+    zero = (sx == 0) | (sy == 0)
+    ok_x = torch.where(finite & (sx > 0), sx, 1.0)
+    ok_y = torch.where(finite & (sy > 0), sy, 1.0)
+    xs = x / ok_x[:, None]
+    ys = y / ok_y[:, None]
+    nx = xs.square().sum(1).sqrt()  # in [1, sqrt(D)] unless the row is zero
+    ny = ys.square().sum(1).sqrt()
+    cos = (xs * ys).sum(1) / nx / ny
+    if eps > 0:
+        # |a| = sx * nx may overflow to inf: then it is >= eps and the factor is 1.
+        cos = cos * (ok_x * nx / eps).clamp(max=1.0) * (ok_y * ny / eps).clamp(max=1.0)
+    # A zero vector: 0 / eps = 0.0, or 0 / 0 = NaN when eps is 0 (the formula, as stated).
+    cos = torch.where(zero, 0.0 if eps > 0 else math.nan, cos)
+    cos = torch.where(finite, cos, math.nan)
+    return cos.clamp(-1.0, 1.0)

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from dask_cosim import backends, kernels
+from dask_cosim import backends, kernels, options
 from dask_cosim.options import DEVICE_HELP, torch_dtype
 
 __all__ = ["pairwise_partition", "resolve_device", "default_result_dtype"]
@@ -53,7 +53,7 @@ def pairwise_partition(
     a: str,
     b: str,
     *,
-    eps: float,
+    eps: float | None = None,
     dtype: Any = None,
     device: str | torch.device = "auto",
     name: Any = "cos",
@@ -67,18 +67,21 @@ def pairwise_partition(
         One partition.
     a, b : str
         Embedding columns (see :data:`dask_cosim.backends.ACCEPTED`).
-    eps : float
+    eps : float, default config ``cosim.eps``
         Lower bound on each vector's norm (see :func:`dask_cosim.kernels.pairwise_cosine`).
     dtype : {None, "float32", "float64"}, default None
         Result dtype; None means float64 when both inputs are float64, else float32.
     device : {"auto", "cpu", "cuda", "cuda:N"}, default "auto"
     name : hashable, default "cos"
-    chunk_bytes : int or str, optional
-        Kernel temporaries budget; default from config ``cosim.chunk-bytes``.
+    chunk_bytes : int, str or mapping, default config ``cosim.chunk-bytes``
+        Temporaries budget of the torch kernel.
 
     Null rows give NaN (pandas) or null (cudf).  Raises ``ValueError`` naming the first
     row whose vectors differ in length (ragged rows, or a and b of different lengths).
     """
+    # The kernels read no configuration: options are read (and checked) here.
+    eps = options.eps(eps)
+    chunk_bytes = options.chunk_bytes(chunk_bytes)
     va = backends.to_vectors(df[a], a)
     vb = va if b == a else backends.to_vectors(df[b], b)
     null = _either(va.null, vb.null)

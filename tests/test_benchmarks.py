@@ -25,7 +25,8 @@ def run_script(name: str, *args: str) -> str:
 
 def test_kernel_benchmark_runs() -> None:
     out = run_script("kernel.py", "--rows", "2000", "--dim", "8", "--repeat", "1")
-    assert "ours: kernels.pairwise_cosine" in out and "x floor" in out
+    assert "ours: pairwise_cosine, fused (numba)" in out and "x torch floor" in out
+    assert "busy / alone" in out and "empty numba cache" in out
 
 
 def test_pairwise_runner_runs(tmp_path: Path) -> None:

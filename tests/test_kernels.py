@@ -1,4 +1,9 @@
-"""kernels.pairwise_cosine against the float64 reference and scikit-learn."""
+"""kernels.pairwise_cosine against the float64 reference and scikit-learn, every kernel.
+
+The torch kernel (fused=False) is the reference implementation; "numba" is the fused CPU
+kernel.  tests/test_kernels_numerics.py covers magnitudes from 1e-300 to 1e308 and
+tests/test_kernels_triton.py the CUDA kernel.
+"""
 
 from __future__ import annotations
 
@@ -13,30 +18,46 @@ from sklearn.metrics.pairwise import paired_cosine_distances
 from dask_cosim import kernels
 from tests.helpers import random_pairs, reference
 
+# Every CPU kernel: the torch kernel and the fused one (numba is a core dependency).
+KERNELS = [pytest.param(False, id="torch"), pytest.param("numba", id="numba")]
 
+
+@pytest.mark.parametrize("fused", KERNELS)
 @pytest.mark.parametrize("chunk_rows", [None, 1, 7, 64, 10_000])
-def test_matches_reference_and_sklearn(chunk_rows: int | None) -> None:
+def test_matches_reference_and_sklearn(chunk_rows: int | None, fused: bool | str) -> None:
     a, b = random_pairs(513, 300)
-    res = kernels.pairwise_cosine(torch.from_numpy(a), torch.from_numpy(b), chunk_rows=chunk_rows)
+    res = kernels.pairwise_cosine(
+        torch.from_numpy(a), torch.from_numpy(b), chunk_rows=chunk_rows, fused=fused
+    )
     assert res.dtype == torch.float32 and res.shape == (513,)
     np.testing.assert_allclose(res.numpy(), reference(a, b), atol=1e-6, rtol=0)
     np.testing.assert_allclose(res.numpy(), 1 - paired_cosine_distances(a, b), atol=1e-6, rtol=0)
 
 
-def test_zero_vector_gives_zero_and_nonfinite_gives_nan() -> None:
+@pytest.mark.parametrize("fused", KERNELS)
+def test_zero_vector_gives_zero_and_nonfinite_gives_nan(fused: bool | str) -> None:
     a = torch.tensor([[0.0, 0.0], [1.0, 0.0], [np.nan, 1.0], [np.inf, 0.0], [1.0, 1.0], [0.0, 0.0]])
     b = torch.tensor([[1.0, 2.0], [0.0, 0.0], [1.0, 1.0], [1.0, 0.0], [-np.inf, 1.0], [0.0, 0.0]])
-    res = kernels.pairwise_cosine(a, b)
-    assert res[:2].tolist() == [0.0, 0.0]
-    assert torch.isnan(res[2:5]).all()
-    assert res[5].item() == 0.0
+    for dtype in (torch.float32, torch.float64):
+        res = kernels.pairwise_cosine(a.to(dtype), b.to(dtype), fused=fused)
+        assert res[:2].tolist() == [0.0, 0.0]
+        assert torch.isnan(res[2:5]).all()
+        assert res[5].item() == 0.0
+        # eps = 0 is the plain formula: a zero vector is 0/0, NaN.
+        res = kernels.pairwise_cosine(a.to(dtype), b.to(dtype), eps=0.0, fused=fused)
+        assert torch.isnan(res[[0, 1, 2, 3, 4, 5]]).all()
+        assert kernels.pairwise_cosine(a[4:5], a[4:5], eps=0.0, fused=fused).item() == 1.0
+    # A zero row beside NaN is NaN: the NaN rule comes first.
+    nan_zero = kernels.pairwise_cosine(torch.zeros(1, 3), torch.full((1, 3), np.nan), fused=fused)
+    assert torch.isnan(nan_zero).all()
 
 
-def test_parallel_and_antiparallel_clamped() -> None:
+@pytest.mark.parametrize("fused", KERNELS)
+def test_parallel_and_antiparallel_clamped(fused: bool | str) -> None:
     a = torch.full((3, 1000), 0.1)
-    res = kernels.pairwise_cosine(a, a * 3)
+    res = kernels.pairwise_cosine(a, a * 3, fused=fused)
     assert (res <= 1).all() and torch.allclose(res, torch.ones(3))
-    assert torch.allclose(kernels.pairwise_cosine(a, -a), -torch.ones(3))
+    assert torch.allclose(kernels.pairwise_cosine(a, -a, fused=fused), -torch.ones(3))
 
 
 def test_fp16_accumulates_in_float32_without_overflow() -> None:
@@ -52,6 +73,14 @@ def test_fp16_accumulates_in_float32_without_overflow() -> None:
     )
 
 
+@pytest.mark.parametrize("fused", KERNELS)
+def test_float64(fused: bool | str) -> None:
+    a, b = random_pairs(100, 33, dtype=np.float64)
+    res64 = kernels.pairwise_cosine(torch.from_numpy(a), torch.from_numpy(b), fused=fused)
+    assert res64.dtype == torch.float64
+    np.testing.assert_allclose(res64.numpy(), reference(a, b), atol=1e-12)
+
+
 def test_bf16_and_float64() -> None:
     a, b = random_pairs(100, 33, dtype=np.float64)
     res64 = kernels.pairwise_cosine(torch.from_numpy(a), torch.from_numpy(b))
@@ -65,20 +94,26 @@ def test_bf16_and_float64() -> None:
     )
 
 
-def test_requested_float64_accumulation() -> None:
+@pytest.mark.parametrize("fused", KERNELS)
+def test_requested_float64_accumulation(fused: bool | str) -> None:
     a, b = random_pairs(50, 20)
-    res = kernels.pairwise_cosine(torch.from_numpy(a), torch.from_numpy(b), dtype=torch.float64)
+    res = kernels.pairwise_cosine(
+        torch.from_numpy(a), torch.from_numpy(b), dtype=torch.float64, fused=fused
+    )
     assert res.dtype == torch.float64
     np.testing.assert_allclose(res.numpy(), reference(a, b), atol=1e-12)
 
 
-def test_float32_overflow_rows_are_recomputed() -> None:
+@pytest.mark.parametrize("fused", KERNELS)
+def test_float32_overflow_rows_are_recomputed(fused: bool | str) -> None:
     # |x| = 1e30: x*x overflows float32; the rows are redone in float64.
     a, b = random_pairs(10, 16)
     a[3] *= 1e30
     b[3] *= 1e30
     b[5] *= 1e25
-    res = kernels.pairwise_cosine(torch.from_numpy(a), torch.from_numpy(b), chunk_rows=4)
+    res = kernels.pairwise_cosine(
+        torch.from_numpy(a), torch.from_numpy(b), chunk_rows=4, fused=fused
+    )
     np.testing.assert_allclose(res.numpy(), reference(a, b), atol=1e-6)
 
 
@@ -106,8 +141,25 @@ def test_chunk_budget() -> None:
         == 10
     )
     assert kernels.chunk_rows_for(10**9, torch.float64, "cpu") == 1
+    # The default is the module's (512 KiB on a CPU), not the configuration's.
     with dask.config.set({"cosim.chunk-bytes.cpu": "2400B"}):
-        assert kernels.chunk_rows_for(300, torch.float32) == 2
+        assert kernels.chunk_rows_for(300, torch.float32) == 2**19 // 1200
+
+
+def test_kernels_read_no_configuration() -> None:
+    """Options arrive as arguments; the defaults are the configuration's defaults."""
+    assert dask.config.get("cosim.eps") == kernels.DEFAULT_EPS
+    assert dict(dask.config.get("cosim.chunk-bytes")) == dict(kernels.DEFAULT_CHUNK_BYTES)
+    a = torch.tensor([[1e-9, 0.0], [1.0, 1.0]])
+    b = torch.tensor([[1.0, 0.0], [1.0, 0.0]])
+    before = kernels.pairwise_cosine(a, b)
+    before_torch = kernels.pairwise_cosine(a, b, fused=False)
+    with dask.config.set({"cosim.eps": 1.0, "cosim.chunk-bytes.cpu": "1B"}):
+        assert torch.equal(kernels.pairwise_cosine(a, b), before)
+        assert torch.equal(kernels.pairwise_cosine(a, b, fused=False), before_torch)
+    # |a| = 1e-9 < eps: 1e-9 / (1e-8 * 1) = 0.1; with eps = 1, 1e-9.
+    assert before.tolist() == pytest.approx([0.1, 2**-0.5])
+    assert kernels.pairwise_cosine(a, b, eps=1.0)[0].item() == pytest.approx(1e-9)
 
 
 def test_does_not_materialise_whole_partition(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -128,8 +180,9 @@ def test_does_not_materialise_whole_partition(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setattr(torch, "mul", spy)
     monkeypatch.setattr(torch.nn.functional, "cosine_similarity", forbidden)
     a, b = random_pairs(10_000, 300)
-    with dask.config.set({"cosim.chunk-bytes.cpu": "1MiB"}):
-        res = kernels.pairwise_cosine(torch.from_numpy(a), torch.from_numpy(b))
+    res = kernels.pairwise_cosine(
+        torch.from_numpy(a), torch.from_numpy(b), chunk_bytes="1MiB", fused=False
+    )
     assert max(sizes) == 873 and sum(sizes) == 3 * 10_000  # a.b, a.a, b.b
     assert len(buffers) == 1
     np.testing.assert_allclose(res.numpy(), reference(a, b), atol=1e-6)
@@ -170,13 +223,13 @@ def pair_batches(draw: st.DrawFn) -> tuple[np.ndarray, np.ndarray]:
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(pair_batches(), st.integers(1, 64))
+@given(pair_batches(), st.integers(1, 64), st.sampled_from([None, False]))
 def test_property_matches_float64_reference(
-    pair: tuple[np.ndarray, np.ndarray], chunk_rows: int
+    pair: tuple[np.ndarray, np.ndarray], chunk_rows: int, fused: bool | None
 ) -> None:
     a, b = pair
     res = kernels.pairwise_cosine(
-        torch.from_numpy(a), torch.from_numpy(b), chunk_rows=chunk_rows
+        torch.from_numpy(a), torch.from_numpy(b), chunk_rows=chunk_rows, fused=fused
     ).numpy()
     ref = reference(a, b)
     np.testing.assert_array_equal(np.isnan(res), np.isnan(ref))
@@ -219,7 +272,9 @@ def test_out_of_memory_halves_the_chunk(monkeypatch: pytest.MonkeyPatch, error: 
 
     monkeypatch.setattr(torch, "empty", small_device)
     a, b = random_pairs(1000, 300)
-    res = kernels.pairwise_cosine(torch.from_numpy(a), torch.from_numpy(b), chunk_rows=800)
+    res = kernels.pairwise_cosine(
+        torch.from_numpy(a), torch.from_numpy(b), chunk_rows=800, fused=False
+    )
     np.testing.assert_allclose(res.numpy(), reference(a, b), atol=1e-6)
     assert sizes == [800, 400, 200, 100]
 
@@ -233,5 +288,96 @@ def test_out_of_memory_halves_the_chunk(monkeypatch: pytest.MonkeyPatch, error: 
     monkeypatch.setattr(torch, "empty", no_memory)
     sizes.clear()
     with pytest.raises(error, match="simulated"):
-        kernels.pairwise_cosine(torch.from_numpy(a), torch.from_numpy(b), chunk_rows=8)
+        kernels.pairwise_cosine(torch.from_numpy(a), torch.from_numpy(b), chunk_rows=8, fused=False)
     assert sizes == [8, 4, 2, 1]
+
+
+@pytest.mark.parametrize("fused", [None, False, "numba"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_zero_length_vectors_give_zero(fused: bool | str | None, dtype: torch.dtype) -> None:
+    """D = 0: every vector is the zero vector, so every row is 0.0 (no error)."""
+    res = kernels.pairwise_cosine(torch.empty(5, 0, dtype=dtype), torch.empty(5, 0, dtype=dtype))
+    assert res.dtype == dtype and res.tolist() == [0.0] * 5
+    empty = torch.empty(5, 0, dtype=dtype)
+    assert torch.isnan(kernels.pairwise_cosine(empty, empty, eps=0.0, fused=fused)).all()
+    assert kernels.pairwise_cosine(torch.empty(0, 0), torch.empty(0, 0)).shape == (0,)
+    assert kernels.pairwise_cosine(torch.empty(0, 3), torch.empty(0, 3), fused=fused).shape == (0,)
+
+
+def test_which_kernel_runs() -> None:
+    f32 = torch.ones(4, 3)
+    assert kernels.fused_kernel_for(f32, f32) == "numba"
+    assert kernels.fused_kernel_for(f32.double(), f32.double()) == "numba"
+    # Mixed dtypes, integers, half precision and strided views take the torch kernel.
+    assert kernels.fused_kernel_for(f32, f32.double()) is None
+    assert kernels.fused_kernel_for(f32.long(), f32.long()) is None
+    assert kernels.fused_kernel_for(f32.half(), f32.half()) is None
+    strided = torch.ones(4, 6)[:, ::2]
+    assert kernels.fused_kernel_for(strided, strided) is None
+    a, b = random_pairs(20, 6)
+    ta, tb = torch.from_numpy(a), torch.from_numpy(b)
+    np.testing.assert_allclose(
+        kernels.pairwise_cosine(ta.T.contiguous().T, tb).numpy(), reference(a, b), atol=1e-6
+    )
+
+
+def test_fused_argument_errors() -> None:
+    f32 = torch.ones(4, 3)
+    with pytest.raises(RuntimeError, match=r"fused=True but no fused kernel applies: numba "
+                       r"takes float32 or float64 pairs, got torch.int64"):  # fmt: skip
+        kernels.pairwise_cosine(f32.long(), f32.long(), fused=True)
+    with pytest.raises(ValueError, match=r"fused='cuda'; use None, True, False, 'numba'"):
+        kernels.pairwise_cosine(f32, f32, fused="cuda")
+    assert kernels.pairwise_cosine(f32, f32, fused=True).tolist() == pytest.approx([1.0] * 4)
+
+
+def test_fused_kernel_releases_grad_and_follows_torch_threads() -> None:
+    """Tensors that require grad are read without a copy; numba takes torch's thread
+    count (what TorchThreads sets in dask workers), and small inputs one thread."""
+    import numba
+
+    from dask_cosim import _kernels_numba
+
+    a, b = random_pairs(64, 10)
+    ta = torch.from_numpy(a).requires_grad_()
+    res = kernels.pairwise_cosine(ta, torch.from_numpy(b), fused="numba")
+    np.testing.assert_allclose(res.numpy(), reference(a, b), atol=1e-6)
+
+    big = torch.ones(_kernels_numba.PARALLEL_MIN_VALUES // 64, 64)
+    before = torch.get_num_threads()
+    most = numba.config.NUMBA_NUM_THREADS  # type: ignore[attr-defined]
+    try:
+        for threads in (1, 2):
+            numba.set_num_threads(1)
+            torch.set_num_threads(threads)
+            assert kernels.pairwise_cosine(big, big, fused="numba").min().item() == 1.0
+            assert numba.get_num_threads() == min(threads, most)
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_without_numba_the_torch_kernel_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a machine without numba (or with a broken install) gets: the same numbers."""
+    monkeypatch.setitem(kernels._loaded, "numba", "numba is not installed (pip install numba)")
+    a, b = random_pairs(50, 12)
+    ta, tb = torch.from_numpy(a), torch.from_numpy(b)
+    assert kernels.fused_kernel_for(ta, tb) is None
+    np.testing.assert_allclose(kernels.pairwise_cosine(ta, tb).numpy(), reference(a, b), atol=1e-6)
+    with pytest.raises(RuntimeError, match=r"fused=True but no fused kernel applies: numba is "
+                       r"not installed \(pip install numba\); use fused=None"):  # fmt: skip
+        kernels.pairwise_cosine(ta, tb, fused=True)
+
+
+@pytest.mark.parametrize("layout", ["fixed_size_list", "list"])
+def test_zero_length_vectors_through_a_partition(layout: str) -> None:
+    import pandas as pd
+    import pyarrow as pa
+
+    from dask_cosim import partition
+
+    value_type = (
+        pa.list_(pa.float32(), 0) if layout == "fixed_size_list" else pa.list_(pa.float32())
+    )
+    column = pd.arrays.ArrowExtensionArray(pa.array([[], [], []], type=value_type))
+    df = pd.DataFrame({"a": column, "b": column})
+    assert partition.pairwise_partition(df, "a", "b").tolist() == [0.0] * 3
