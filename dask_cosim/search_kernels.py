@@ -167,7 +167,9 @@ class _Running:
         ms, mi = torch.topk(cs, kk + 1, dim=1)
         torch.maximum(self.dropped[rows], ms[:, kk], out=self.dropped[rows])
         self.score[rows] = ms[:, :kk]
-        self.index[rows] = torch.gather(ci, 1, mi[:, :kk])
+        # A masked entry (invalid row, the row itself) is no candidate, even while a
+        # row has fewer than kk real ones.
+        self.index[rows] = torch.gather(ci, 1, mi[:, :kk]).masked_fill_(ms[:, :kk] == _NEG_INF, -1)
 
 
 def _order(score: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
