@@ -42,12 +42,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from timing import median_seconds  # noqa: E402
 
 import dask_cosim  # noqa: E402
-from dask_cosim import search_kernels as sk  # noqa: E402
 
 
 def loadavg() -> str:
+    """The 1, 5 and 15 minute load averages: other work on the machine moves timings."""
     try:
-        return Path("/proc/loadavg").read_text().split(" ", 3)[:3].__str__()
+        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
     except OSError:
         return "n/a"
 
@@ -356,7 +356,8 @@ def print_table(res: dict[str, Any]) -> None:
     print(f"  result sets vs faiss: {t['result_sets_vs_faiss']}")
     g = res["range"]
     print(
-        f"range N={g['rows']:,} D={g['dim']} thr={g['threshold']}  pairs {g['pairs']:,}  load {g['load']}"
+        f"range N={g['rows']:,} D={g['dim']} thr={g['threshold']}  pairs {g['pairs']:,}  "
+        f"load {g['load']}"
     )
     for name, s in g["seconds"].items():
         print(f"  {name:<42} {s:8.3f} s")
@@ -366,7 +367,8 @@ def print_table(res: dict[str, Any]) -> None:
     )
     j = res["join"]
     print(
-        f"join  {j['left_rows']:,} x {j['right_rows']:,} D={j['dim']} k={j['k']}: {j['seconds']:.2f} s, "
+        f"join  {j['left_rows']:,} x {j['right_rows']:,} D={j['dim']} k={j['k']}: "
+        f"{j['seconds']:.2f} s, "
         f"{j['join_gflops']:.1f} GFLOP/s = {j['fraction_of_mm']:.2f} of torch.mm "
         f"({j['torch_mm_gflops']:.1f})  load {j['load']}"
     )
