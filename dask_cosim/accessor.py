@@ -193,8 +193,9 @@ class CosimAccessor:
             Lazy dask DataFrame when either side is a dask collection (one partition per
             left partition, unknown divisions), else pandas.  Columns ``left`` and
             ``right`` (index labels), ``score``, and ``rank`` (0-based) when ``k`` is
-            given; sorted by left row, then score descending, then right row (frame
-            order breaks ties).  Null or NaN rows never match.
+            given.  Sorted by left row, then with ``k`` by rank (score descending, ties
+            broken by frame order), else by right row (frame order).  Null or NaN rows
+            never match.
 
         Raises
         ------

@@ -205,6 +205,8 @@ def join(
     opts = _options()
     score_dtype = _score_dtype(spec_l, spec_r)
     meta = _result_meta(lmeta.index, rmeta.index, score_dtype, k is not None)
+    # float64 results get float64 scores for every pair; float32 ones keep the tile's.
+    exact = score_dtype == np.float64
     build = _Builder(dask.is_dask_collection(left) or dask.is_dask_collection(right))
     prep = build(prepare_side)
     lsides = [
@@ -224,7 +226,8 @@ def join(
             merged = build.tree(pieces, _merger(k), opts.split_every)
         else:
             pieces = [
-                build(join_pair_threshold)(lside, r, threshold, opts.tile_bytes) for r in rsides
+                build(join_pair_threshold)(lside, r, threshold, opts.tile_bytes, exact)
+                for r in rsides
             ]
             merged = build.tree(pieces, concat_pairs, opts.split_every)
         outs.append(build(finish_pairs)(merged, meta, k is not None))
@@ -238,6 +241,7 @@ def neighbors(df: Any, on: str, *, k: int | None = None, threshold: float | None
     spec = _check_column(meta_in, on, "on")
     opts = _options()
     meta = _result_meta(meta_in.index, meta_in.index, _score_dtype(spec), k is not None)
+    exact = meta["score"].dtype == np.float64
     build = _Builder(dask.is_dask_collection(df))
     sides = _sides(build, df, on, opts)
     n = len(sides)
@@ -253,7 +257,7 @@ def neighbors(df: Any, on: str, *, k: int | None = None, threshold: float | None
                     pieces[j].append(b)
             else:
                 pieces[i].append(
-                    build(self_pair_threshold)(sides[i], other, threshold, opts.tile_bytes)
+                    build(self_pair_threshold)(sides[i], other, threshold, opts.tile_bytes, exact)
                 )
     combine = _merger(k) if k is not None else concat_pairs
     outs = [
@@ -487,15 +491,20 @@ def join_pair_topk(
 
 
 def join_pair_threshold(
-    q: Side, r: Side, threshold: float, tile_bytes: dict[str, int]
+    q: Side, r: Side, threshold: float, tile_bytes: dict[str, int], exact_scores: bool = False
 ) -> pd.DataFrame:
-    """Every pair (row of ``q``, row of ``r``) scoring at least ``threshold``."""
+    """Every pair (row of ``q``, row of ``r``) scoring at least ``threshold`` (float64
+    scores with ``exact_scores``, else float32 ones away from the threshold)."""
     sides = _aligned(q, r)
     if sides is None:
         return _empty_pairs(q, r)
     qp, rp = sides
     i, j, s = sk.threshold_pairs(
-        qp, rp, threshold, tile_bytes=_tile_bytes(tile_bytes, rp.unit.device)
+        qp,
+        rp,
+        threshold,
+        tile_bytes=_tile_bytes(tile_bytes, rp.unit.device),
+        exact_scores=exact_scores,
     )
     return _pairs_frame(q, r, i, j, s)
 
@@ -521,7 +530,11 @@ def self_pair_topk(
 
 
 def self_pair_threshold(
-    a: Side, b: Side | None, threshold: float, tile_bytes: dict[str, int]
+    a: Side,
+    b: Side | None,
+    threshold: float,
+    tile_bytes: dict[str, int],
+    exact_scores: bool = False,
 ) -> pd.DataFrame:
     """Pairs of a self-join scoring at least ``threshold``, each unordered pair once, the
     earlier row (frame order) on the left."""
@@ -536,6 +549,7 @@ def self_pair_threshold(
         threshold,
         tile_bytes=_tile_bytes(tile_bytes, bp.unit.device),
         mode="upper" if b is None else None,
+        exact_scores=exact_scores,
     )
     return _pairs_frame(a, other, i, j, s)
 
@@ -554,6 +568,7 @@ def dedup_pair(a: Side, b: Side | None, threshold: float, tile_bytes: dict[str, 
         threshold,
         tile_bytes=_tile_bytes(tile_bytes, bp.unit.device),
         mode="upper" if b is None else None,
+        exact_scores=False,  # only the pair set matters here
     )
     return np.unique(j.cpu().numpy())
 
@@ -575,9 +590,12 @@ def drop_rows(df: Any, positions: np.ndarray) -> Any:
     return df[keep]
 
 
-def _sorted_pairs(df: pd.DataFrame) -> pd.DataFrame:
-    order = np.lexsort((df["_key"].to_numpy(), -df["score"].to_numpy(), df["_l"].to_numpy()))
-    return df.take(order)
+def _sorted_pairs(df: pd.DataFrame, by_score: bool = True) -> pd.DataFrame:
+    """By left row, then score descending (``by_score``), then right row."""
+    keys = [df["_key"].to_numpy(), df["_l"].to_numpy()]
+    if by_score:
+        keys.insert(1, -df["score"].to_numpy())
+    return df.take(np.lexsort(keys))
 
 
 def concat_pairs(*parts: pd.DataFrame) -> pd.DataFrame:
@@ -607,8 +625,9 @@ def _ranks(groups: np.ndarray) -> np.ndarray:
 
 
 def finish_pairs(merged: pd.DataFrame, meta: pd.DataFrame, rank: bool) -> Any:
-    """The result partition: sorted by left row, score descending, right row."""
-    df = _sorted_pairs(merged)
+    """The result partition: sorted by left row, then rank (score descending, ties by
+    right row) with ``rank``, else by right row."""
+    df = _sorted_pairs(merged, by_score=rank)
     out = pd.DataFrame(
         {
             "left": df["left"].to_numpy(),

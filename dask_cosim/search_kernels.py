@@ -99,30 +99,45 @@ def prepare(
 ) -> Prepared:
     """Normalise (N, D) rows once: see :class:`Prepared`.
 
-    ``null`` (N,) bool marks null rows (their values are ignored).  Any real dtype.
+    ``null`` (N,) bool marks null rows (their values are ignored).  Any real dtype.  A few
+    passes over the rows, no N x D temporary but ``unit`` itself.
     """
     target = torch.device(device) if device is not None else x.device
     raw = x.to(target)
     if not raw.is_floating_point():
         raw = raw.to(torch.float64)
-    n = raw.shape[0]
-    x64 = raw.to(torch.float64)
-    valid = torch.isfinite(x64).all(dim=1) if n else torch.ones(0, dtype=torch.bool)
-    valid = valid.to(target)
+    work = raw if raw.dtype in (torch.float32, torch.float64) else raw.to(torch.float32)
+    n, d = work.shape
+    f64 = torch.float64
+    if n and d:
+        # NaN propagates through max/min; inf stays inf: one test for both.
+        m = torch.maximum(work.amax(dim=1), -work.amin(dim=1)).to(f64)
+    else:
+        m = torch.zeros(n, dtype=f64, device=target)
+    valid = torch.isfinite(m)
     if null is not None:
         valid &= ~torch.as_tensor(null, device=target).to(torch.bool)
-    m = x64.abs().amax(dim=1) if x64.shape[1] else torch.zeros(n, dtype=torch.float64)
-    m = m.to(target)
     # Zero and invalid rows: any finite positive scale keeps their products at 0.
     m = torch.where(valid & (m > 0), m, torch.ones_like(m))
-    inv = 1.0 / m
-    y = x64 * inv[:, None]
-    y = torch.where(valid[:, None], y, torch.zeros_like(y))
-    norm = torch.linalg.vector_norm(y, dim=1) * m  # the true norm, computed without overflow
+    # Norms in float64: exact enough for the re-score, and float32 values can neither
+    # overflow nor underflow there.
+    norm = torch.linalg.vector_norm(work, dim=1, dtype=f64) if d else torch.zeros_like(m)
     scale = m / torch.clamp(norm, min=eps)
-    scale = torch.where(valid, scale, torch.zeros_like(scale))
-    unit = (y * scale[:, None]).to(torch.float32)
-    return Prepared(unit.contiguous(), raw, inv, scale, valid)
+    unit = torch.mul(work, (scale / m).to(work.dtype)[:, None]).to(torch.float32)
+    if work.dtype == f64:
+        # float64 squares overflow past ~1e154 and lose precision below ~1e-154: those
+        # rows again, divided by their largest value first.
+        redo = valid & ((m > 1e150) | (m < 1e-150))
+        if bool(redo.any()):
+            rows = redo.nonzero().squeeze(1)
+            y = work[rows] / m[rows, None]
+            ny = torch.linalg.vector_norm(y, dim=1)
+            scale[rows] = torch.where(ny * m[rows] >= eps, 1.0 / ny, m[rows] / eps)
+            unit[rows] = (y * scale[rows, None]).to(torch.float32)
+    if not bool(valid.all()):
+        unit[~valid] = 0.0
+        scale = torch.where(valid, scale, torch.zeros_like(scale))
+    return Prepared(unit.contiguous(), raw, 1.0 / m, scale, valid)
 
 
 def rescore(
@@ -143,6 +158,20 @@ def _tiles(nq: int, nr: int, tile_bytes: int) -> tuple[int, int]:
     tq = max(1, min(nq, 1024, elems // max(1, min(nr, 1024))))
     tr = max(1, min(nr, elems // tq))
     return tq, tr
+
+
+class _Tile:
+    """One score buffer reused for every tile: a fresh 32 MiB block per tile would be
+    mapped and page-faulted each time where malloc returns large blocks to the OS (dask
+    workers set MALLOC_TRIM_THRESHOLD_)."""
+
+    def __init__(self, tq: int, tr: int, device: torch.device) -> None:
+        self.flat = torch.empty(tq * tr, dtype=torch.float32, device=device)
+
+    def product(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        """a @ b.T into the buffer (a contiguous view)."""
+        out = self.flat[: a.shape[0] * b.shape[0]].view(a.shape[0], b.shape[0])
+        return torch.mm(a, b.T, out=out)
 
 
 class _Running:
@@ -270,6 +299,7 @@ def topk(
     run_q = _Running(nq, kk, device)
     run_r = _Running(nr, kk, device) if both else None
     tq, tr = _tiles(nq, nr, tile_bytes)
+    tile = _Tile(tq, tr, device)
     r_invalid = ~r.valid
     q_invalid = ~q.valid
     mask_r = bool(r_invalid.any())
@@ -279,7 +309,7 @@ def topk(
             a1 = min(nq, a0 + tq)
             for c0 in range(0, nr, tr):
                 c1 = min(nr, c0 + tr)
-                s = torch.mm(q.unit[a0:a1], r.unit[c0:c1].T)
+                s = tile.product(q.unit[a0:a1], r.unit[c0:c1])
                 if mask_r:
                     s.masked_fill_(r_invalid[None, c0:c1], _NEG_INF)
                 if same and a0 < c1 and c0 < a1:
@@ -303,13 +333,17 @@ def threshold_pairs(
     tile_bytes: int,
     row_pos: torch.Tensor | None = None,
     mode: str | None = None,
+    exact_scores: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Every pair with float64 cos(q[i], r[j]) >= threshold: (i, j, score), unsorted.
 
     ``threshold`` is one number or one per row of ``q``.  ``mode`` "upper" keeps only
     j > row_pos[i] (each unordered pair of a self-join once), "exclude_self" drops
     j == row_pos[i]; ``row_pos`` (default: 0..n-1) gives each row of ``q`` its position
-    among the rows of ``r``.
+    among the rows of ``r``.  The pair set is always decided on float64 scores; with
+    ``exact_scores`` False only the pairs within :func:`margin` of the threshold are
+    re-scored and the others keep their float32 tile score (within the margin of the
+    exact one, typically 1e-7), which saves a gather of two rows per pair.
     """
     device = q.unit.device
     nq, nr = len(q), len(r)
@@ -323,9 +357,9 @@ def threshold_pairs(
     if mode is not None and row_pos is None:
         row_pos = torch.arange(nq, device=device)
     tq, tr = _tiles(nq, nr, tile_bytes)
-    r_invalid = ~r.valid
-    mask_r = bool(r_invalid.any())
-    out_i, out_j = [], []
+    tile = _Tile(tq, tr, device)
+    mask_r = not bool(r.valid.all())
+    out_i, out_j, out_s = [], [], []
     with torch.no_grad():
         for a0 in range(0, nq, tq):
             a1 = min(nq, a0 + tq)
@@ -333,22 +367,35 @@ def threshold_pairs(
                 c1 = min(nr, c0 + tr)
                 if mode == "upper" and row_pos is not None and c1 <= int(row_pos[a0:a1].min()):
                     continue  # the tile lies wholly on or below the diagonal
-                s = torch.mm(q.unit[a0:a1], r.unit[c0:c1].T)
-                hit = s >= low32[a0:a1, None]
+                s = tile.product(q.unit[a0:a1], r.unit[c0:c1])
+                ii, jj = (s >= low32[a0:a1, None]).nonzero(as_tuple=True)
+                if not len(ii):
+                    continue
+                # Filters on the hits only (output-sized), not on the whole tile.
+                keep = None
                 if mask_r:
-                    hit &= ~r_invalid[None, c0:c1]
+                    keep = r.valid[jj + c0]
                 if mode is not None and row_pos is not None:
-                    cols = torch.arange(c0, c1, device=device)[None, :]
-                    pos = row_pos[a0:a1, None]
-                    hit &= (cols > pos) if mode == "upper" else (cols != pos)
-                ii, jj = hit.nonzero(as_tuple=True)
-                if len(ii):
-                    out_i.append(ii + a0)
-                    out_j.append(jj + c0)
+                    pos = row_pos[ii + a0]
+                    side = (jj + c0 > pos) if mode == "upper" else (jj + c0 != pos)
+                    keep = side if keep is None else keep & side
+                if keep is not None:
+                    ii, jj = ii[keep], jj[keep]
+                out_i.append(ii + a0)
+                out_j.append(jj + c0)
+                out_s.append(s[ii, jj])
         if not out_i:
             return empty, empty.clone(), torch.zeros(0, dtype=torch.float64, device=device)
         i = torch.cat(out_i)
         j = torch.cat(out_j)
-        s64 = rescore(q, i, r, j)
-        keep = s64 >= thr[i]
-    return i[keep], j[keep], s64[keep]
+        bar = thr[i]
+        if exact_scores:
+            score = rescore(q, i, r, j)
+            keep = score >= bar
+        else:
+            score = torch.cat(out_s).to(torch.float64)
+            near = (score - bar).abs_() < margin(q.dim)
+            if bool(near.any()):
+                score[near] = rescore(q, i[near], r, j[near])
+            keep = score >= bar
+    return i[keep], j[keep], score[keep]

@@ -55,10 +55,12 @@ def to_dask(pdf: pd.DataFrame, npartitions: int) -> dd.DataFrame:
 def expected_pairs(
     s: np.ndarray, k: int | None, thr: float | None, li: pd.Index, ri: pd.Index
 ) -> pd.DataFrame:
-    """The brute-force result: per left row, score descending, then right position."""
+    """The brute-force result: per left row, best first (ties by position) with k, else
+    by right position."""
     rows = []
     for i in range(s.shape[0]):
-        order = np.lexsort((np.arange(s.shape[1]), -s[i]))
+        # Ranked lists best first; threshold-only pairs in frame order.
+        order = np.lexsort((np.arange(s.shape[1]), -s[i])) if k is not None else np.arange(s.shape[1])
         order = order[np.isfinite(s[i, order])]
         if thr is not None:
             order = order[s[i, order] >= thr]
