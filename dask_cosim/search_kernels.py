@@ -354,6 +354,7 @@ def threshold_pairs(
     # Invalid query rows get an unreachable bar.
     low = torch.where(q.valid, thr - margin(q.dim), torch.full_like(thr, math.inf))
     low32 = low.to(torch.float32)
+    identity = row_pos is None  # row i of q is row i of r (the self-join's diagonal pair)
     if mode is not None and row_pos is None:
         row_pos = torch.arange(nq, device=device)
     tq, tr = _tiles(nq, nr, tile_bytes)
@@ -368,22 +369,29 @@ def threshold_pairs(
                 if mode == "upper" and row_pos is not None and c1 <= int(row_pos[a0:a1].min()):
                     continue  # the tile lies wholly on or below the diagonal
                 s = tile.product(q.unit[a0:a1], r.unit[c0:c1])
-                ii, jj = (s >= low32[a0:a1, None]).nonzero(as_tuple=True)
-                if not len(ii):
-                    continue
-                # Filters on the hits only (output-sized), not on the whole tile.
-                keep = None
+                hit = s >= low32[a0:a1, None]
                 if mask_r:
-                    keep = r.valid[jj + c0]
-                if mode is not None and row_pos is not None:
+                    hit &= r.valid[None, c0:c1]
+                if mode is not None and identity:
+                    # Row i of the tile is row a0 + i of r: the diagonal is at c = i + a0 - c0.
+                    if mode == "upper":
+                        hit.triu_(a0 - c0 + 1)
+                    elif a0 < c1 and c0 < a1:
+                        hit.diagonal(a0 - c0).fill_(False)
+                # One flat nonzero, then arithmetic: few ops per tile, each output-sized.
+                flat = hit.view(-1).nonzero().squeeze(1)
+                if mode is not None and not identity:
+                    assert row_pos is not None
+                    ii = torch.div(flat, c1 - c0, rounding_mode="floor")
+                    cols = flat - ii * (c1 - c0) + c0
                     pos = row_pos[ii + a0]
-                    side = (jj + c0 > pos) if mode == "upper" else (jj + c0 != pos)
-                    keep = side if keep is None else keep & side
-                if keep is not None:
-                    ii, jj = ii[keep], jj[keep]
+                    flat = flat[(cols > pos) if mode == "upper" else (cols != pos)]
+                if not len(flat):
+                    continue
+                ii = torch.div(flat, c1 - c0, rounding_mode="floor")
                 out_i.append(ii + a0)
-                out_j.append(jj + c0)
-                out_s.append(s[ii, jj])
+                out_j.append(flat - ii * (c1 - c0) + c0)
+                out_s.append(s.view(-1)[flat])
         if not out_i:
             return empty, empty.clone(), torch.zeros(0, dtype=torch.float64, device=device)
         i = torch.cat(out_i)
