@@ -60,7 +60,9 @@ def expected_pairs(
     rows = []
     for i in range(s.shape[0]):
         # Ranked lists best first; threshold-only pairs in frame order.
-        order = np.lexsort((np.arange(s.shape[1]), -s[i])) if k is not None else np.arange(s.shape[1])
+        order = (
+            np.lexsort((np.arange(s.shape[1]), -s[i])) if k is not None else np.arange(s.shape[1])
+        )
         order = order[np.isfinite(s[i, order])]
         if thr is not None:
             order = order[s[i, order] >= thr]
@@ -366,3 +368,39 @@ def test_arrow_chunked_partitions() -> None:
     s = brute(x, x)
     np.fill_diagonal(s, -np.inf)
     assert_pairs_equal(got, expected_pairs(s, 1, None, pdf.index, pdf.index))
+
+
+# --------------------------------------------------------------------------- GPU
+
+
+@pytest.mark.gpu
+def test_kernels_on_cuda_give_the_cpu_answer() -> None:
+    from dask_cosim import search_kernels as sk
+
+    x = torch.from_numpy(vectors(500, seed=11))
+    results = []
+    for device in ("cpu", "cuda"):
+        p = sk.prepare(x, eps=1e-8, device=device)
+        res, _ = sk.topk(p, p, 5, tile_bytes=1 << 16, same=True)
+        i, j, _ = sk.threshold_pairs(p, p, 0.5, tile_bytes=1 << 16, mode="upper")
+        results.append((res.index.cpu(), res.score.cpu(), set(zip(i.tolist(), j.tolist()))))
+    (ia, sa, pa_), (ib, sb, pb) = results
+    assert torch.equal(ia, ib) and pa_ == pb
+    torch.testing.assert_close(sa, sb, atol=1e-12, rtol=0)
+
+
+@pytest.mark.gpu
+def test_cudf_frames_give_the_pandas_answer() -> None:
+    cudf = pytest.importorskip("cudf")
+    dask_cudf = pytest.importorskip("dask_cudf")
+    x = vectors(200, seed=12)
+    pdf = frame(x, "list")[["emb", "id"]]
+    gdf = cudf.DataFrame.from_pandas(pdf)
+    ddf = dask_cudf.from_cudf(gdf, npartitions=3)
+    want = pdf.cosim.neighbors("emb", k=3)
+    got = ddf.cosim.neighbors("emb", k=3).compute()
+    pd.testing.assert_frame_equal(got.reset_index(drop=True), want)
+    kept = ddf.cosim.dedup("emb", 0.6).compute()
+    assert kept["id"].to_pandas().tolist() == pdf.cosim.dedup("emb", 0.6)["id"].tolist()
+    hits = gdf.cosim.topk(x[:2], "emb", k=2, columns=["id"])
+    assert isinstance(hits, cudf.DataFrame) and hits["id"].to_pandas().tolist()[::2] == [0, 1]
