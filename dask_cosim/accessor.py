@@ -15,7 +15,7 @@ import pandas as pd
 import torch
 from dask.dataframe.extensions import register_dataframe_accessor as register_dask_accessor
 
-from dask_cosim import backends, options, partition
+from dask_cosim import backends, options, partition, search
 
 __all__ = ["CosimAccessor", "register_cudf_accessor"]
 
@@ -115,6 +115,109 @@ class CosimAccessor:
             token="cosim-pairwise",
             **kwargs,
         )
+
+    # ----------------------------------------------------------------- search (search.py)
+
+    def topk(
+        self,
+        queries: Any,
+        on: str,
+        k: int = 10,
+        *,
+        columns: list[Hashable] | None = None,
+    ) -> Any:
+        """The ``k`` rows of the frame most similar to each query (exact, eager).
+
+        Parameters
+        ----------
+        queries : array-like or Series
+            A 2-D numpy/cupy array or torch tensor (n, D), or a Series of vectors in any
+            format ``on`` accepts.
+        on : str
+            The frame's embedding column.
+        k : int, default 10
+            Matches per query (fewer when the frame has fewer valid rows).
+        columns : list, optional
+            Columns of the matched rows to copy into the result.
+
+        Returns
+        -------
+        DataFrame
+            pandas (cudf for a cudf frame), one row per (query, hit), sorted by query then
+            rank: ``query`` (the query's position, or its index label for a Series),
+            ``rank`` (0-based), ``match`` (the hit's index label), ``score``, then
+            ``columns``.  Ties are broken by frame order.  Null or NaN queries and rows
+            never match; no queries or an empty frame give an empty result.
+
+        Raises
+        ------
+        KeyError
+            ``on`` or one of ``columns`` is not a column.
+        ValueError
+            ``k < 1``, vector lengths differ, queries not 2-D.
+        """
+        return search.topk(self._obj, queries, on, k, columns=columns)
+
+    def join(
+        self,
+        right: Any,
+        on: str,
+        *,
+        right_on: str | None = None,
+        k: int | None = None,
+        threshold: float | None = None,
+    ) -> Any:
+        """Similarity join: for each row its ``k`` best rows of ``right``, or every pair
+        scoring at least ``threshold`` (both: the ``k`` best among those).
+
+        Parameters
+        ----------
+        right : DataFrame
+            dask, pandas or cudf.
+        on : str
+            Embedding column of this frame (and of ``right`` unless ``right_on``).
+        right_on : str, optional
+            Embedding column of ``right``.
+        k : int, optional
+            Matches kept per left row, >= 1.
+        threshold : float, optional
+            Lowest score kept, in [-1, 1].
+
+        Returns
+        -------
+        DataFrame
+            Lazy dask DataFrame when either side is a dask collection (one partition per
+            left partition, unknown divisions), else pandas.  Columns ``left`` and
+            ``right`` (index labels), ``score``, and ``rank`` (0-based) when ``k`` is
+            given.  Sorted by left row, then with ``k`` by rank (score descending, ties
+            broken by frame order), else by right row (frame order).  Null or NaN rows
+            never match.
+
+        Raises
+        ------
+        KeyError
+            A column is not in its frame (with the closest name).
+        ValueError
+            Neither ``k`` nor ``threshold``, ``k < 1``, threshold outside [-1, 1], or
+            vector lengths that differ (known from the metadata).
+        """
+        return search.join(self._obj, right, on, right_on=right_on, k=k, threshold=threshold)
+
+    def neighbors(self, on: str, *, k: int | None = None, threshold: float | None = None) -> Any:
+        """The self-join: :meth:`join` of the frame with itself, never pairing a row with
+        itself.  With ``threshold`` alone each unordered pair appears once, the earlier
+        row (frame order) as ``left``; with ``k`` every row gets its own ``k`` best."""
+        return search.neighbors(self._obj, on, k=k, threshold=threshold)
+
+    def dedup(self, on: str, threshold: float) -> Any:
+        """The frame (all columns) without every row that has an earlier row (frame
+        order) scoring at least ``threshold`` with it.
+
+        A row is dropped even when the earlier row it matches is itself dropped (the
+        edges are those of :meth:`neighbors`; chains are not followed).  Null and NaN rows
+        are kept.  Lazy for a dask frame (same partitions and divisions), else eager.
+        """
+        return search.dedup(self._obj, on, threshold)
 
 
 def register_cudf_accessor(cudf_module: Any = None) -> None:

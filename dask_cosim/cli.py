@@ -483,5 +483,198 @@ def _plot_histogram(summary: dict[str, Any], path: Path) -> str:
     return str(path)
 
 
+# --------------------------------------------------------------------------- search commands
+
+
+def _search_cluster_options(command: F) -> F:
+    """--scheduler / --workers / --gpus / --memory-limit / --overwrite / --quiet."""
+    for option in reversed(
+        [
+            click.option(
+                "--scheduler", default=None, help="A running scheduler, e.g. tcp://host:8786."
+            ),
+            click.option("--workers", default=None, type=click.IntRange(1), help="Local workers."),
+            click.option("--gpus", is_flag=True, help="Local cluster of GPU workers (dask-cuda)."),
+            _memory_limit_option,
+            click.option(
+                "--overwrite", is_flag=True, help="Replace OUTPUT once the new one is complete."
+            ),
+            click.option("--quiet", is_flag=True, help="No progress bar."),
+        ]
+    ):
+        command = option(command)
+    return command
+
+
+def _search_run(
+    build: Callable[[], Any],
+    output: str,
+    overwrite: bool,
+    scheduler: str | None,
+    workers: int | None,
+    gpus: bool,
+    memory_limit: str,
+    quiet: bool,
+) -> None:
+    """Check OUTPUT, build the graph (errors before a cluster starts), then compute and
+    write OUTPUT atomically on the cluster; prints rows, time and the output path."""
+    if scheduler is not None and (workers is not None or gpus or memory_limit != "auto"):
+        raise click.UsageError(
+            "--scheduler connects to a running cluster; --workers/--gpus/--memory-limit "
+            "start a local one: give one or the other"
+        )
+    if Path(output).exists() and not overwrite:
+        raise InputError(f"{output!r} exists; pass --overwrite to replace it")
+    result = build()
+    with _cluster(scheduler, workers, gpus, memory_limit) as client:
+        _echo_cluster(client)
+        t0 = time.perf_counter()
+        if callable(result):  # eager results (topk) are computed on the cluster first
+            result = result()
+        dask_cosim.to_parquet(
+            result,
+            output,
+            overwrite=overwrite,
+            progress=not quiet and sys.stderr.isatty(),
+        )
+        seconds = time.perf_counter() - t0
+    rows = io.describe_parquet(output).get("rows")
+    counted = f"{rows:,} rows, " if rows is not None else ""
+    click.echo(f"wrote       {output} ({counted}{seconds:.1f} s)")
+
+
+def _read_input(inputs: tuple[str, ...]) -> dd.DataFrame:
+    return dask_cosim.read_parquet(list(inputs) if len(inputs) > 1 else inputs[0])
+
+
+@main.command()
+@click.argument("inputs", nargs=-1, required=True)
+@click.option("--on", required=True, help="Embedding column of INPUTS.")
+@click.option(
+    "--queries",
+    "queries_path",
+    required=True,
+    help="Parquet file or folder holding the query vectors.",
+)
+@click.option("--query-on", default=None, help="Embedding column of --queries (default: --on).")
+@click.option(
+    "-k", "k", default=10, show_default=True, type=click.IntRange(1), help="Matches per query."
+)
+@click.option(
+    "--keep", multiple=True, help="A column of INPUTS to copy to the output (repeatable)."
+)
+@click.option("-o", "--output", required=True, help="Output folder (Parquet, atomic).")
+@_search_cluster_options
+@_one_line_errors
+def topk(
+    inputs: tuple[str, ...],
+    on: str,
+    queries_path: str,
+    query_on: str | None,
+    k: int,
+    keep: tuple[str, ...],
+    output: str,
+    scheduler: str | None,
+    workers: int | None,
+    gpus: bool,
+    memory_limit: str,
+    overwrite: bool,
+    quiet: bool,
+) -> None:
+    """The K rows of INPUTS most similar to each query vector (exact), written to OUTPUT.
+
+    OUTPUT has one row per (query, hit): query (the query's index label), rank, match (the
+    hit's index label in INPUTS), score and the --keep columns.
+    """
+    df = _read_input(inputs)
+    queries = dask_cosim.read_parquet(queries_path)
+    column = on if query_on is None else query_on
+    if column not in queries.columns:
+        raise InputError(
+            f"--query-on {column!r} not found in {queries_path!r}; available: "
+            f"{list(queries.columns)!r}"
+        )
+
+    def build() -> Callable[[], Any]:
+        from dask_cosim import search
+
+        # Checked from the metadata now; the data is read once the cluster runs.
+        search._check_column(df._meta, on, "on")
+        search._check_column(queries._meta, column, "query_on")
+        missing = [c for c in keep if c not in df.columns]
+        if missing:
+            raise InputError(
+                f"--keep columns {missing!r} not found; available: {list(df.columns)!r}"
+            )
+        return lambda: df.cosim.topk(queries[column].compute(), on, k, columns=list(keep))
+
+    _search_run(build, output, overwrite, scheduler, workers, gpus, memory_limit, quiet)
+
+
+@main.command()
+@click.argument("left_path")
+@click.argument("right_path")
+@click.option("--on", required=True, help="Embedding column of LEFT (and of RIGHT).")
+@click.option("--right-on", default=None, help="Embedding column of RIGHT (default: --on).")
+@click.option("-k", "k", default=None, type=click.IntRange(1), help="Best matches per left row.")
+@click.option("--threshold", default=None, type=float, help="Lowest score kept, in [-1, 1].")
+@click.option("-o", "--output", required=True, help="Output folder (Parquet, atomic).")
+@_search_cluster_options
+@_one_line_errors
+def join(
+    left_path: str,
+    right_path: str,
+    on: str,
+    right_on: str | None,
+    k: int | None,
+    threshold: float | None,
+    output: str,
+    scheduler: str | None,
+    workers: int | None,
+    gpus: bool,
+    memory_limit: str,
+    overwrite: bool,
+    quiet: bool,
+) -> None:
+    """Similarity join of LEFT and RIGHT (Parquet): for each left row its K best right rows,
+    and/or every pair scoring at least --threshold; columns left, right, score (and rank).
+    """
+    left, right = dask_cosim.read_parquet(left_path), dask_cosim.read_parquet(right_path)
+
+    def build() -> Any:
+        return left.cosim.join(right, on, right_on=right_on, k=k, threshold=threshold)
+
+    _search_run(build, output, overwrite, scheduler, workers, gpus, memory_limit, quiet)
+
+
+@main.command()
+@click.argument("inputs", nargs=-1, required=True)
+@click.option("--on", required=True, help="Embedding column.")
+@click.option("--threshold", required=True, type=float, help="Score at which rows are duplicates.")
+@click.option("-o", "--output", required=True, help="Output folder (Parquet, atomic).")
+@_search_cluster_options
+@_one_line_errors
+def dedup(
+    inputs: tuple[str, ...],
+    on: str,
+    threshold: float,
+    output: str,
+    scheduler: str | None,
+    workers: int | None,
+    gpus: bool,
+    memory_limit: str,
+    overwrite: bool,
+    quiet: bool,
+) -> None:
+    """INPUTS without every row that has an earlier row scoring at least --threshold with
+    it; all columns are written to OUTPUT."""
+    df = _read_input(inputs)
+
+    def build() -> Any:
+        return df.cosim.dedup(on, threshold)
+
+    _search_run(build, output, overwrite, scheduler, workers, gpus, memory_limit, quiet)
+
+
 if __name__ == "__main__":
     main()

@@ -28,6 +28,8 @@ __all__ = [
     "eps",
     "load_defaults",
     "memory_map",
+    "search_split_every",
+    "search_tile_bytes",
     "torch_dtype",
 ]
 
@@ -100,16 +102,35 @@ def chunk_bytes(value: Any = None) -> dict[str, int]:
     ``value`` may be one size for both kinds of device (``"1MiB"``, ``1048576``) or a
     mapping by device kind; kinds it leaves out keep their configured size.
     """
-    configured = dict(dask.config.get("cosim.chunk-bytes"))
+    return _device_sizes(value, "chunk-bytes", "chunk_bytes")
+
+
+def search_tile_bytes(value: Any = None) -> dict[str, int]:
+    """Config ``cosim.search.tile-bytes``: the most bytes of one tile of scores in search,
+    by device kind, as :func:`chunk_bytes` reads its sizes."""
+    return _device_sizes(value, "search.tile-bytes", "cosim.search.tile-bytes")
+
+
+def search_split_every(value: Any = None) -> int:
+    """Config ``cosim.search.split-every``: partial results merged per task, an int >= 2."""
+    value = _given(value, "search.split-every")
+    if isinstance(value, bool) or not isinstance(value, int) or value < 2:
+        raise ValueError(f"cosim.search.split-every={value!r} must be an integer >= 2")
+    return value
+
+
+def _device_sizes(value: Any, key: str, label: str) -> dict[str, int]:
+    """A size per device kind from one size or a mapping, the config filling the gaps."""
+    configured = dask.config.get(f"cosim.{key}")
+    if not isinstance(configured, Mapping):
+        configured = dict.fromkeys(_DEVICE_KINDS, configured)
     if value is None:
         value = configured
     if not isinstance(value, Mapping):
         value = dict.fromkeys(_DEVICE_KINDS, value)
     unknown = sorted(set(value) - set(_DEVICE_KINDS))
     if unknown:
-        raise ValueError(
-            f"chunk_bytes has unknown device kinds {unknown!r}; use keys 'cpu' and 'cuda'"
-        )
+        raise ValueError(f"{label} has unknown device kinds {unknown!r}; use keys 'cpu' and 'cuda'")
     merged = {**configured, **value}
     sizes = {}
     for kind in _DEVICE_KINDS:
@@ -120,8 +141,7 @@ def chunk_bytes(value: Any = None) -> dict[str, int]:
             number = 0
         if isinstance(size, bool) or number < 1:
             raise ValueError(
-                f"chunk_bytes[{kind!r}]={size!r} must be a positive size such as '512KiB' "
-                "or 1048576"
+                f"{label}[{kind!r}]={size!r} must be a positive size such as '512KiB' or 1048576"
             )
         sizes[kind] = number
     return sizes

@@ -59,3 +59,14 @@ def test_each_option_has_one_error(check: Any, value: Any, message: str) -> None
 def test_bad_config_is_reported_where_it_is_used() -> None:
     with dask.config.set({"cosim.eps": -5}), pytest.raises(ValueError, match="eps=-5"):
         options.eps()
+
+
+def test_search_options() -> None:
+    assert options.search_tile_bytes() == {"cpu": 32 * 2**20, "cuda": 512 * 2**20}
+    assert options.search_split_every() == 8
+    with dask.config.set({"cosim.search.tile-bytes": "1MiB"}):
+        assert options.search_tile_bytes() == {"cpu": 2**20, "cuda": 2**20}
+    with pytest.raises(ValueError, match="cosim.search.split-every=1 must be an integer >= 2"):
+        options.search_split_every(1)
+    with pytest.raises(ValueError, match=r"cosim.search.tile-bytes\['cpu'\]=0 must be a positive"):
+        options.search_tile_bytes({"cpu": 0})

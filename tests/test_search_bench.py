@@ -1,0 +1,31 @@
+"""benchmarks/search.py runs at tiny size, so it cannot rot (no timing asserted)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.slow
+def test_search_benchmark_runs(tmp_path: Path) -> None:
+    for module in ("faiss", "sklearn", "sentence_transformers"):
+        pytest.importorskip(module)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "search.py"), "--quick", "--name", "smoke",
+         "--out", str(tmp_path)],
+        capture_output=True, text=True, timeout=280, cwd=ROOT,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads((tmp_path / "smoke.json").read_text())
+    # Correctness is checked inside the run; these are its verdicts.
+    assert result["topk"]["result_sets_vs_faiss"]["differ"] == result["topk"]["result_sets_vs_faiss"]["differ_only_at_near_ties"]
+    assert result["range"]["pair_sets_differ_beyond_near_ties"] == 0
+    assert result["dedup"]["mismatches_vs_float64"] == 0
+    assert result["cluster"]["same_result_as_eager"] is True
+    assert "topk  N=2,000" in proc.stdout

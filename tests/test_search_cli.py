@@ -1,0 +1,122 @@
+"""dask-cosim topk / join / dedup: Parquet in, Parquet out (atomic), exit codes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import dask_cosim
+from dask_cosim import io
+from tests.test_search_kernels import brute
+
+
+def cli(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "dask_cosim", *args], capture_output=True, text=True, timeout=timeout
+    )
+
+
+def write_vectors(folder: Path, x: np.ndarray, files: int = 2) -> Path:
+    folder.mkdir()
+    for i, rows in enumerate(np.array_split(np.arange(len(x)), files)):
+        table = pa.table(
+            {"id": pa.array(rows), "emb": io.encode_vectors(x[rows]).cast(pa.list_(pa.float32()))}
+        )
+        pq.write_table(table, folder / f"part.{i}.parquet")
+    return folder
+
+
+@pytest.fixture
+def data(tmp_path: Path) -> tuple[Path, np.ndarray]:
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((300, 8)).astype(np.float32)
+    x[150:160] = x[:10] + 0.01 * rng.standard_normal((10, 8)).astype(np.float32)
+    return write_vectors(tmp_path / "rows", x), x
+
+
+@pytest.mark.slow
+def test_topk_join_dedup_commands(tmp_path: Path, data: tuple[Path, np.ndarray]) -> None:
+    folder, x = data
+    s = brute(x, x)
+    common = ["--workers", "1", "--memory-limit", "1.5GiB", "--quiet"]
+
+    out = tmp_path / "topk"
+    queries = write_vectors(tmp_path / "queries", x[:4], files=1)
+    proc = cli("topk", str(folder), "--on", "emb", "--queries", str(queries), "-k", "3",
+               "--keep", "id", "-o", str(out), *common)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert f"wrote       {out} (12 rows" in proc.stdout
+    got = dask_cosim.read_parquet(out).compute()
+    assert list(got.columns) == ["query", "rank", "match", "score", "id"]
+    want = np.argsort(-s[:4], axis=1, kind="stable")[:, :3]
+    np.testing.assert_array_equal(got["id"].to_numpy().reshape(4, 3), want)
+
+    out = tmp_path / "join"
+    proc = cli(
+        "join",
+        str(folder),
+        str(folder),
+        "--on",
+        "emb",
+        "--threshold",
+        "0.99",
+        "-o",
+        str(out),
+        *common,
+    )
+    assert proc.returncode == 0, proc.stderr
+    got = dask_cosim.read_parquet(out).compute()
+    assert list(got.columns) == ["left", "right", "score"]
+    # Files without an index are read with a RangeIndex per file: labels repeat per file.
+    labels = np.concatenate([np.arange(150), np.arange(150)])
+    want_pairs = sorted((labels[i], labels[j]) for i, j in zip(*np.nonzero(s >= 0.99)))
+    assert sorted(zip(got["left"], got["right"])) == want_pairs
+
+    out = tmp_path / "dedup"
+    proc = cli("dedup", str(folder), "--on", "emb", "--threshold", "0.99", "-o", str(out), *common)
+    assert proc.returncode == 0, proc.stderr
+    got = dask_cosim.read_parquet(out).compute()
+    keep = ~np.tril(s >= 0.99, -1).any(axis=1)
+    np.testing.assert_array_equal(got["id"].to_numpy(), np.flatnonzero(keep))
+    assert len(got) < 300
+
+    again = cli("dedup", str(folder), "--on", "emb", "--threshold", "0.99", "-o", str(out))
+    assert again.returncode == 2
+    assert again.stderr.strip() == f"Error: '{out}' exists; pass --overwrite to replace it"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ["dedup", "--on", "embs", "--threshold", "0.9"],
+            "on='embs': column not found; available: ['id', 'emb']; did you mean 'emb'?",
+        ),
+        (["dedup", "--on", "emb", "--threshold", "2"], "threshold=2.0 must be a number in [-1, 1]"),
+        (["join", "--on", "emb"], "give k (the best matches of each row), threshold"),
+        (["join", "--on", "emb", "-k", "0"], "Invalid value for '-k'"),
+        (
+            ["dedup", "--on", "id", "--threshold", "0.5"],
+            "column 'id' has dtype int64, which is not a column of vectors",
+        ),
+    ],
+)
+def test_input_errors_exit_2_before_a_cluster_starts(
+    tmp_path: Path, data: tuple[Path, np.ndarray], args: list[str], message: str
+) -> None:
+    folder, _ = data
+    command, *rest = args
+    inputs = [str(folder), str(folder)] if command == "join" else [str(folder)]
+    proc = cli(command, *inputs, *rest, "-o", str(tmp_path / "out"))
+    assert proc.returncode == 2, proc.stderr
+    assert message in proc.stderr
+    assert "cluster" not in proc.stderr
+    assert not (tmp_path / "out").exists()
+    assert len(pd.read_parquet(folder)) == 300
