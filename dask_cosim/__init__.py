@@ -18,6 +18,7 @@ from dask_cosim.cluster import local_cluster  # noqa: E402
 from dask_cosim.io import from_pandas, read_parquet, to_parquet  # noqa: E402
 from dask_cosim.kernels import pairwise_cosine  # noqa: E402
 from dask_cosim.partition import pairwise_partition  # noqa: E402
+from dask_cosim.summary import Summary, summarize  # noqa: E402
 
 # Runs now if cudf is already imported, else right after the user imports it: cudf itself
 # is never imported by us.
@@ -33,5 +34,7 @@ __all__ = [
     "pairwise_cosine",
     "pairwise_partition",
     "read_parquet",
+    "Summary",
+    "summarize",
     "to_parquet",
 ]

@@ -24,7 +24,6 @@ from typing import Any, TypeVar
 
 import click
 import dask
-import dask.dataframe as dd
 import numpy as np
 import pandas as pd
 
@@ -32,52 +31,18 @@ import dask_cosim  # also registers the .cosim accessor
 from dask_cosim import backends, datasets, io
 from dask_cosim.cluster import check_size
 from dask_cosim.io import vectors_to_arrow
+from dask_cosim.summary import Summary, summarize
 
-__all__ = ["main", "summarize"]
-
-
-def summarize(cos: dd.Series) -> dict[str, Any]:
-    """Rows, nulls, mean, min, max and a 10-bin histogram over [-1, 1], in one pass."""
-    edges = np.linspace(-1, 1, 11)
-    # A module-level function, not a lambda: a lambda makes distributed fall back to
-    # cloudpickling the whole expression, which fails on pyarrow's dataset objects.
-    hist = cos.dropna().map_partitions(_histogram, edges, meta=(None, object))
-    wanted = [cos.size, cos.isna().sum(), cos.mean(), cos.min(), cos.max(), hist]
-    rows, nulls, mean, lo, hi, parts = dask.compute(*wanted)
-    counts = np.sum(list(parts), axis=0) if len(parts) else np.zeros(10, int)
-    return dict(
-        rows=int(rows),
-        nulls=int(nulls),
-        mean=float(mean),
-        min=float(lo),
-        max=float(hi),
-        edges=edges,
-        counts=counts,
-    )
+__all__ = ["main"]
 
 
-def _histogram(s: pd.Series, edges: np.ndarray) -> pd.Series:
-    return pd.Series([np.histogram(s.to_numpy(), bins=edges)[0]])
-
-
-def format_summary(
-    summary: dict[str, Any], seconds: float, embedding_bytes: int | None = None
-) -> str:
-    rate = f"{summary['rows'] / seconds:,.0f} pairs/s"
+def format_summary(summary: Summary, seconds: float, embedding_bytes: int | None = None) -> str:
+    """:meth:`Summary.format` with the time and throughput before the histogram."""
+    rate = f"{summary.rows / seconds:,.0f} pairs/s"
     if embedding_bytes is not None:
         rate += f", {embedding_bytes / seconds / 1e9:.2f} GB/s of embeddings"
-    lines = [
-        f"rows        {summary['rows']:,}",
-        f"nulls       {summary['nulls']:,}",
-        f"mean        {summary['mean']:+.6f}",
-        f"min / max   {summary['min']:+.6f} / {summary['max']:+.6f}",
-        f"time        {seconds:.2f} s  ({rate})",
-        "histogram",
-    ]
-    counts, edges = summary["counts"], summary["edges"]
-    top = max(1, int(np.max(counts)))
-    for lo, hi, c in zip(edges[:-1], edges[1:], counts):
-        lines.append(f"  [{lo:+.1f}, {hi:+.1f})  {'#' * int(40 * c / top):<40} {int(c):,}")
+    lines = summary.format().splitlines()
+    lines.insert(lines.index("histogram"), f"time        {seconds:.2f} s  ({rate})")
     return "\n".join(lines)
 
 
@@ -245,9 +210,9 @@ def pairwise(
     job = _prepare(inputs, col_a, col_b, output, keep, name, overwrite, eps, dtype, device)
     with _cluster(scheduler, workers, gpus, memory_limit) as client:
         _echo_cluster(client)
-        summary, seconds = job(progress=not quiet and sys.stderr.isatty())
+        summary, seconds, embedding_bytes = job(progress=not quiet and sys.stderr.isatty())
     click.echo(f"wrote       {output}")
-    click.echo(format_summary(summary, seconds, summary["embedding_bytes"]))
+    click.echo(format_summary(summary, seconds, embedding_bytes))
 
 
 def _prepare(
@@ -261,9 +226,9 @@ def _prepare(
     eps: float | None = None,
     dtype: str | None = None,
     device: str | None = None,
-) -> Callable[..., tuple[dict[str, Any], float]]:
+) -> Callable[..., tuple[Summary, float, int | None]]:
     """Check the inputs and build the graph (no cluster needed); returns the job, which
-    writes OUTPUT atomically and returns (summary, seconds)."""
+    writes OUTPUT atomically and returns (summary, seconds, bytes of embeddings read)."""
     df = dask_cosim.read_parquet(list(inputs) if len(inputs) > 1 else inputs[0])
     missing = [c for c in keep if c not in df.columns]
     if missing:
@@ -274,17 +239,17 @@ def _prepare(
         raise InputError(f"{output!r} exists; pass --overwrite to replace it")
     spec = backends.vector_spec(df._meta[col_a], col_a)
 
-    def job(progress: bool = False) -> tuple[dict[str, Any], float]:
+    def job(progress: bool = False) -> tuple[Summary, float, int | None]:
         t0 = time.perf_counter()
         dask_cosim.to_parquet(out, output, overwrite=overwrite, progress=progress)
         seconds = time.perf_counter() - t0
         # The written column, not a second pass over the inputs: cheap, and it is what
         # the user got.
         summary = summarize(dask_cosim.read_parquet(output, columns=[name])[name])
-        summary["embedding_bytes"] = None
+        embedding_bytes = None
         if spec.dim is not None and spec.dtype is not None:
-            summary["embedding_bytes"] = 2 * summary["rows"] * spec.dim * spec.dtype.itemsize
-        return summary, seconds
+            embedding_bytes = 2 * summary.rows * spec.dim * spec.dtype.itemsize
+        return summary, seconds, embedding_bytes
 
     return job
 
@@ -453,16 +418,16 @@ def demo(
             )
             result = str(out_dir / "result")
             job = _prepare([str(pairs)], "embeds_a", "embeds_b", result, ("id",), "cos", True)
-            summary, seconds = job(progress=sys.stdout.isatty())
+            summary, seconds, embedding_bytes = job(progress=sys.stdout.isatty())
     finally:
         shutil.rmtree(pairs, ignore_errors=True)
     click.echo(f"wrote       {result} (id, cos)")
     click.echo("from Parquet to written result:")
-    click.echo(format_summary(summary, seconds, summary["embedding_bytes"]))
+    click.echo(format_summary(summary, seconds, embedding_bytes))
     click.echo(f"histogram   {_plot_histogram(summary, out_dir / 'histogram.png')}")
 
 
-def _plot_histogram(summary: dict[str, Any], path: Path) -> str:
+def _plot_histogram(summary: Summary, path: Path) -> str:
     """histogram.png of the similarities; matplotlib is optional (the `bench` extra)."""
     try:
         import matplotlib
@@ -471,12 +436,12 @@ def _plot_histogram(summary: dict[str, Any], path: Path) -> str:
         import matplotlib.pyplot as plt
     except ImportError:
         return "not drawn: pip install matplotlib (or dask-cosim[bench])"
-    edges, counts = summary["edges"], summary["counts"]
+    edges, counts = summary.edges, summary.counts
     fig, ax = plt.subplots(figsize=(6, 3.5))
     ax.bar(edges[:-1], counts, width=np.diff(edges), align="edge", edgecolor="white")
     ax.set_xlabel("cosine similarity")
     ax.set_ylabel("pairs")
-    ax.set_title(f"{summary['rows']:,} pairs, mean {summary['mean']:+.3f}")
+    ax.set_title(f"{summary.rows:,} pairs, mean {summary.mean:+.3f}")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
