@@ -133,7 +133,8 @@ def _echo_cluster(client: Any) -> None:
     if len(limits) == 1 and (limit := limits.pop()):
         memory = f" of {dask.utils.format_bytes(limit)}"
     click.echo(
-        f"cluster     {len(workers)} workers{memory}, dashboard {client.dashboard_link}", err=True
+        f"cluster     {_count(len(workers), 'worker')}{memory}, dashboard {client.dashboard_link}",
+        err=True,
     )
 
 
@@ -232,7 +233,9 @@ def _prepare(
     df = dask_cosim.read_parquet(list(inputs) if len(inputs) > 1 else inputs[0])
     missing = [c for c in keep if c not in df.columns]
     if missing:
-        raise InputError(f"--keep columns {missing!r} not found; available: {list(df.columns)!r}")
+        raise InputError(
+            backends.column_not_found(missing[0], df.columns, "--keep column").args[0]
+        )
     cos = df.cosim.pairwise(col_a, col_b, eps=eps, dtype=dtype, device=device, name=name)
     out = df[list(keep)].assign(**{name: cos}) if keep else cos.to_frame()
     if Path(output).exists() and not overwrite:
@@ -313,9 +316,15 @@ def convert(
         manifest = dask_cosim.to_parquet(df, output, layout=layout, overwrite=overwrite)
     dims = ", ".join(f"{c} {v['dim']} x {v['dtype']}" for c, v in manifest["vectors"].items())
     click.echo(
-        f"wrote       {output}: {manifest['rows']:,} rows in {len(manifest['files'])} files, "
+        f"wrote       {output}: {_count(manifest['rows'], 'row')} in "
+        f"{_count(len(manifest['files']), 'file')}, "
         f"layout {layout}; vectors: {dims or 'none found'}"
     )
+
+
+def _count(n: int, noun: str) -> str:
+    """"1 file", "2 files", "1,000 rows"."""
+    return f"{n:,} {noun}{'' if n == 1 else 's'}"
 
 
 def _numpy_pairs(source: Path, col_a: str, col_b: str) -> pd.DataFrame:
@@ -332,9 +341,10 @@ def _numpy_pairs(source: Path, col_a: str, col_b: str) -> pd.DataFrame:
         with np.load(source, allow_pickle=False) as arrays:
             missing = [c for c in (col_a, col_b) if c not in arrays]
             if missing:
+                hint = backends.did_you_mean(missing[0], arrays)
                 raise InputError(
-                    f"{str(source)!r} has no arrays {missing!r}; it has {sorted(arrays)!r} "
-                    "(name them with --a/--b)"
+                    f"{str(source)!r} has no arrays {missing!r}{hint or ';'} it has "
+                    f"{sorted(arrays)!r} (name them with --a/--b)"
                 )
             a, b = arrays[col_a], arrays[col_b]
         if a.ndim != 2 or a.shape != b.shape:
@@ -349,7 +359,8 @@ def info(inputs: tuple[str, ...]) -> None:
     """Rows, partitions, columns, and each embedding column's D and dtype."""
     described = io.describe_parquet(list(inputs) if len(inputs) > 1 else inputs[0])
     click.echo(f"rows        {described['rows']:,}")
-    click.echo(f"files       {described['files']:,} ({described['partitions']:,} partitions)")
+    files, partitions = described["files"], described["partitions"]
+    click.echo(f"files       {_count(files, 'file')} ({_count(partitions, 'partition')})")
     click.echo(f"layout      {described['layout'] or 'not written by dask_cosim'}")
     if described["index"]:
         click.echo(f"index       {', '.join(described['index'])}")
@@ -413,7 +424,8 @@ def demo(
             ]
             dask.compute(*writes)
             click.echo(
-                f"generated   {rows:,} pairs of {dim} float32 in {partitions} Parquet files "
+                f"generated   {_count(rows, 'pair')} of {dim} float32 in "
+                f"{_count(partitions, 'Parquet file')} "
                 f"(list layout, {time.perf_counter() - t0:.1f} s)"
             )
             result = str(out_dir / "result")

@@ -1,0 +1,130 @@
+"""What a new user meets first: messages that name the fix, the command line's words."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import dask.dataframe as dd
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+from click.testing import CliRunner
+
+import dask_cosim
+from dask_cosim import cli
+from tests.conftest import random_pairs
+
+BINARY_FIX = (
+    "not vectors: Parquet written by dask_cosim.to_parquet stores each vector as raw bytes "
+    "(layout='binary'), which other readers such as pd.read_parquet and dd.read_parquet return "
+    "as they are. Read the files with dask_cosim.read_parquet(path), or write them with "
+    "dask_cosim.to_parquet(df, path, layout='list') for other tools."
+)
+
+
+def run(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(cli.main, list(args))
+    return result.exit_code, result.output
+
+
+@pytest.fixture
+def binary_folder(tmp_path: Path) -> Path:
+    a, b = random_pairs(40, 8)
+    pdf = pd.DataFrame({"embeds_a": list(a), "embeds_b": list(b)})
+    dask_cosim.to_parquet(dask_cosim.from_pandas(pdf), tmp_path / "bin")
+    return tmp_path / "bin"
+
+
+def test_binary_layout_read_by_pandas_names_the_reader(binary_folder: Path) -> None:
+    objects = pd.read_parquet(binary_folder)  # one bytes object per row
+    with pytest.raises(TypeError, match=re.escape(f"column 'embeds_a': row 0 holds bytes (object), {BINARY_FIX}")):
+        objects.cosim.pairwise("embeds_a", "embeds_b")
+    arrow = pd.read_parquet(binary_folder, dtype_backend="pyarrow")
+    with pytest.raises(TypeError, match=re.escape(f"column 'embeds_a' holds bytes (fixed_size_binary[32][pyarrow]), {BINARY_FIX}")):
+        arrow.cosim.pairwise("embeds_a", "embeds_b")
+
+
+def test_binary_layout_read_by_dask_names_the_reader(binary_folder: Path) -> None:
+    # The Arrow type tells while the graph is built...
+    arrow = dd.read_parquet(binary_folder, dtype_backend="pyarrow")
+    with pytest.raises(TypeError, match=re.escape(f"holds bytes (fixed_size_binary[32][pyarrow]), {BINARY_FIX}")):
+        arrow.cosim.pairwise("embeds_a", "embeds_b")
+    # ...an object column only when its rows are read.
+    cos = dd.read_parquet(binary_folder).cosim.pairwise("embeds_a", "embeds_b")
+    with pytest.raises(TypeError, match=re.escape(f"column 'embeds_a': row 0 holds bytes (object), {BINARY_FIX}")):
+        cos.compute(scheduler="sync")
+    # The reader it names gives the right numbers.
+    ours = dask_cosim.read_parquet(binary_folder).cosim.pairwise("embeds_a", "embeds_b")
+    a, b = random_pairs(40, 8)
+    expected = (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
+    np.testing.assert_allclose(ours.compute().to_numpy(), expected, atol=1e-6)
+
+
+def test_strings_error_offers_the_fast_fix_first() -> None:
+    a, b = random_pairs(10, 300)
+    pdf = pd.DataFrame(
+        {"embeds_a": [torch.from_numpy(r.copy()).reshape(300, 1) for r in a],
+         "embeds_b": [torch.from_numpy(r.copy()).reshape(300, 1) for r in b]}
+    )  # fmt: skip
+    stringified = dd.from_pandas(pdf, npartitions=1)
+    with pytest.raises(TypeError) as raised:
+        stringified.cosim.pairwise("embeds_a", "embeds_b")
+    text = str(raised.value)
+    assert text.startswith("column 'embeds_a' holds strings (string), not vectors.")
+    fast, slow = text.index("dask_cosim.from_pandas(pdf)"), text.index("convert-string': False")
+    assert fast < slow and "about 200x slower" in text[slow:]
+    # The fix it offers works.
+    fixed = dask_cosim.from_pandas(pdf).cosim.pairwise("embeds_a", "embeds_b").compute()
+    assert fixed.notna().all()
+
+
+@pytest.mark.parametrize("lazy", [False, True])
+def test_misspelt_column_did_you_mean(lazy: bool) -> None:
+    a, b = random_pairs(6, 4)
+    pdf = pd.DataFrame({"id": range(6), "embeds_a": list(a), "embeds_b": list(b)})
+    frame = dask_cosim.from_pandas(pdf) if lazy else pdf
+    with pytest.raises(KeyError, match=re.escape("column 'embed_b' not found; did you mean 'embeds_b'? available: ['id', 'embeds_a', 'embeds_b']")):
+        frame.cosim.pairwise("embeds_a", "embed_b")
+    with pytest.raises(KeyError, match=re.escape("column 'xyz' not found; available: ['id', 'embeds_a', 'embeds_b']")):
+        frame.cosim.pairwise("xyz", "embeds_b")
+
+
+def test_cli_counts_are_singular_and_plural(tmp_path: Path) -> None:
+    a, b = random_pairs(1, 4)
+    pdf = pd.DataFrame({"embeds_a": list(a), "embeds_b": list(b)})
+    pdf.to_pickle(tmp_path / "one.pkl")
+    code, out = run("convert", str(tmp_path / "one.pkl"), "-o", str(tmp_path / "one"), "--allow-pickle")
+    assert code == 0, out
+    assert f"wrote       {tmp_path / 'one'}: 1 row in 1 file, layout binary" in out
+    code, out = run("info", str(tmp_path / "one"))
+    assert code == 0, out
+    assert "files       1 file (1 partition)" in out
+
+    table = pa.table({"x": list(range(10))})
+    for i in range(2):
+        pq.write_table(table, tmp_path / f"two.{i}.parquet", row_group_size=5)
+    code, out = run("info", str(tmp_path / "two.0.parquet"), str(tmp_path / "two.1.parquet"))
+    assert code == 0, out
+    assert re.search(r"files       2 files \(\d+ partitions\)", out), out
+
+
+def test_cli_misspelt_columns_did_you_mean(tmp_path: Path) -> None:
+    a, b = random_pairs(20, 4)
+    pdf = pd.DataFrame({"id": range(20), "embeds_a": list(a), "embeds_b": list(b)})
+    dask_cosim.to_parquet(dask_cosim.from_pandas(pdf), tmp_path / "pairs")
+    out = str(tmp_path / "out")
+    code, text = run("pairwise", str(tmp_path / "pairs"), "-a", "embeds_a", "-b", "embed_b", "-o", out)
+    assert code == 2
+    assert "Error: column 'embed_b' not found; did you mean 'embeds_b'? available:" in text
+    code, text = run("pairwise", str(tmp_path / "pairs"), "-a", "embeds_a", "-b", "embeds_b", "-o", out, "--keep", "ids")
+    assert code == 2
+    assert "Error: --keep column 'ids' not found; did you mean 'id'? available:" in text
+
+    np.savez(tmp_path / "pairs.npz", embeds_a=a, embeds_b=b)
+    code, text = run("convert", str(tmp_path / "pairs.npz"), "-o", out, "--a", "embeds_a", "--b", "embed_b")
+    assert code == 2
+    assert "has no arrays ['embed_b']; did you mean 'embeds_b'? it has ['embeds_a', 'embeds_b']" in text
