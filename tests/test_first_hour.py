@@ -128,3 +128,14 @@ def test_cli_misspelt_columns_did_you_mean(tmp_path: Path) -> None:
     code, text = run("convert", str(tmp_path / "pairs.npz"), "-o", out, "--a", "embeds_a", "--b", "embed_b")
     assert code == 2
     assert "has no arrays ['embed_b']; did you mean 'embeds_b'? it has ['embeds_a', 'embeds_b']" in text
+
+
+def test_to_parquet_progress_without_a_client(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    a, b = random_pairs(30, 4)
+    df = dask_cosim.from_pandas(pd.DataFrame({"embeds_a": list(a), "embeds_b": list(b)}), npartitions=3)
+    manifest = dask_cosim.to_parquet(df, tmp_path / "out", progress=True)
+    assert manifest["rows"] == 30 and len(manifest["files"]) == 3
+    out = capsys.readouterr().out
+    assert "[########################################] | 100% Completed" in out
+    back = dask_cosim.read_parquet(tmp_path / "out").compute()
+    np.testing.assert_array_equal(np.stack(back["embeds_b"].to_numpy()), b)

@@ -105,7 +105,8 @@ def to_parquet(
         False returns a ``dask.delayed`` object that writes and commits when computed (a
         failed computation then leaves its hidden staging folder behind).
     progress : bool, default False
-        Show distributed's progress bar while writing (needs a distributed Client).
+        Show a progress bar while writing: distributed's with an active Client, else
+        dask's local ``dask.diagnostics.ProgressBar`` (on stdout).
 
     Returns
     -------
@@ -153,17 +154,29 @@ def to_parquet(
         return commit
     try:
         if progress:
-            from distributed import default_client
-            from distributed import progress as progress_bar
-
-            future = default_client().compute(commit)
-            progress_bar(future)
-            return future.result()
+            return _compute_with_progress(commit)
         return commit.compute()
     except BaseException:
         if exists(fs, staging):
             fs.delete_dir(staging)
         raise
+
+
+def _compute_with_progress(commit: Any) -> Any:
+    """``commit.compute()`` under the progress bar of the scheduler that will run it."""
+    from distributed import Client
+    from distributed import progress as progress_bar
+
+    # dask resolves an active distributed client to its bound ``get``.
+    client = getattr(dask.base.get_scheduler(), "__self__", None)
+    if isinstance(client, Client):
+        future = client.compute(commit)
+        progress_bar(future)
+        return future.result()
+    from dask.diagnostics import ProgressBar
+
+    with ProgressBar():
+        return commit.compute()
 
 
 _HOST = socket.gethostname().replace("/", "_")
