@@ -17,7 +17,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
@@ -139,6 +139,7 @@ def _echo_cluster(client: Any) -> None:
 
 
 @click.group(name="cosim")  # the name `dask cosim` registers it under
+@click.version_option(dask_cosim.__version__, "-V", "--version", prog_name="dask-cosim")
 def main() -> None:
     """Row-wise cosine similarity of embedding columns, on dask clusters of CPUs or GPUs."""
 
@@ -165,8 +166,8 @@ _memory_limit_option = click.option(
 
 @main.command()
 @click.argument("inputs", nargs=-1, required=True)
-@click.option("-a", "col_a", required=True, help="First embedding column.")
-@click.option("-b", "col_b", required=True, help="Second embedding column.")
+@click.option("-a", "--a", "col_a", required=True, help="First embedding column.")
+@click.option("-b", "--b", "col_b", required=True, help="Second embedding column.")
 @click.option("-o", "--output", required=True, help="Output folder (Parquet, atomic).")
 @click.option("--keep", multiple=True, help="A column to copy to the output (repeatable).")
 @click.option("--name", default="cos", show_default=True, help="Result column name.")
@@ -208,12 +209,53 @@ def pairwise(
             "start a local one: give one or the other"
         )
     # Everything that can be checked without a cluster is checked before one starts.
+    _check_parquet_inputs(inputs, "pairwise reads Parquet files or folders of them")
     job = _prepare(inputs, col_a, col_b, output, keep, name, overwrite, eps, dtype, device)
     with _cluster(scheduler, workers, gpus, memory_limit) as client:
         _echo_cluster(client)
         summary, seconds, embedding_bytes = job(progress=not quiet and sys.stderr.isatty())
     click.echo(f"wrote       {output}")
     click.echo(format_summary(summary, seconds, embedding_bytes))
+
+
+_PARQUET_MAGIC = b"PAR1"
+
+
+def _check_parquet_inputs(inputs: Sequence[str], reads: str) -> None:
+    """A local file that is not Parquet gets a message naming it and the way to convert
+    it, instead of pyarrow's "Parquet magic bytes not found in footer"."""
+    for text in inputs:
+        path = Path(text)
+        if not path.is_file():
+            continue  # folders, globs and URLs: the reader lists and checks them
+        with open(path, "rb") as f:
+            head = f.read(4)
+        if head == _PARQUET_MAGIC:
+            continue
+        suffix = path.suffix.lower()
+        out = f"{path.stem}-parquet"
+        if suffix in (".pkl", ".pickle"):
+            how = (
+                f"it looks like a pickle; convert it first: dask-cosim convert {text} -o {out} "
+                "--allow-pickle (only for a pickle you trust: unpickling runs its code)"
+            )
+        elif suffix in (".npy", ".npz"):
+            how = f"convert it first: dask-cosim convert {text} -o {out}"
+        elif suffix in (".csv", ".tsv", ".txt", ".json", ".jsonl"):
+            how = (
+                "vectors stored as text must be parsed: read it with pandas, turn each "
+                "vector cell into a list or array of numbers, and write Parquet with "
+                f"dask_cosim.to_parquet(pdf, {out!r})"
+            )
+        else:
+            how = (
+                "dask-cosim convert turns pandas pickles and .npy/.npz files into Parquet: "
+                f"dask-cosim convert {text} -o {out}"
+            )
+        raise InputError(
+            f"{text!r} is not a Parquet file (it starts with {head!r}, not {_PARQUET_MAGIC!r});"
+            f" {reads}; {how}"
+        )
 
 
 def _prepare(
@@ -261,6 +303,7 @@ def _prepare(
 @click.argument("input_path")
 @click.option("-o", "--output", required=True, help="Output folder (Parquet, our layout).")
 @click.option(
+    "-a",
     "--a",
     "col_a",
     default="embeds_a",
@@ -268,6 +311,7 @@ def _prepare(
     help="Name of the first vector column (.npy/.npz inputs).",
 )
 @click.option(
+    "-b",
     "--b",
     "col_b",
     default="embeds_b",
@@ -311,6 +355,7 @@ def convert(
     elif suffix in (".npy", ".npz"):
         df = dask_cosim.from_pandas(_numpy_pairs(source, col_a, col_b))
     else:
+        _check_parquet_inputs([input_path], "convert reads pandas pickles, .npy/.npz and Parquet")
         df = dask_cosim.read_parquet(input_path)
     with dask.config.set(scheduler="threads"):  # one machine's file: no cluster needed
         manifest = dask_cosim.to_parquet(df, output, layout=layout, overwrite=overwrite)
@@ -357,6 +402,7 @@ def _numpy_pairs(source: Path, col_a: str, col_b: str) -> pd.DataFrame:
 @_one_line_errors
 def info(inputs: tuple[str, ...]) -> None:
     """Rows, partitions, columns, and each embedding column's D and dtype."""
+    _check_parquet_inputs(inputs, "info reads Parquet files or folders of them")
     described = io.describe_parquet(list(inputs) if len(inputs) > 1 else inputs[0])
     click.echo(f"rows        {described['rows']:,}")
     files, partitions = described["files"], described["partitions"]

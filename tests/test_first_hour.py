@@ -139,3 +139,52 @@ def test_to_parquet_progress_without_a_client(tmp_path: Path, capsys: pytest.Cap
     assert "[########################################] | 100% Completed" in out
     back = dask_cosim.read_parquet(tmp_path / "out").compute()
     np.testing.assert_array_equal(np.stack(back["embeds_b"].to_numpy()), b)
+
+
+def test_cli_column_flags_have_both_spellings(tmp_path: Path) -> None:
+    a, b = random_pairs(20, 4)
+    pdf = pd.DataFrame({"embeds_a": list(a), "embeds_b": list(b)})
+    dask_cosim.to_parquet(dask_cosim.from_pandas(pdf), tmp_path / "pairs")
+    for flags in (["-a", "embeds_a", "-b", "embed_b"], ["--a", "embeds_a", "--b", "embed_b"]):
+        # A misspelt --b: the error comes from the column lookup, after both flags parsed.
+        code, text = run("pairwise", str(tmp_path / "pairs"), *flags, "-o", str(tmp_path / "o"))
+        assert code == 2 and "column 'embed_b' not found; did you mean 'embeds_b'?" in text, text
+    np.savez(tmp_path / "pairs.npz", left=a, right=b)
+    for flags in (["-a", "left", "-b", "right"], ["--a", "left", "--b", "right"]):
+        out = tmp_path / f"npz{len(flags[0])}"
+        code, text = run("convert", str(tmp_path / "pairs.npz"), "-o", str(out), *flags)
+        assert code == 0, text
+        assert list(dask_cosim.read_parquet(out).columns) == ["left", "right"]
+
+
+def test_cli_version() -> None:
+    for flag in ("--version", "-V"):
+        code, text = run(flag)
+        assert code == 0 and text == f"dask-cosim, version {dask_cosim.__version__}\n"
+
+
+def test_cli_names_a_file_that_is_not_parquet_and_how_to_convert_it(tmp_path: Path) -> None:
+    a, b = random_pairs(5, 4)
+    pdf = pd.DataFrame({"embeds_a": list(a), "embeds_b": list(b)})
+    pdf.to_pickle(tmp_path / "pairs.pkl")
+    pdf.assign(embeds_a=pdf["embeds_a"].map(list), embeds_b=pdf["embeds_b"].map(list)).to_csv(tmp_path / "pairs.csv")
+    np.save(tmp_path / "pairs.npy", np.stack([a, b], axis=1))
+    args = ["-a", "embeds_a", "-b", "embeds_b", "-o", str(tmp_path / "out")]
+    pkl = str(tmp_path / "pairs.pkl")
+    code, text = run("pairwise", pkl, *args)
+    assert code == 2
+    assert text.startswith(f"Error: {pkl!r} is not a Parquet file (it starts with b"), (text, pkl)
+    assert f"pairwise reads Parquet files or folders of them; it looks like a pickle; convert it first: dask-cosim convert {pkl} -o pairs-parquet --allow-pickle" in text
+    csv = str(tmp_path / "pairs.csv")
+    code, text = run("pairwise", csv, *args)
+    assert code == 2 and f"Error: {csv!r} is not a Parquet file (it starts with b',emb', not b'PAR1')" in text
+    assert "write Parquet with dask_cosim.to_parquet(pdf, 'pairs-parquet')" in text
+    npy = str(tmp_path / "pairs.npy")
+    code, text = run("info", npy)
+    assert code == 2 and f"convert it first: dask-cosim convert {npy} -o pairs-parquet" in text
+    code, text = run("convert", csv, "-o", str(tmp_path / "c"))
+    assert code == 2 and "convert reads pandas pickles, .npy/.npz and Parquet;" in text
+    assert not (tmp_path / "out").exists() and not (tmp_path / "c").exists()
+    # The command it suggests works.
+    code, text = run("convert", npy, "-o", str(tmp_path / "pairs-parquet"))
+    assert code == 0, text
