@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+import shutil
+import subprocess
 from pathlib import Path
 
 import dask.dataframe as dd
@@ -188,3 +190,20 @@ def test_cli_names_a_file_that_is_not_parquet_and_how_to_convert_it(tmp_path: Pa
     # The command it suggests works.
     code, text = run("convert", npy, "-o", str(tmp_path / "pairs-parquet"))
     assert code == 0, text
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
+def test_make_demo_installs_only_what_the_demo_needs(tmp_path: Path) -> None:
+    root = Path(dask_cosim.__file__).parents[1]
+
+    def planned(target: str) -> str:
+        # -n: print the commands a fresh clone would run, without running them.
+        proc = subprocess.run(["make", "-n", target, f"VENV={tmp_path / 'venv'}"], cwd=root,
+                              capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout
+
+    demo = planned("demo")
+    assert 'pip install -q -e ".[bench]"' in demo and ".[dev]" not in demo
+    assert "installed-demo" in demo and "-m dask_cosim demo" in demo
+    assert 'pip install -q -e ".[dev]"' in planned("test")
