@@ -207,3 +207,13 @@ def test_make_demo_installs_only_what_the_demo_needs(tmp_path: Path) -> None:
     assert 'pip install -q -e ".[bench]"' in demo and ".[dev]" not in demo
     assert "installed-demo" in demo and "-m dask_cosim demo" in demo
     assert 'pip install -q -e ".[dev]"' in planned("test")
+
+
+def test_parquet_column_lookups_did_you_mean(tmp_path: Path) -> None:
+    a, b = random_pairs(6, 4)
+    df = dask_cosim.from_pandas(pd.DataFrame({"id": range(6), "embeds_a": list(a), "embeds_b": list(b)}))
+    with pytest.raises(KeyError, match=re.escape("vector columns ['embed_a'] not found; did you mean 'embeds_a'? available: ['id', 'embeds_a', 'embeds_b']")):
+        dask_cosim.to_parquet(df, tmp_path / "out", vectors=["embed_a"])
+    dask_cosim.to_parquet(df, tmp_path / "out")
+    with pytest.raises(KeyError, match=re.escape("columns ['embeds_c'] not found in") + ".*" + re.escape("; did you mean 'embeds_")):
+        dask_cosim.read_parquet(tmp_path / "out", columns=["embeds_a", "embeds_c"])

@@ -127,8 +127,10 @@ def _read_files(
     if columns is not None:
         missing = [c for c in columns if c not in schema.names]
         if missing:
+            hint = backends.did_you_mean(missing[0], schema.names)
             raise KeyError(
-                f"columns {missing!r} not found in {files[0]!r}; available: {schema.names!r}"
+                f"columns {missing!r} not found in {files[0]!r}{hint or ';'} available: "
+                f"{schema.names!r}"
             )
     # The meta comes from the schema alone: no data is read to build the graph.
     empty = _projected(schema, columns).empty_table()

@@ -19,6 +19,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from dask.dataframe.dispatch import to_pyarrow_table_dispatch
 
+from dask_cosim import backends
 from dask_cosim.io.convert import from_pandas
 from dask_cosim.io.files import FORMAT_VERSION, MANIFEST, exists, filesystem
 from dask_cosim.io.layouts import check_layout, encode_column, list_columns, stored_vector
@@ -126,7 +127,10 @@ def to_parquet(
         vectors = list_columns(meta)
     missing = [c for c in vectors if c not in meta.columns]
     if missing:
-        raise KeyError(f"vector columns {missing!r} not found; available: {list(meta.columns)!r}")
+        hint = backends.did_you_mean(missing[0], meta.columns)
+        raise KeyError(
+            f"vector columns {missing!r} not found{hint or ';'} available: {list(meta.columns)!r}"
+        )
     fs, root = filesystem(path)
     if exists(fs, root) and not overwrite:
         raise FileExistsError(f"{str(path)!r} exists; pass overwrite=True to replace it")
