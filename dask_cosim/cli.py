@@ -7,6 +7,9 @@ Exit status: 0 on success; 2 with one line on stderr for bad input (usage, missi
 unknown columns, wrong dtypes, ragged rows, an existing output); 1 when the computation
 fails otherwise (a worker died, the scheduler went away).  Outputs are written atomically
 (``dask_cosim.to_parquet``): a failed or interrupted run leaves no output, or the old one.
+
+Only click is imported with this module: each command imports what it needs (torch,
+pandas, dask, distributed) when it runs, so ``--help`` and ``--version`` answer at once.
 """
 
 from __future__ import annotations
@@ -20,18 +23,16 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
-import dask
-import numpy as np
-import pandas as pd
 
-import dask_cosim  # also registers the .cosim accessor
-from dask_cosim import backends, datasets, io
-from dask_cosim.cluster import check_size
-from dask_cosim.io import vectors_to_arrow
-from dask_cosim.summary import Summary, summarize
+import dask_cosim  # light: the library's modules are imported by the commands using them
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from dask_cosim.summary import Summary
 
 __all__ = ["main"]
 
@@ -131,7 +132,9 @@ def _echo_cluster(client: Any) -> None:
     limits = {w.get("memory_limit") for w in workers}
     memory = ""
     if len(limits) == 1 and (limit := limits.pop()):
-        memory = f" of {dask.utils.format_bytes(limit)}"
+        from dask.utils import format_bytes
+
+        memory = f" of {format_bytes(limit)}"
     click.echo(
         f"cluster     {_count(len(workers), 'worker')}{memory}, dashboard {client.dashboard_link}",
         err=True,
@@ -145,6 +148,8 @@ def main() -> None:
 
 
 def _memory_limit(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    from dask_cosim.cluster import check_size
+
     try:
         check_size("memory_limit", value, "4GiB")
     except ValueError:
@@ -272,6 +277,9 @@ def _prepare(
 ) -> Callable[..., tuple[Summary, float, int | None]]:
     """Check the inputs and build the graph (no cluster needed); returns the job, which
     writes OUTPUT atomically and returns (summary, seconds, bytes of embeddings read)."""
+    from dask_cosim import backends
+    from dask_cosim.summary import summarize
+
     df = dask_cosim.read_parquet(list(inputs) if len(inputs) > 1 else inputs[0])
     missing = [c for c in keep if c not in df.columns]
     if missing:
@@ -299,6 +307,10 @@ def _prepare(
     return job
 
 
+# dask_cosim.io.LAYOUTS, spelt out so that the option list needs no import of the io package.
+_LAYOUTS = ("binary", "list")
+
+
 @main.command()
 @click.argument("input_path")
 @click.option("-o", "--output", required=True, help="Output folder (Parquet, our layout).")
@@ -318,7 +330,7 @@ def _prepare(
     show_default=True,
     help="Name of the second vector column (.npy/.npz inputs).",
 )
-@click.option("--layout", default="binary", show_default=True, type=click.Choice(io.LAYOUTS))
+@click.option("--layout", default="binary", show_default=True, type=click.Choice(_LAYOUTS))
 @click.option("--allow-pickle", is_flag=True, help="Read a .pkl/.pickle file (runs its code).")
 @click.option("--overwrite", is_flag=True, help="Replace OUTPUT once the new one is complete.")
 @_one_line_errors
@@ -337,6 +349,9 @@ def convert(
     tensor per row; a .npy array of shape (N, 2, D) (pair i is [i, 0] and [i, 1]); a .npz
     with arrays named by --a/--b, each (N, D); or Parquet with object or list columns.
     """
+    import dask
+    import pandas as pd
+
     source = Path(input_path)
     if not source.exists():
         raise InputError(f"{input_path!r} not found")
@@ -373,6 +388,12 @@ def _count(n: int, noun: str) -> str:
 
 
 def _numpy_pairs(source: Path, col_a: str, col_b: str) -> pd.DataFrame:
+    import numpy as np
+    import pandas as pd
+
+    from dask_cosim import backends
+    from dask_cosim.io import vectors_to_arrow
+
     # allow_pickle=False: an object array would unpickle, i.e. run code from the file.
     if source.suffix.lower() == ".npy":
         pairs = np.load(source, allow_pickle=False)
@@ -402,6 +423,8 @@ def _numpy_pairs(source: Path, col_a: str, col_b: str) -> pd.DataFrame:
 @_one_line_errors
 def info(inputs: tuple[str, ...]) -> None:
     """Rows, partitions, columns, and each embedding column's D and dtype."""
+    from dask_cosim import io
+
     _check_parquet_inputs(inputs, "info reads Parquet files or folders of them")
     described = io.describe_parquet(list(inputs) if len(inputs) > 1 else inputs[0])
     click.echo(f"rows        {described['rows']:,}")
@@ -452,6 +475,11 @@ def demo(
     The generated pairs are deleted at the end; the result (Parquet) and a histogram PNG
     stay in --output.
     """
+    import dask
+    import numpy as np
+
+    from dask_cosim import datasets
+
     if partitions is None:
         partitions = max(1, min(rows, (rows * dim * 8) // (64 * 2**20)))
     bounds = np.linspace(0, rows, partitions + 1).astype(int)
@@ -494,6 +522,8 @@ def _plot_histogram(summary: Summary, path: Path) -> str:
         import matplotlib.pyplot as plt
     except ImportError:
         return "not drawn: pip install matplotlib (or dask-cosim[bench])"
+    import numpy as np
+
     edges, counts = summary.edges, summary.counts
     fig, ax = plt.subplots(figsize=(6, 3.5))
     ax.bar(edges[:-1], counts, width=np.diff(edges), align="edge", edgecolor="white")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import dask.dataframe as dd
@@ -217,3 +218,56 @@ def test_parquet_column_lookups_did_you_mean(tmp_path: Path) -> None:
     dask_cosim.to_parquet(df, tmp_path / "out")
     with pytest.raises(KeyError, match=re.escape("columns ['embeds_c'] not found in") + ".*" + re.escape("; did you mean 'embeds_")):
         dask_cosim.read_parquet(tmp_path / "out", columns=["embeds_a", "embeds_c"])
+
+
+HEAVY = ("torch", "pandas", "pyarrow", "numpy", "dask.dataframe", "distributed")
+
+
+def _imported_after(code: str) -> list[str]:
+    probe = f"import sys\n{code}\nprint(sorted(m for m in {HEAVY!r} if m in sys.modules))"
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return eval(proc.stdout.strip().splitlines()[-1])
+
+
+def test_import_and_cli_help_load_no_heavy_module() -> None:
+    """--help and --version answer without importing torch, pandas, dask.dataframe or
+    distributed (the time they take is measured, not asserted: see the report)."""
+    assert _imported_after("import dask_cosim") == []
+    assert _imported_after("import dask_cosim.cli") == []
+    for args in (["--help"], ["--version"], ["pairwise", "--help"], ["convert", "--help"]):
+        code = f"from dask_cosim.cli import main\ntry:\n    main({args!r})\nexcept SystemExit as e:\n    assert e.code == 0, e.code"
+        assert _imported_after(code) == [], args
+
+
+@pytest.mark.parametrize(
+    "imports",
+    [
+        "import dask_cosim; import pandas as pd; import dask.dataframe as dd",
+        "import dask_cosim; import dask.dataframe as dd; import pandas as pd",
+        "import dask.dataframe as dd; import dask_cosim; import pandas as pd",
+        "import pandas as pd; import dask_cosim; import dask.dataframe as dd",
+    ],
+)
+def test_accessor_registered_whatever_the_import_order(imports: str) -> None:
+    code = f"""{imports}
+import warnings
+warnings.simplefilter("error")  # e.g. pandas' warning on registering an accessor twice
+df = pd.DataFrame({{"a": [[3.0, 4.0]], "b": [[4.0, 3.0]]}})
+print(round(float(df.cosim.pairwise("a", "b").iloc[0]), 4))
+print(round(float(dask_cosim.from_pandas(df).cosim.pairwise("a", "b").compute().iloc[0]), 4))
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["0.96", "0.96"]
+
+
+def test_lazy_names_are_the_public_ones() -> None:
+    from dask_cosim import io
+
+    assert sorted(dask_cosim.__all__) == sorted(dask_cosim._LAZY)
+    for name in dask_cosim.__all__:
+        assert getattr(dask_cosim, name) is not None
+    assert cli._LAYOUTS == io.LAYOUTS
+    with pytest.raises(AttributeError, match="module 'dask_cosim' has no attribute 'nothing'"):
+        dask_cosim.nothing  # noqa: B018
