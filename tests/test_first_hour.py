@@ -271,3 +271,14 @@ def test_lazy_names_are_the_public_ones() -> None:
     assert cli._LAYOUTS == io.LAYOUTS
     with pytest.raises(AttributeError, match="module 'dask_cosim' has no attribute 'nothing'"):
         dask_cosim.nothing  # noqa: B018
+
+
+def test_read_parquet_names_a_file_that_is_not_parquet(tmp_path: Path) -> None:
+    folder = tmp_path / "pairs"
+    folder.mkdir()
+    (folder / "pairs.csv").write_text('id,embeds_a\n0,"[1, 2]"\n')
+    with pytest.raises(ValueError, match=re.escape(f"{str(folder / 'pairs.csv')!r} is not a Parquet file (Parquet magic bytes not found")):
+        dask_cosim.read_parquet(folder)
+    code, text = run("info", str(folder))
+    assert code == 2 and f"Error: {str(folder / 'pairs.csv')!r} is not a Parquet file" in text
+    assert "`dask-cosim convert` turns pandas pickles and .npy/.npz files into Parquet" in text
