@@ -282,3 +282,16 @@ def test_read_parquet_names_a_file_that_is_not_parquet(tmp_path: Path) -> None:
     code, text = run("info", str(folder))
     assert code == 2 and f"Error: {str(folder / 'pairs.csv')!r} is not a Parquet file" in text
     assert "`dask-cosim convert` turns pandas pickles and .npy/.npz files into Parquet" in text
+
+
+def test_from_pandas_given_something_else_says_what_to_do() -> None:
+    pdf = pd.DataFrame({"embeds_a": list(random_pairs(4, 3)[0])})
+    df = dask_cosim.from_pandas(pdf)
+    cases = [
+        (df, "from_pandas expects a pandas.DataFrame, got dask.DataFrame; it is a dask collection already: use it as it is (df.cosim.pairwise)"),
+        (pdf["embeds_a"], "from_pandas expects a pandas.DataFrame, got pandas.Series; pass a frame, e.g. from_pandas(series.to_frame())"),
+        ([1, 2], "from_pandas expects a pandas.DataFrame, got list"),
+    ]
+    for obj, message in cases:
+        with pytest.raises(TypeError, match=re.escape(message) + "$"):
+            dask_cosim.from_pandas(obj)

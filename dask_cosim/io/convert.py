@@ -76,7 +76,7 @@ def from_pandas(
         Ragged rows (names the column, the row label and both lengths).
     """
     if not isinstance(pdf, pd.DataFrame):
-        raise TypeError(f"from_pandas expects a pandas.DataFrame, got {type(pdf).__name__}")
+        raise TypeError(_not_pandas_message(pdf))
     converted = pdf.copy(deep=False)
     for column in vector_columns(pdf):
         values, null = backends.stack_object_column(pdf[column].to_numpy(), pdf.index, str(column))
@@ -104,6 +104,19 @@ def from_pandas(
     with dask.config.set({"dataframe.convert-string": False}):
         ddf = dd.from_pandas(strings, npartitions=npartitions, chunksize=chunksize, sort=sort)
     return _on_workers(ddf)
+
+
+def _not_pandas_message(obj: Any) -> str:
+    package = type(obj).__module__.split(".")[0]
+    kind = type(obj).__name__ if package == "builtins" else f"{package}.{type(obj).__name__}"
+    text = f"from_pandas expects a pandas.DataFrame, got {kind}"
+    if dask.is_dask_collection(obj):
+        return text + "; it is a dask collection already: use it as it is (df.cosim.pairwise)"
+    if isinstance(obj, pd.Series):
+        return text + "; pass a frame, e.g. from_pandas(series.to_frame())"
+    if type(obj).__module__.startswith("cudf"):
+        return text + "; for a cudf frame use dask_cudf.from_cudf(gdf, npartitions=...)"
+    return text
 
 
 def _on_workers(ddf: dd.DataFrame) -> dd.DataFrame:
