@@ -33,7 +33,17 @@ test-min: $(VENV_MIN)/.installed
 	$(VENV_MIN)/bin/python -m pip list 2>/dev/null | grep -iE '^(dask|distributed|pandas|pyarrow|numpy|torch) '
 	$(VENV_MIN)/bin/python -m pytest -q --ignore=tests/test_notebooks.py --ignore=tests/test_peers.py
 
-demo: $(VENV)/.installed
+# The demo needs the core and matplotlib (its histogram.png), not the test tools and
+# example models of the dev extra: a stamp of its own, so that `make demo` on a fresh
+# clone installs only that, and `make test` later adds the rest.
+$(VENV)/.installed-demo: pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH_SPEC)"
+	$(PY) -m pip install -q -e ".[bench]"
+	touch $@
+
+demo: $(VENV)/.installed-demo
 	$(PY) -m dask_cosim demo
 
 # The default benchmark: our pipeline, the floors and the peers side by side, one run;

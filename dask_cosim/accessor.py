@@ -83,7 +83,7 @@ class CosimAccessor:
 
         for column in (a, b):
             if column not in meta.columns:
-                raise KeyError(f"column {column!r} not found; available: {list(meta.columns)}")
+                raise backends.column_not_found(column, meta.columns)
         spec_a = backends.vector_spec(meta[a], a)
         spec_b = backends.vector_spec(meta[b], b)
         if spec_a.dim is not None and spec_b.dim is not None and spec_a.dim != spec_b.dim:

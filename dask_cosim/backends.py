@@ -19,8 +19,10 @@ when the user already has cudf objects.
 
 from __future__ import annotations
 
+import difflib
 import math
 import warnings
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +42,8 @@ __all__ = [
     "arrow_vector_types",
     "stack_object_column",
     "ACCEPTED",
+    "column_not_found",
+    "did_you_mean",
 ]
 
 ACCEPTED = (
@@ -84,13 +88,41 @@ make_result = Dispatch("make_result")
 # --------------------------------------------------------------------------- errors
 
 
+def did_you_mean(name: Any, candidates: Iterable[Any]) -> str:
+    """"; did you mean 'embeds_b'?" for the closest of ``candidates``, or ""."""
+    by_text = {str(c): c for c in candidates}
+    close = difflib.get_close_matches(str(name), list(by_text), n=1)
+    return f"; did you mean {by_text[close[0]]!r}?" if close else ""
+
+
+def column_not_found(column: Any, available: Iterable[Any], what: str = "column") -> KeyError:
+    """KeyError("column 'embed_b' not found; did you mean 'embeds_b'? available: [...]")."""
+    available = list(available)
+    hint = did_you_mean(column, available)
+    return KeyError(f"{what} {column!r} not found{hint or ';'} available: {available!r}")
+
+
 def string_column_error(column: str, dtype: Any) -> TypeError:
     return TypeError(
-        f"column {column!r} holds strings ({dtype}), not vectors. dask's "
-        "'dataframe.convert-string' turns object columns of arrays or tensors into text "
-        "(e.g. '[0.1 0.2 ...]', truncated) when a pandas frame goes through dd.from_pandas. "
-        "Build the dask frame with dask_cosim.from_pandas(pdf) instead, or set "
-        "dask.config.set({'dataframe.convert-string': False}) before dd.from_pandas."
+        f"column {column!r} holds strings ({dtype}), not vectors. dd.from_pandas turns "
+        "object columns of arrays or tensors into text such as '[0.1 0.2 ...]' (dask's "
+        "'dataframe.convert-string'), truncated. Build the dask frame with "
+        "dask_cosim.from_pandas(pdf) instead: it stores them as Arrow vectors. "
+        "(dask.config.set({'dataframe.convert-string': False}) before dd.from_pandas keeps "
+        "them too, as Python objects that dask hashes one by one: about 200x slower in "
+        "benchmarks/from_pandas.py.)"
+    )
+
+
+def binary_column_error(column: str, dtype: Any, row: Any = None) -> TypeError:
+    """Raw bytes: our "binary" Parquet layout read by a reader that knows nothing of it."""
+    where = f"column {column!r}" if row is None else f"column {column!r}: row {row!r}"
+    return TypeError(
+        f"{where} holds bytes ({dtype}), not vectors: Parquet written by "
+        "dask_cosim.to_parquet stores each vector as raw bytes (layout='binary'), which "
+        "other readers such as pd.read_parquet and dd.read_parquet return as they are. "
+        "Read the files with dask_cosim.read_parquet(path), or write them with "
+        "dask_cosim.to_parquet(df, path, layout='list') for other tools."
     )
 
 
@@ -142,6 +174,8 @@ def _arrow_value_spec(column: str, dtype: pd.ArrowDtype) -> VectorSpec:
     t = dtype.pyarrow_dtype
     if pa.types.is_string(t) or pa.types.is_large_string(t):
         raise string_column_error(column, dtype)
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t):
+        raise binary_column_error(column, dtype)
     if pa.types.is_fixed_size_list(t):
         dim: int | None = t.list_size
     elif pa.types.is_list(t) or pa.types.is_large_list(t):
@@ -333,6 +367,8 @@ def _cell_array(x: Any) -> np.ndarray:
 
 
 def _cell_error(column: str, index: Any, position: Any, cell: Any) -> TypeError:
+    if isinstance(cell, (bytes, bytearray, memoryview)):
+        return binary_column_error(column, "object", row_label(index, int(position)))
     return TypeError(
         f"column {column!r}: row {row_label(index, int(position))!r} holds "
         f"{type(cell).__name__} {_short(cell)}, not a vector of numbers; expected one "

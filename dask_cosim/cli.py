@@ -7,6 +7,9 @@ Exit status: 0 on success; 2 with one line on stderr for bad input (usage, missi
 unknown columns, wrong dtypes, ragged rows, an existing output); 1 when the computation
 fails otherwise (a worker died, the scheduler went away).  Outputs are written atomically
 (``dask_cosim.to_parquet``): a failed or interrupted run leaves no output, or the old one.
+
+Only click is imported with this module: each command imports what it needs (torch,
+pandas, dask, distributed) when it runs, so ``--help`` and ``--version`` answer at once.
 """
 
 from __future__ import annotations
@@ -17,67 +20,31 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
-import dask
-import dask.dataframe as dd
-import numpy as np
-import pandas as pd
 
-import dask_cosim  # also registers the .cosim accessor
-from dask_cosim import backends, datasets, io
-from dask_cosim.cluster import check_size
-from dask_cosim.io import vectors_to_arrow
+import dask_cosim  # light: the library's modules are imported by the commands using them
 
-__all__ = ["main", "summarize"]
+if TYPE_CHECKING:
+    import dask.dataframe as dd
+    import pandas as pd
 
+    from dask_cosim.summary import Summary
 
-def summarize(cos: dd.Series) -> dict[str, Any]:
-    """Rows, nulls, mean, min, max and a 10-bin histogram over [-1, 1], in one pass."""
-    edges = np.linspace(-1, 1, 11)
-    # A module-level function, not a lambda: a lambda makes distributed fall back to
-    # cloudpickling the whole expression, which fails on pyarrow's dataset objects.
-    hist = cos.dropna().map_partitions(_histogram, edges, meta=(None, object))
-    wanted = [cos.size, cos.isna().sum(), cos.mean(), cos.min(), cos.max(), hist]
-    rows, nulls, mean, lo, hi, parts = dask.compute(*wanted)
-    counts = np.sum(list(parts), axis=0) if len(parts) else np.zeros(10, int)
-    return dict(
-        rows=int(rows),
-        nulls=int(nulls),
-        mean=float(mean),
-        min=float(lo),
-        max=float(hi),
-        edges=edges,
-        counts=counts,
-    )
+__all__ = ["main"]
 
 
-def _histogram(s: pd.Series, edges: np.ndarray) -> pd.Series:
-    return pd.Series([np.histogram(s.to_numpy(), bins=edges)[0]])
-
-
-def format_summary(
-    summary: dict[str, Any], seconds: float, embedding_bytes: int | None = None
-) -> str:
-    rate = f"{summary['rows'] / seconds:,.0f} pairs/s"
+def format_summary(summary: Summary, seconds: float, embedding_bytes: int | None = None) -> str:
+    """:meth:`Summary.format` with the time and throughput before the histogram."""
+    rate = f"{summary.rows / seconds:,.0f} pairs/s"
     if embedding_bytes is not None:
         rate += f", {embedding_bytes / seconds / 1e9:.2f} GB/s of embeddings"
-    lines = [
-        f"rows        {summary['rows']:,}",
-        f"nulls       {summary['nulls']:,}",
-        f"mean        {summary['mean']:+.6f}",
-        f"min / max   {summary['min']:+.6f} / {summary['max']:+.6f}",
-        f"time        {seconds:.2f} s  ({rate})",
-        "histogram",
-    ]
-    counts, edges = summary["counts"], summary["edges"]
-    top = max(1, int(np.max(counts)))
-    for lo, hi, c in zip(edges[:-1], edges[1:], counts):
-        lines.append(f"  [{lo:+.1f}, {hi:+.1f})  {'#' * int(40 * c / top):<40} {int(c):,}")
+    lines = summary.format().splitlines()
+    lines.insert(lines.index("histogram"), f"time        {seconds:.2f} s  ({rate})")
     return "\n".join(lines)
 
 
@@ -166,18 +133,24 @@ def _echo_cluster(client: Any) -> None:
     limits = {w.get("memory_limit") for w in workers}
     memory = ""
     if len(limits) == 1 and (limit := limits.pop()):
-        memory = f" of {dask.utils.format_bytes(limit)}"
+        from dask.utils import format_bytes
+
+        memory = f" of {format_bytes(limit)}"
     click.echo(
-        f"cluster     {len(workers)} workers{memory}, dashboard {client.dashboard_link}", err=True
+        f"cluster     {_count(len(workers), 'worker')}{memory}, dashboard {client.dashboard_link}",
+        err=True,
     )
 
 
 @click.group(name="cosim")  # the name `dask cosim` registers it under
+@click.version_option(dask_cosim.__version__, "-V", "--version", prog_name="dask-cosim")
 def main() -> None:
     """Row-wise cosine similarity of embedding columns, on dask clusters of CPUs or GPUs."""
 
 
 def _memory_limit(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    from dask_cosim.cluster import check_size
+
     try:
         check_size("memory_limit", value, "4GiB")
     except ValueError:
@@ -199,8 +172,8 @@ _memory_limit_option = click.option(
 
 @main.command()
 @click.argument("inputs", nargs=-1, required=True)
-@click.option("-a", "col_a", required=True, help="First embedding column.")
-@click.option("-b", "col_b", required=True, help="Second embedding column.")
+@click.option("-a", "--a", "col_a", required=True, help="First embedding column.")
+@click.option("-b", "--b", "col_b", required=True, help="Second embedding column.")
 @click.option("-o", "--output", required=True, help="Output folder (Parquet, atomic).")
 @click.option("--keep", multiple=True, help="A column to copy to the output (repeatable).")
 @click.option("--name", default="cos", show_default=True, help="Result column name.")
@@ -242,12 +215,53 @@ def pairwise(
             "start a local one: give one or the other"
         )
     # Everything that can be checked without a cluster is checked before one starts.
+    _check_parquet_inputs(inputs, "pairwise reads Parquet files or folders of them")
     job = _prepare(inputs, col_a, col_b, output, keep, name, overwrite, eps, dtype, device)
     with _cluster(scheduler, workers, gpus, memory_limit) as client:
         _echo_cluster(client)
-        summary, seconds = job(progress=not quiet and sys.stderr.isatty())
+        summary, seconds, embedding_bytes = job(progress=not quiet and sys.stderr.isatty())
     click.echo(f"wrote       {output}")
-    click.echo(format_summary(summary, seconds, summary["embedding_bytes"]))
+    click.echo(format_summary(summary, seconds, embedding_bytes))
+
+
+_PARQUET_MAGIC = b"PAR1"
+
+
+def _check_parquet_inputs(inputs: Sequence[str], reads: str) -> None:
+    """A local file that is not Parquet gets a message naming it and the way to convert
+    it, instead of pyarrow's "Parquet magic bytes not found in footer"."""
+    for text in inputs:
+        path = Path(text)
+        if not path.is_file():
+            continue  # folders, globs and URLs: the reader lists and checks them
+        with open(path, "rb") as f:
+            head = f.read(4)
+        if head == _PARQUET_MAGIC:
+            continue
+        suffix = path.suffix.lower()
+        out = f"{path.stem}-parquet"
+        if suffix in (".pkl", ".pickle"):
+            how = (
+                f"it looks like a pickle; convert it first: dask-cosim convert {text} -o {out} "
+                "--allow-pickle (only for a pickle you trust: unpickling runs its code)"
+            )
+        elif suffix in (".npy", ".npz"):
+            how = f"convert it first: dask-cosim convert {text} -o {out}"
+        elif suffix in (".csv", ".tsv", ".txt", ".json", ".jsonl"):
+            how = (
+                "vectors stored as text must be parsed: read it with pandas, turn each "
+                "vector cell into a list or array of numbers, and write Parquet with "
+                f"dask_cosim.to_parquet(pdf, {out!r})"
+            )
+        else:
+            how = (
+                "dask-cosim convert turns pandas pickles and .npy/.npz files into Parquet: "
+                f"dask-cosim convert {text} -o {out}"
+            )
+        raise InputError(
+            f"{text!r} is not a Parquet file (it starts with {head!r}, not {_PARQUET_MAGIC!r});"
+            f" {reads}; {how}"
+        )
 
 
 def _prepare(
@@ -261,38 +275,48 @@ def _prepare(
     eps: float | None = None,
     dtype: str | None = None,
     device: str | None = None,
-) -> Callable[..., tuple[dict[str, Any], float]]:
+) -> Callable[..., tuple[Summary, float, int | None]]:
     """Check the inputs and build the graph (no cluster needed); returns the job, which
-    writes OUTPUT atomically and returns (summary, seconds)."""
+    writes OUTPUT atomically and returns (summary, seconds, bytes of embeddings read)."""
+    from dask_cosim import backends
+    from dask_cosim.summary import summarize
+
     df = dask_cosim.read_parquet(list(inputs) if len(inputs) > 1 else inputs[0])
     missing = [c for c in keep if c not in df.columns]
     if missing:
-        raise InputError(f"--keep columns {missing!r} not found; available: {list(df.columns)!r}")
+        raise InputError(
+            backends.column_not_found(missing[0], df.columns, "--keep column").args[0]
+        )
     cos = df.cosim.pairwise(col_a, col_b, eps=eps, dtype=dtype, device=device, name=name)
     out = df[list(keep)].assign(**{name: cos}) if keep else cos.to_frame()
     if Path(output).exists() and not overwrite:
         raise InputError(f"{output!r} exists; pass --overwrite to replace it")
     spec = backends.vector_spec(df._meta[col_a], col_a)
 
-    def job(progress: bool = False) -> tuple[dict[str, Any], float]:
+    def job(progress: bool = False) -> tuple[Summary, float, int | None]:
         t0 = time.perf_counter()
         dask_cosim.to_parquet(out, output, overwrite=overwrite, progress=progress)
         seconds = time.perf_counter() - t0
         # The written column, not a second pass over the inputs: cheap, and it is what
         # the user got.
         summary = summarize(dask_cosim.read_parquet(output, columns=[name])[name])
-        summary["embedding_bytes"] = None
+        embedding_bytes = None
         if spec.dim is not None and spec.dtype is not None:
-            summary["embedding_bytes"] = 2 * summary["rows"] * spec.dim * spec.dtype.itemsize
-        return summary, seconds
+            embedding_bytes = 2 * summary.rows * spec.dim * spec.dtype.itemsize
+        return summary, seconds, embedding_bytes
 
     return job
+
+
+# dask_cosim.io.LAYOUTS, spelt out so that the option list needs no import of the io package.
+_LAYOUTS = ("binary", "list")
 
 
 @main.command()
 @click.argument("input_path")
 @click.option("-o", "--output", required=True, help="Output folder (Parquet, our layout).")
 @click.option(
+    "-a",
     "--a",
     "col_a",
     default="embeds_a",
@@ -300,13 +324,14 @@ def _prepare(
     help="Name of the first vector column (.npy/.npz inputs).",
 )
 @click.option(
+    "-b",
     "--b",
     "col_b",
     default="embeds_b",
     show_default=True,
     help="Name of the second vector column (.npy/.npz inputs).",
 )
-@click.option("--layout", default="binary", show_default=True, type=click.Choice(io.LAYOUTS))
+@click.option("--layout", default="binary", show_default=True, type=click.Choice(_LAYOUTS))
 @click.option("--allow-pickle", is_flag=True, help="Read a .pkl/.pickle file (runs its code).")
 @click.option("--overwrite", is_flag=True, help="Replace OUTPUT once the new one is complete.")
 @_one_line_errors
@@ -325,6 +350,9 @@ def convert(
     tensor per row; a .npy array of shape (N, 2, D) (pair i is [i, 0] and [i, 1]); a .npz
     with arrays named by --a/--b, each (N, D); or Parquet with object or list columns.
     """
+    import dask
+    import pandas as pd
+
     source = Path(input_path)
     if not source.exists():
         raise InputError(f"{input_path!r} not found")
@@ -343,17 +371,30 @@ def convert(
     elif suffix in (".npy", ".npz"):
         df = dask_cosim.from_pandas(_numpy_pairs(source, col_a, col_b))
     else:
+        _check_parquet_inputs([input_path], "convert reads pandas pickles, .npy/.npz and Parquet")
         df = dask_cosim.read_parquet(input_path)
     with dask.config.set(scheduler="threads"):  # one machine's file: no cluster needed
         manifest = dask_cosim.to_parquet(df, output, layout=layout, overwrite=overwrite)
     dims = ", ".join(f"{c} {v['dim']} x {v['dtype']}" for c, v in manifest["vectors"].items())
     click.echo(
-        f"wrote       {output}: {manifest['rows']:,} rows in {len(manifest['files'])} files, "
+        f"wrote       {output}: {_count(manifest['rows'], 'row')} in "
+        f"{_count(len(manifest['files']), 'file')}, "
         f"layout {layout}; vectors: {dims or 'none found'}"
     )
 
 
+def _count(n: int, noun: str) -> str:
+    """"1 file", "2 files", "1,000 rows"."""
+    return f"{n:,} {noun}{'' if n == 1 else 's'}"
+
+
 def _numpy_pairs(source: Path, col_a: str, col_b: str) -> pd.DataFrame:
+    import numpy as np
+    import pandas as pd
+
+    from dask_cosim import backends
+    from dask_cosim.io import vectors_to_arrow
+
     # allow_pickle=False: an object array would unpickle, i.e. run code from the file.
     if source.suffix.lower() == ".npy":
         pairs = np.load(source, allow_pickle=False)
@@ -367,9 +408,10 @@ def _numpy_pairs(source: Path, col_a: str, col_b: str) -> pd.DataFrame:
         with np.load(source, allow_pickle=False) as arrays:
             missing = [c for c in (col_a, col_b) if c not in arrays]
             if missing:
+                hint = backends.did_you_mean(missing[0], arrays)
                 raise InputError(
-                    f"{str(source)!r} has no arrays {missing!r}; it has {sorted(arrays)!r} "
-                    "(name them with --a/--b)"
+                    f"{str(source)!r} has no arrays {missing!r}{hint or ';'} it has "
+                    f"{sorted(arrays)!r} (name them with --a/--b)"
                 )
             a, b = arrays[col_a], arrays[col_b]
         if a.ndim != 2 or a.shape != b.shape:
@@ -382,9 +424,13 @@ def _numpy_pairs(source: Path, col_a: str, col_b: str) -> pd.DataFrame:
 @_one_line_errors
 def info(inputs: tuple[str, ...]) -> None:
     """Rows, partitions, columns, and each embedding column's D and dtype."""
+    from dask_cosim import io
+
+    _check_parquet_inputs(inputs, "info reads Parquet files or folders of them")
     described = io.describe_parquet(list(inputs) if len(inputs) > 1 else inputs[0])
     click.echo(f"rows        {described['rows']:,}")
-    click.echo(f"files       {described['files']:,} ({described['partitions']:,} partitions)")
+    files, partitions = described["files"], described["partitions"]
+    click.echo(f"files       {_count(files, 'file')} ({_count(partitions, 'partition')})")
     click.echo(f"layout      {described['layout'] or 'not written by dask_cosim'}")
     if described["index"]:
         click.echo(f"index       {', '.join(described['index'])}")
@@ -430,6 +476,11 @@ def demo(
     The generated pairs are deleted at the end; the result (Parquet) and a histogram PNG
     stay in --output.
     """
+    import dask
+    import numpy as np
+
+    from dask_cosim import datasets
+
     if partitions is None:
         partitions = max(1, min(rows, (rows * dim * 8) // (64 * 2**20)))
     bounds = np.linspace(0, rows, partitions + 1).astype(int)
@@ -448,21 +499,22 @@ def demo(
             ]
             dask.compute(*writes)
             click.echo(
-                f"generated   {rows:,} pairs of {dim} float32 in {partitions} Parquet files "
+                f"generated   {_count(rows, 'pair')} of {dim} float32 in "
+                f"{_count(partitions, 'Parquet file')} "
                 f"(list layout, {time.perf_counter() - t0:.1f} s)"
             )
             result = str(out_dir / "result")
             job = _prepare([str(pairs)], "embeds_a", "embeds_b", result, ("id",), "cos", True)
-            summary, seconds = job(progress=sys.stdout.isatty())
+            summary, seconds, embedding_bytes = job(progress=sys.stdout.isatty())
     finally:
         shutil.rmtree(pairs, ignore_errors=True)
     click.echo(f"wrote       {result} (id, cos)")
     click.echo("from Parquet to written result:")
-    click.echo(format_summary(summary, seconds, summary["embedding_bytes"]))
+    click.echo(format_summary(summary, seconds, embedding_bytes))
     click.echo(f"histogram   {_plot_histogram(summary, out_dir / 'histogram.png')}")
 
 
-def _plot_histogram(summary: dict[str, Any], path: Path) -> str:
+def _plot_histogram(summary: Summary, path: Path) -> str:
     """histogram.png of the similarities; matplotlib is optional (the `bench` extra)."""
     try:
         import matplotlib
@@ -471,12 +523,14 @@ def _plot_histogram(summary: dict[str, Any], path: Path) -> str:
         import matplotlib.pyplot as plt
     except ImportError:
         return "not drawn: pip install matplotlib (or dask-cosim[bench])"
-    edges, counts = summary["edges"], summary["counts"]
+    import numpy as np
+
+    edges, counts = summary.edges, summary.counts
     fig, ax = plt.subplots(figsize=(6, 3.5))
     ax.bar(edges[:-1], counts, width=np.diff(edges), align="edge", edgecolor="white")
     ax.set_xlabel("cosine similarity")
     ax.set_ylabel("pairs")
-    ax.set_title(f"{summary['rows']:,} pairs, mean {summary['mean']:+.3f}")
+    ax.set_title(f"{summary.rows:,} pairs, mean {summary.mean:+.3f}")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -538,6 +592,8 @@ def _search_run(
             progress=not quiet and sys.stderr.isatty(),
         )
         seconds = time.perf_counter() - t0
+    from dask_cosim import io
+
     rows = io.describe_parquet(output).get("rows")
     counted = f"{rows:,} rows, " if rows is not None else ""
     click.echo(f"wrote       {output} ({counted}{seconds:.1f} s)")

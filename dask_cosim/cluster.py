@@ -7,12 +7,17 @@ first processes to create a CUDA context.
 
 from __future__ import annotations
 
+import ast
 import difflib
 import importlib.util
 import inspect
+import multiprocessing
 import numbers
+import sys
+from types import FrameType
 from typing import Any
 
+import dask.config
 from dask.system import CPU_COUNT
 from dask.typing import no_default
 from dask.utils import parse_bytes
@@ -105,7 +110,11 @@ def local_cluster(
     --------
     >>> client = dask_cosim.local_cluster()                    # every GPU, or every core
     >>> client = dask_cosim.local_cluster(2, memory_limit="4GiB", gpus=False)
+
+    In a script, call it under ``if __name__ == "__main__":``: worker processes start by
+    importing the script, and one that starts a cluster at import would start another.
     """
+    _check_main_guard()
     if gpus not in ("auto", True, False):
         raise ValueError(f"gpus={gpus!r}; use 'auto', True or False, e.g. gpus=False")
     n_workers = _positive_int("n_workers", n_workers, "n_workers=2")
@@ -194,6 +203,77 @@ class TorchThreads(WorkerPlugin):
         import torch
 
         torch.set_num_threads(self.n)
+
+
+_GUARD = 'if __name__ == "__main__":'
+_GUARD_HELP = (
+    "every worker process starts by importing the script and would start a cluster of its "
+    f"own; move the code from this call on (or a call to a main() that holds it) under `{_GUARD}`"
+)
+
+
+def _check_main_guard() -> None:
+    """Raise before any process starts if the main script calls us outside its guard.
+
+    Without the guard each spawned worker re-runs the script, which tries to start a
+    cluster of its own while multiprocessing is still bootstrapping it: the user gets
+    "Nanny failed to start" and a hundred lines of tracebacks from every process.
+    """
+    if getattr(multiprocessing.current_process(), "_inheriting", False):
+        # A worker process re-running the script (a safety net for scripts whose source
+        # could not be read below).
+        raise RuntimeError(
+            f"local_cluster() ran while a worker process was starting, outside `{_GUARD}`: "
+            + _GUARD_HELP
+        )
+    where = _unguarded_main_call()
+    if where is not None:
+        raise RuntimeError(f"local_cluster() called at {where}, outside `{_GUARD}`: {_GUARD_HELP}")
+
+
+def _unguarded_main_call() -> str | None:
+    """Where the main script's top level calls us outside the guard ("'x.py', line N"), if
+    it does and workers are spawned (so that they re-run the script); else None."""
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    if main is None or not path or not str(path).endswith(".py"):
+        return None  # a notebook, a REPL, python -c: children have no script to re-run
+    spec = getattr(main, "__spec__", None)
+    if spec is not None and spec.name.endswith("__main__"):
+        return None  # multiprocessing does not re-run a package's __main__ (python -m pkg)
+    method = dask.config.get("distributed.worker.multiprocessing-method", "spawn")
+    if method not in ("spawn", "forkserver"):
+        return None
+    frame: FrameType | None = inspect.currentframe()
+    while frame is not None and not (
+        frame.f_code.co_name == "<module>" and frame.f_globals is vars(main)
+    ):
+        frame = frame.f_back
+    if frame is None:
+        return None  # not called while the script's top level runs (a thread, a callback)
+    line = frame.f_lineno
+    try:
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read(), filename=str(path))
+    except (OSError, SyntaxError, ValueError):
+        return None
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and _is_main_test(node.test) and node.body:
+            if node.body[0].lineno <= line <= (node.body[-1].end_lineno or line):
+                return None
+    return f"{str(path)!r}, line {line}"
+
+
+def _is_main_test(test: ast.expr) -> bool:
+    """``__name__ == "__main__"``, either way round."""
+    if not (isinstance(test, ast.Compare) and len(test.ops) == 1):
+        return False
+    if not isinstance(test.ops[0], ast.Eq):
+        return False
+    sides = [test.left, test.comparators[0]]
+    names = [s for s in sides if isinstance(s, ast.Name) and s.id == "__name__"]
+    texts = [s for s in sides if isinstance(s, ast.Constant) and s.value == "__main__"]
+    return len(names) == 1 and len(texts) == 1
 
 
 def _positive_int(name: str, value: Any, example: str) -> int | None:

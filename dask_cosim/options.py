@@ -13,13 +13,14 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import dask.config
-import numpy as np
-import torch
 import yaml
 from dask.utils import parse_bytes
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = [
     "DEVICE_HELP",
@@ -35,7 +36,9 @@ __all__ = [
 
 DEVICE_HELP = "use 'auto', 'cpu', 'cuda' or 'cuda:N'"
 
-_DTYPES = {"float32": torch.float32, "float64": torch.float64}
+# Names of the result dtypes; torch is imported only when one is asked for (`import
+# dask_cosim`, which loads the defaults from here, stays fast for the command line).
+_DTYPES = ("float32", "float64")
 _DEVICE_KINDS = ("cpu", "cuda")
 
 
@@ -80,6 +83,9 @@ def torch_dtype(value: Any = None, *, from_config: bool = True) -> torch.dtype |
 
     ``from_config=False`` checks ``value`` alone (None stays None).
     """
+    import numpy as np
+    import torch
+
     if from_config:
         value = _given(value, "dtype")
     if value is None:
@@ -93,7 +99,8 @@ def torch_dtype(value: Any = None, *, from_config: bool = True) -> torch.dtype |
             key = str(value)
     if key not in _DTYPES:
         raise ValueError(f"dtype={value!r} is not supported; use 'float32' or 'float64'")
-    return _DTYPES[key]
+    dtype: torch.dtype = getattr(torch, key)
+    return dtype
 
 
 def chunk_bytes(value: Any = None) -> dict[str, int]:

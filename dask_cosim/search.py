@@ -14,7 +14,6 @@ depend on how a frame is partitioned.
 
 from __future__ import annotations
 
-import difflib
 import math
 import numbers
 import uuid
@@ -95,12 +94,7 @@ def _check_k_or_threshold(k: Any, threshold: Any) -> tuple[int | None, float | N
 
 def _check_column(meta: Any, column: Any, argument: str) -> backends.VectorSpec:
     if column not in meta.columns:
-        names = [str(c) for c in meta.columns]
-        close = difflib.get_close_matches(str(column), names, n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
-        raise KeyError(
-            f"{argument}={column!r}: column not found; available: {list(meta.columns)}{hint}"
-        )
+        raise backends.column_not_found(column, meta.columns, f"{argument}: column")
     return backends.vector_spec(meta[column], column)
 
 

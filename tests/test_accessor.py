@@ -110,7 +110,7 @@ def test_errors_at_graph_build_time(lazy: bool) -> None:
     acc = frame.cosim
     with pytest.raises(
         KeyError,
-        match=r"column 'embeds_c' not found; available: \['embeds_a', 'embeds_b', 'id', 'text', 'score', 'five'\]",
+        match=r"column 'embeds_c' not found; did you mean 'embeds_b'\? available: \['embeds_a', 'embeds_b', 'id', 'text', 'score', 'five'\]",
     ):
         acc.pairwise("embeds_a", "embeds_c")
     with pytest.raises(

@@ -173,3 +173,83 @@ def test_demo_command_runs_end_to_end(tmp_path: Path) -> None:
     result = dask_cosim.read_parquet(tmp_path / "result").compute()
     assert list(result.columns) == ["id", "cos"] and len(result) == 3000
     assert (tmp_path / "histogram.png").stat().st_size > 0
+
+
+_UNGUARDED = """\
+import dask_cosim
+
+client = dask_cosim.local_cluster(1, gpus=False, dashboard_address=None)
+print("started")
+"""
+_UNGUARDED_MAIN = """\
+import dask_cosim
+
+
+def main():
+    with dask_cosim.local_cluster(1, gpus=False, dashboard_address=None) as client:
+        print("workers", len(client.scheduler_info()["workers"]))
+
+
+main()
+"""
+_GUARDED = """\
+import dask_cosim
+
+
+def main():
+    with dask_cosim.local_cluster(1, gpus=False, dashboard_address=None) as client:
+        print("workers", len(client.scheduler_info()["workers"]))
+
+
+if "__main__" == __name__:
+    main()
+"""
+
+
+def _run_script(tmp_path: Path, source: str) -> subprocess.CompletedProcess[str]:
+    script = tmp_path / "script.py"
+    script.write_text(source)
+    return subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(Path(dask_cosim.__file__).parents[1])},
+    )
+
+
+@pytest.mark.parametrize(("source", "line"), [(_UNGUARDED, 3), (_UNGUARDED_MAIN, 9)])
+def test_script_without_main_guard_gets_one_sentence(
+    tmp_path: Path, source: str, line: int
+) -> None:
+    """Without the guard, spawned workers re-run the script: say so before any starts."""
+    proc = _run_script(tmp_path, source)
+    assert proc.returncode == 1
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last == (
+        f"RuntimeError: local_cluster() called at '{tmp_path / 'script.py'}', line {line}, "
+        'outside `if __name__ == "__main__":`: every worker process starts by importing the '
+        "script and would start a cluster of its own; move the code from this call on (or a "
+        'call to a main() that holds it) under `if __name__ == "__main__":`'
+    )
+    assert "Nanny failed to start" not in proc.stderr and "started" not in proc.stdout
+    assert len(proc.stderr.splitlines()) < 15  # our frames only: no worker ever started
+
+
+def test_script_with_main_guard_starts_its_cluster(tmp_path: Path) -> None:
+    proc = _run_script(tmp_path, _GUARDED)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "workers 1"
+
+
+def test_worker_process_rerunning_a_script_is_stopped(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fallback when the script's source cannot be read: a process that multiprocessing
+    is still bootstrapping refuses to start a cluster of its own."""
+    import multiprocessing
+
+    monkeypatch.setattr(multiprocessing.current_process(), "_inheriting", True, raising=False)
+    before = len(psutil.Process().children(recursive=True))
+    with pytest.raises(RuntimeError, match="ran while a worker process was starting"):
+        dask_cosim.local_cluster(1, gpus=False)
+    assert len(psutil.Process().children(recursive=True)) == before

@@ -97,7 +97,7 @@ def test_topk_join_dedup_commands(tmp_path: Path, data: tuple[Path, np.ndarray])
     [
         (
             ["dedup", "--on", "embs", "--threshold", "0.9"],
-            "on='embs': column not found; available: ['id', 'emb']; did you mean 'emb'?",
+            "on: column 'embs' not found; did you mean 'emb'? available: ['id', 'emb']",
         ),
         (["dedup", "--on", "emb", "--threshold", "2"], "threshold=2.0 must be a number in [-1, 1]"),
         (["join", "--on", "emb"], "give k (the best matches of each row), threshold"),

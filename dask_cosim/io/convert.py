@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import dask
 import dask.dataframe as dd
@@ -58,6 +59,15 @@ def from_pandas(
     sort : bool, default True
         As in ``dd.from_pandas``.
 
+    Returns
+    -------
+    dask.dataframe.DataFrame
+        With an active ``distributed.Client`` (and no local scheduler chosen in the
+        config), the converted partitions are scattered to its workers here, once, and the
+        frame refers to them: every computation then sends a small graph instead of the
+        whole frame.  The frame is tied to that client (it holds its futures).  Without a
+        client the data stays in the graph, as with ``dd.from_pandas``.
+
     Raises
     ------
     TypeError
@@ -66,7 +76,7 @@ def from_pandas(
         Ragged rows (names the column, the row label and both lengths).
     """
     if not isinstance(pdf, pd.DataFrame):
-        raise TypeError(f"from_pandas expects a pandas.DataFrame, got {type(pdf).__name__}")
+        raise TypeError(_not_pandas_message(pdf))
     converted = pdf.copy(deep=False)
     for column in vector_columns(pdf):
         values, null = backends.stack_object_column(pdf[column].to_numpy(), pdf.index, str(column))
@@ -86,9 +96,66 @@ def from_pandas(
         and pd.api.types.infer_dtype(converted[column], skipna=True) != "string"
     ]
     if not (keep and pyarrow_strings_enabled()):
-        return dd.from_pandas(converted, npartitions=npartitions, chunksize=chunksize, sort=sort)
+        ddf = dd.from_pandas(converted, npartitions=npartitions, chunksize=chunksize, sort=sort)
+        return _on_workers(ddf)
     strings = to_pyarrow_string(converted)  # what dask does to the other columns
     for column in keep:
         strings[column] = converted[column].array
     with dask.config.set({"dataframe.convert-string": False}):
-        return dd.from_pandas(strings, npartitions=npartitions, chunksize=chunksize, sort=sort)
+        ddf = dd.from_pandas(strings, npartitions=npartitions, chunksize=chunksize, sort=sort)
+    return _on_workers(ddf)
+
+
+def _not_pandas_message(obj: Any) -> str:
+    package = type(obj).__module__.split(".")[0]
+    kind = type(obj).__name__ if package == "builtins" else f"{package}.{type(obj).__name__}"
+    text = f"from_pandas expects a pandas.DataFrame, got {kind}"
+    if dask.is_dask_collection(obj):
+        return text + "; it is a dask collection already: use it as it is (df.cosim.pairwise)"
+    if isinstance(obj, pd.Series):
+        return text + "; pass a frame, e.g. from_pandas(series.to_frame())"
+    if type(obj).__module__.startswith("cudf"):
+        return text + "; for a cudf frame use dask_cudf.from_cudf(gdf, npartitions=...)"
+    return text
+
+
+def _on_workers(ddf: dd.DataFrame) -> dd.DataFrame:
+    """``ddf`` with its partitions scattered to the active client's workers, or ``ddf``.
+
+    A frame made by ``dd.from_pandas`` carries its data inside every graph computed from
+    it: with a distributed client, each ``compute`` would ship the whole frame to the
+    scheduler again ("Sending large graph").  ``client.scatter`` +
+    ``dd.from_delayed(futures)`` (both documented for this) ships it once.
+    """
+    client = _active_client()
+    if client is None:
+        return ddf
+    # The same partitions and divisions dd.from_pandas chose; slicing them out is cheap.
+    parts = dask.compute(*ddf.to_delayed(), scheduler="sync")
+    futures = client.scatter(list(parts), hash=False)
+    # The partitions are converted already: nothing is left for convert-string to do.
+    with dask.config.set({"dataframe.convert-string": False}):
+        return dd.from_delayed(
+            futures, meta=ddf._meta, divisions=ddf.divisions, verify_meta=False
+        )
+
+
+def _active_client() -> Any:
+    """The synchronous distributed Client that ``compute`` would use now, else None."""
+    try:
+        from distributed import Client, get_worker
+    except ImportError:
+        return None
+    try:
+        get_worker()
+        return None  # inside a task: the data is where it is needed already
+    except ValueError:
+        pass
+    try:
+        scheduler = dask.base.get_scheduler()
+    except (RuntimeError, ValueError):
+        return None
+    client = getattr(scheduler, "__self__", None)  # dask resolves a client to client.get
+    if isinstance(client, Client) and not client.asynchronous:
+        return client
+    return None

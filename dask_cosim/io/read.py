@@ -85,7 +85,7 @@ def describe_parquet(path: Any) -> dict[str, Any]:
     else:
         opened = {f: pq.ParquetFile(f, filesystem=fs) for f in files}
         rows = sum(p.metadata.num_rows for p in opened.values())
-    schema = pq.read_schema(files[0], filesystem=fs)
+    schema = _read_schema(files[0], fs)
     columns: dict[str, dict[str, Any]] = {}
     for name in df.columns:
         info: dict[str, Any] = {"dtype": str(df.dtypes[name])}
@@ -123,12 +123,14 @@ def _read_files(
     filters: Any,
     backend: str,
 ) -> dd.DataFrame:
-    schema = pq.read_schema(files[0], filesystem=fs)
+    schema = _read_schema(files[0], fs)
     if columns is not None:
         missing = [c for c in columns if c not in schema.names]
         if missing:
+            hint = backends.did_you_mean(missing[0], schema.names)
             raise KeyError(
-                f"columns {missing!r} not found in {files[0]!r}; available: {schema.names!r}"
+                f"columns {missing!r} not found in {files[0]!r}{hint or ';'} available: "
+                f"{schema.names!r}"
             )
     # The meta comes from the schema alone: no data is read to build the graph.
     empty = _projected(schema, columns).empty_table()
@@ -152,6 +154,22 @@ def _read_files(
         label="cosim-read-parquet",
         enforce_metadata=False,
     )
+
+
+def _read_schema(file: str, fs: pafs.FileSystem) -> pa.Schema:
+    """The file's schema; a file that is not Parquet is named (pyarrow's own message
+    says only "Parquet magic bytes not found in footer")."""
+    try:
+        return pq.read_schema(file, filesystem=fs)
+    except pa.ArrowInvalid as err:
+        if "magic bytes" not in str(err):
+            raise
+        raise ValueError(
+            f"{file!r} is not a Parquet file ({err}); read_parquet reads Parquet files or "
+            "folders holding only Parquet files. `dask-cosim convert` turns pandas pickles "
+            "and .npy/.npz files into Parquet; CSV needs its vector cells parsed into "
+            "numbers first (pandas), then dask_cosim.to_parquet"
+        ) from None
 
 
 def _split(fs: pafs.FileSystem, file: str) -> list[tuple[str, list[int] | None]]:

@@ -19,6 +19,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from dask.dataframe.dispatch import to_pyarrow_table_dispatch
 
+from dask_cosim import backends
 from dask_cosim.io.convert import from_pandas
 from dask_cosim.io.files import FORMAT_VERSION, MANIFEST, exists, filesystem
 from dask_cosim.io.layouts import check_layout, encode_column, list_columns, stored_vector
@@ -105,7 +106,8 @@ def to_parquet(
         False returns a ``dask.delayed`` object that writes and commits when computed (a
         failed computation then leaves its hidden staging folder behind).
     progress : bool, default False
-        Show distributed's progress bar while writing (needs a distributed Client).
+        Show a progress bar while writing: distributed's with an active Client, else
+        dask's local ``dask.diagnostics.ProgressBar`` (on stdout).
 
     Returns
     -------
@@ -125,7 +127,10 @@ def to_parquet(
         vectors = list_columns(meta)
     missing = [c for c in vectors if c not in meta.columns]
     if missing:
-        raise KeyError(f"vector columns {missing!r} not found; available: {list(meta.columns)!r}")
+        hint = backends.did_you_mean(missing[0], meta.columns)
+        raise KeyError(
+            f"vector columns {missing!r} not found{hint or ';'} available: {list(meta.columns)!r}"
+        )
     fs, root = filesystem(path)
     if exists(fs, root) and not overwrite:
         raise FileExistsError(f"{str(path)!r} exists; pass overwrite=True to replace it")
@@ -153,17 +158,29 @@ def to_parquet(
         return commit
     try:
         if progress:
-            from distributed import default_client
-            from distributed import progress as progress_bar
-
-            future = default_client().compute(commit)
-            progress_bar(future)
-            return future.result()
+            return _compute_with_progress(commit)
         return commit.compute()
     except BaseException:
         if exists(fs, staging):
             fs.delete_dir(staging)
         raise
+
+
+def _compute_with_progress(commit: Any) -> Any:
+    """``commit.compute()`` under the progress bar of the scheduler that will run it."""
+    from distributed import Client
+    from distributed import progress as progress_bar
+
+    # dask resolves an active distributed client to its bound ``get``.
+    client = getattr(dask.base.get_scheduler(), "__self__", None)
+    if isinstance(client, Client):
+        future = client.compute(commit)
+        progress_bar(future)
+        return future.result()
+    from dask.diagnostics import ProgressBar
+
+    with ProgressBar():
+        return commit.compute()
 
 
 _HOST = socket.gethostname().replace("/", "_")

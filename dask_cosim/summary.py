@@ -1,0 +1,194 @@
+"""``summarize(series)``: count, nulls, mean, min, max and a histogram in one pass.
+
+On a dask Series it is one tree reduction (one ``compute``, each partition read once); on
+an eager pandas or cudf Series the same two functions run directly.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import dask
+import numpy as np
+import pandas as pd
+
+__all__ = ["Summary", "summarize"]
+
+# Statistics before the histogram counts in a partial result (a float64 Series: counts
+# stay exact up to 2**53 rows).
+_STATS = ["rows", "nulls", "sum", "min", "max"]
+
+
+@dataclass(frozen=True)
+class Summary:
+    """What :func:`summarize` found.
+
+    ``rows == nulls + counts.sum() + outside``.  ``mean``, ``min`` and ``max`` are over
+    the non-null values (NaN when there are none); ``counts[i]`` counts the values in
+    ``[edges[i], edges[i + 1])``, the last bin including its right edge.
+    """
+
+    rows: int
+    nulls: int
+    mean: float
+    min: float
+    max: float
+    edges: np.ndarray
+    counts: np.ndarray
+    outside: int
+
+    def format(self) -> str:
+        """The summary as lines of text, with a histogram of ``#`` bars."""
+        lines = [
+            f"rows        {self.rows:,}",
+            f"nulls       {self.nulls:,}",
+            f"mean        {self.mean:+.6f}",
+            f"min / max   {self.min:+.6f} / {self.max:+.6f}",
+            "histogram",
+        ]
+        top = max(1, int(np.max(self.counts))) if len(self.counts) else 1
+        for lo, hi, c in zip(self.edges[:-1], self.edges[1:], self.counts):
+            bar = "#" * int(40 * c / top)
+            lines.append(f"  [{lo:+.2g}, {hi:+.2g})  {bar:<40} {int(c):,}")
+        if self.outside:
+            lines.append(
+                f"  outside [{self.edges[0]:+.2g}, {self.edges[-1]:+.2g}]  {self.outside:,}"
+            )
+        return "\n".join(lines)
+
+
+def summarize(
+    series: Any,
+    bins: int | Sequence[float] | np.ndarray = 10,
+    range: tuple[float, float] = (-1.0, 1.0),
+) -> Summary:
+    """Rows, nulls, mean, min, max and a histogram of a numeric Series, in one pass.
+
+    Parameters
+    ----------
+    series : dask, pandas or cudf Series
+        Numbers, e.g. the result of ``df.cosim.pairwise``.  NaN and null both count as
+        nulls.  A dask Series is computed once (one tree reduction), with whichever
+        scheduler or ``distributed.Client`` is active.
+    bins : int or sequence of float, default 10
+        Equal-width bins over ``range``, or the bin edges themselves (increasing).
+    range : (float, float), default (-1.0, 1.0)
+        The histogram's span when ``bins`` is an int; values outside it are counted in
+        ``Summary.outside``, not in a bin.
+
+    Returns
+    -------
+    Summary
+        ``rows``, ``nulls``, ``mean``, ``min``, ``max``, ``edges``, ``counts``, ``outside``;
+        ``Summary.format()`` gives the text the command line prints.
+
+    Raises
+    ------
+    TypeError
+        ``series`` is not a Series of numbers.
+    ValueError
+        ``bins`` or ``range`` do not describe increasing, finite edges.
+
+    Examples
+    --------
+    >>> cos = df.cosim.pairwise("embeds_a", "embeds_b")
+    >>> s = dask_cosim.summarize(cos, bins=20)
+    >>> s.mean, s.counts
+    """
+    edges = _edges(bins, range)
+    meta = series._meta if dask.is_dask_collection(series) else series
+    if getattr(meta, "ndim", None) != 1 or not hasattr(meta, "dtype"):
+        raise TypeError(
+            f"summarize() takes a Series of numbers, got {type(series).__name__}; for a "
+            "column of a frame, pass df[column]"
+        )
+    if not pd.api.types.is_numeric_dtype(meta.dtype) or pd.api.types.is_bool_dtype(meta.dtype):
+        raise TypeError(
+            f"summarize() takes a Series of numbers; {getattr(meta, 'name', None)!r} has "
+            f"dtype {meta.dtype}"
+        )
+    if dask.is_dask_collection(series):
+        totals = series.reduction(
+            _partial,
+            aggregate=_combine,
+            meta=pd.Series(dtype="float64"),
+            token="cosim-summarize",
+            chunk_kwargs={"edges": edges},
+        ).compute()
+    else:
+        totals = _combine(pd.DataFrame([_partial(series, edges)]))
+    rows, nulls, total, lo, hi = (float(totals[k]) for k in _STATS)
+    counts = totals.iloc[len(_STATS) :].to_numpy().astype(np.int64)
+    valid = int(rows - nulls)
+    return Summary(
+        rows=int(rows),
+        nulls=int(nulls),
+        mean=total / valid if valid else math.nan,
+        min=lo if valid else math.nan,
+        max=hi if valid else math.nan,
+        edges=edges,
+        counts=counts,
+        outside=valid - int(counts.sum()),
+    )
+
+
+def _edges(bins: Any, span: Any) -> np.ndarray:
+    if isinstance(bins, (int, np.integer)) and not isinstance(bins, bool):
+        if bins < 1:
+            raise ValueError(f"bins={bins!r} must be a positive number of bins, e.g. bins=10")
+        try:
+            lo, hi = (float(x) for x in span)
+        except (TypeError, ValueError):
+            lo = hi = math.nan
+        if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
+            raise ValueError(
+                f"range={span!r} must be two finite numbers, low < high, e.g. range=(-1, 1)"
+            )
+        return np.linspace(lo, hi, int(bins) + 1)
+    try:
+        edges = np.asarray(bins, dtype=np.float64)
+    except (TypeError, ValueError):
+        edges = np.array([])
+    if (
+        edges.ndim != 1
+        or len(edges) < 2
+        or not np.isfinite(edges).all()
+        or (np.diff(edges) <= 0).any()
+    ):
+        raise ValueError(
+            f"bins={bins!r} must be a number of bins or at least two increasing, finite "
+            "edges, e.g. bins=10 or bins=[-1, 0, 0.5, 1]"
+        )
+    return edges
+
+
+def _partial(s: Any, edges: np.ndarray) -> pd.Series:
+    """One partition's rows, nulls, sum, min, max and bin counts."""
+    if not isinstance(s, pd.Series):
+        s = s.to_pandas()  # cudf: one float per row, cheap to bring to the host
+    values = s.to_numpy(dtype=np.float64, na_value=np.nan)
+    valid = values[~np.isnan(values)]
+    counts = np.histogram(valid, bins=edges)[0] if len(valid) else np.zeros(len(edges) - 1)
+    stats = [
+        len(values),
+        len(values) - len(valid),
+        valid.sum(),
+        valid.min() if len(valid) else math.inf,
+        valid.max() if len(valid) else -math.inf,
+    ]
+    return pd.Series(np.concatenate([stats, counts]).astype(np.float64), index=_index(edges))
+
+
+def _combine(parts: pd.DataFrame) -> pd.Series:
+    """Partial results, one row each -> one partial result."""
+    out = parts.sum(axis=0)
+    out["min"] = parts["min"].min()
+    out["max"] = parts["max"].max()
+    return out
+
+
+def _index(edges: np.ndarray) -> list[str]:
+    return _STATS + [f"bin{i}" for i in np.arange(len(edges) - 1)]

@@ -1,0 +1,82 @@
+"""from_pandas with a distributed client: the data goes to the workers once, not in every
+graph."""
+
+from __future__ import annotations
+
+import warnings
+
+import dask
+import dask.dataframe as dd
+import numpy as np
+import pandas as pd
+import torch
+from distributed import Client
+from distributed.utils_test import cleanup, client, cluster_fixture, loop, loop_in_thread  # noqa: F401
+
+import dask_cosim
+from tests.helpers import random_pairs, reference
+
+
+def tensor_frame(rows: int, dim: int) -> tuple[pd.DataFrame, np.ndarray, np.ndarray]:
+    a, b = random_pairs(rows, dim)
+    pdf = pd.DataFrame(
+        {
+            "embeds_a": [torch.from_numpy(r.copy()).reshape(dim, 1) for r in a],
+            "embeds_b": [torch.from_numpy(r.copy()).reshape(dim, 1) for r in b],
+            "label": [f"row {i}" for i in range(rows)],
+            "score": np.arange(rows, dtype=np.float64),
+        },
+        index=pd.RangeIndex(rows) * 3,
+    )
+    return pdf, a, b
+
+
+def large_graph_warnings(fn) -> list[str]:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fn()
+    return [str(w.message) for w in caught if "large graph" in str(w.message)]
+
+
+def test_computations_send_small_graphs_and_equal_results(client: Client) -> None:  # noqa: F811
+    pdf, a, b = tensor_frame(12_000, 300)  # 29 MB of vectors: above the 10 MB warning
+    df = dask_cosim.from_pandas(pdf, npartitions=4)
+    assert df.npartitions == 4 and df.divisions == (0, 9000, 18000, 27000, 35997)
+    cos = df.cosim.pairwise("embeds_a", "embeds_b")
+    results: dict[str, object] = {}
+
+    def computations() -> None:
+        results["cos"] = cos.compute()
+        results["mean"] = cos.mean().compute()
+        results["top"] = df.assign(cos=cos).nlargest(5, "cos").compute()
+
+    assert large_graph_warnings(computations) == []
+    expected = reference(a, b)
+    np.testing.assert_allclose(results["cos"].to_numpy(), expected, atol=1e-6)
+    assert results["cos"].index.equals(pdf.index)
+    assert results["mean"] == np.float32(expected.mean()) or abs(results["mean"] - expected.mean()) < 1e-6
+    top = results["top"]
+    assert top["label"].tolist() == [f"row {i}" for i in np.argsort(-expected)[:5]]
+    assert str(df.dtypes["label"]) == str(dask_cosim.from_pandas(pdf.head()).dtypes["label"])
+    # The data lives on the workers: the scheduler knows 4 partitions held there.
+    assert sum(len(keys) for keys in client.has_what().values()) >= 4
+
+
+def test_the_frame_in_the_graph_is_what_it_avoids(client: Client) -> None:  # noqa: F811
+    """The same frame through dd.from_pandas does warn: the test above can fail."""
+    pdf, a, b = tensor_frame(12_000, 300)
+    converted = dask_cosim.from_pandas(pdf)
+    with dask.config.set({"dataframe.convert-string": False}):
+        in_graph = dd.from_pandas(converted.compute(), npartitions=4)
+    cos = in_graph.cosim.pairwise("embeds_a", "embeds_b")
+    assert large_graph_warnings(lambda: cos.mean().compute()) != []
+
+
+def test_without_a_client_the_data_stays_in_the_graph() -> None:
+    pdf, a, b = tensor_frame(50, 8)
+    df = dask_cosim.from_pandas(pdf, npartitions=3)
+    np.testing.assert_allclose(
+        df.cosim.pairwise("embeds_a", "embeds_b").compute(scheduler="sync").to_numpy(),
+        reference(a, b),
+        atol=1e-6,
+    )
