@@ -1,6 +1,6 @@
 """Kernel against the memory floor and F.cosine_similarity, in-process, one run.
 
-    python benchmarks/kernel.py --rows 1000000 --dim 300
+    python -m benchmarks.kernel --rows 1000000 --dim 300
 
 A first measurement only; the full runner (dask, Parquet, peers, JSON and charts) is
 still to come.  Prints the median of --repeat runs after a warm-up.
@@ -11,8 +11,8 @@ from __future__ import annotations
 import click
 import numpy as np
 import torch
-from timing import median_seconds  # this folder: the scripts' shared timing rule
 
+from benchmarks.harness import median_seconds
 from dask_cosim import kernels
 
 

@@ -1,6 +1,6 @@
 """One run, one table: our pipeline against this machine's floor and the tools people use.
 
-    python benchmarks/pairwise.py --rows 1000000 --dim 300        # make bench
+    python -m benchmarks.pairwise --rows 1000000 --dim 300        # make bench
 
 Generates N pairs of D-vectors once, writes them as list<float> Parquet (what pandas,
 dask and Spark write) and in ``dask_cosim.to_parquet``'s layout, starts a LocalCluster
@@ -44,11 +44,9 @@ import pyarrow.parquet as pq
 import torch
 
 import dask_cosim
+from benchmarks.peers import Case, file_peers, in_memory_peers
 from dask_cosim import io, kernels
 from dask_cosim.datasets import pair_arrays
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from peers import Case, file_peers, in_memory_peers  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 A, B = "embeds_a", "embeds_b"
@@ -355,13 +353,11 @@ def fresh_process_memory(folder: Path) -> dict[str, Any] | None:
     if not Path("/proc/self/clear_refs").exists():
         return None
     env = dict(os.environ, MALLOC_TRIM_THRESHOLD_="65536", OMP_NUM_THREADS="1")
-    code = (
-        "import sys; sys.path.insert(0, sys.argv[1]); "
-        "from pairwise import memory_probe; memory_probe(sys.argv[2])"
-    )
-    here = str(Path(__file__).resolve().parent)
+    # From the repository root, where ``-c`` finds the benchmarks package.
+    code = "import sys; from benchmarks.pairwise import memory_probe; memory_probe(sys.argv[1])"
     proc = subprocess.run(
-        [sys.executable, "-c", code, here, str(folder)],
+        [sys.executable, "-c", code, str(folder)],
+        cwd=Path(__file__).resolve().parent.parent,
         env=env,
         capture_output=True,
         text=True,
@@ -586,7 +582,7 @@ def main(
     out_dir.mkdir(parents=True, exist_ok=True)
     result = {
         "name": name,
-        "command": "python benchmarks/pairwise.py " + " ".join(sys.argv[1:]),
+        "command": "python -m benchmarks.pairwise " + " ".join(sys.argv[1:]),
         "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "params": {
             "rows": rows,

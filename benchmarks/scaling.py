@@ -1,6 +1,6 @@
 """Does the time per pair stay flat as N grows, and grow linearly with D?
 
-    python benchmarks/scaling.py                      # rows 1e5..1e7 and D 64..1024
+    python -m benchmarks.scaling                      # rows 1e5..1e7 and D 64..1024
 
 For each size: our kernel in-process, and ``df.cosim.pairwise(...).sum()`` on a LocalCluster
 over partitions persisted in worker memory and from our Parquet files.  Prints nanoseconds
@@ -25,11 +25,9 @@ import torch
 from distributed import wait
 
 import dask_cosim
+from benchmarks.harness import median_seconds
+from benchmarks.pairwise import RESULTS, make_pairs, write_our_layout
 from dask_cosim import kernels
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from pairwise import RESULTS, make_pairs, write_our_layout  # noqa: E402
-from timing import median_seconds  # noqa: E402
 
 
 def measure(rows: int, dim: int, repeat: int, tmp: Path) -> dict[str, float]:

@@ -1,4 +1,4 @@
-"""The one timing rule the benchmark scripts share."""
+"""What the benchmark scripts share: the timing rule."""
 
 from __future__ import annotations
 
