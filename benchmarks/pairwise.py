@@ -428,9 +428,8 @@ def main(
     print_table(table, header)
     print("\ntargets (ratios from this run):")
     for t in targets:
-        print(
-            f"  {'met ' if t['met'] else 'MISS'} {t['target']:50} {t['ratio']:.2f} (bar {t['bar']})"
-        )
+        where = "at or above" if t["met"] else "below"
+        print(f"  {t['target']:50} {t['ratio']:.2f}, {where} the bar ({t['bar']})")
 
     if memory is not None:
         print(
