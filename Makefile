@@ -49,7 +49,7 @@ demo: $(VENV)/.installed-demo
 # The default benchmark: our pipeline, the floors and the peers side by side, one run;
 # prints the table and writes benchmarks/results/<name>.json and .png.
 bench: $(VENV)/.installed
-	$(PY) benchmarks/pairwise.py
+	$(PY) -m benchmarks.pairwise
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check dask_cosim tests benchmarks

@@ -1,6 +1,6 @@
 """The kernels against this machine's streaming floors, one process, one run.
 
-    python benchmarks/kernel.py --rows 1000000 --dim 300
+    python -m benchmarks.kernel --rows 1000000 --dim 300
 
 Cases, timed in rounds (each round runs every case once, so drift in the machine hits
 every case alike); the table shows the best and the median round:

@@ -1,6 +1,6 @@
 """Which Parquet layout of embedding vectors reads fastest, on this machine, in one run.
 
-    python benchmarks/layouts.py --rows 1000000 --dim 300
+    python -m benchmarks.layouts --rows 1000000 --dim 300
 
 Writes the same pairs in each candidate layout (list / fixed_size_list with each
 compression and encoding, row-group sizes, one fixed-size binary value per vector) into a
@@ -21,8 +21,8 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
-from timing import median_seconds  # this folder: the scripts' shared timing rule
 
+from benchmarks.harness import median_seconds
 from dask_cosim import backends, io
 
 COLUMNS = ["embeds_a", "embeds_b"]

@@ -1,6 +1,6 @@
 """One run, one table: our pipeline against this machine's floor and the tools people use.
 
-    python benchmarks/pairwise.py --rows 1000000 --dim 300        # make bench
+    python -m benchmarks.pairwise --rows 1000000 --dim 300        # make bench
 
 Generates N pairs of D-vectors once, writes them as list<float> Parquet (what pandas,
 dask and Spark write) and in ``dask_cosim.to_parquet``'s layout, starts a LocalCluster
@@ -13,24 +13,20 @@ in-memory cases against the streaming floor, Parquet cases against pyarrow readi
 same files); "ours is x faster" is case time / our comparable time (in-memory peers
 against our kernel, file-based peers against our end-to-end run from our layout).
 
-Writes ``benchmarks/results/<name>.json`` and ``<name>.png`` (bar chart).
+Writes ``benchmarks/results/<name>.json`` (with the machine and its load average) and
+``<name>.png`` (bar chart); timing, checks, table, JSON and chart are ``benchmarks.harness``'s.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import os
-import platform
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
-import textwrap
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -44,27 +40,12 @@ import pyarrow.parquet as pq
 import torch
 
 import dask_cosim
+from benchmarks.harness import RESULTS, Row, plot, print_table, summarize, time_rows, write_results
+from benchmarks.peers import Case, file_peers, in_memory_peers
 from dask_cosim import io, kernels
 from dask_cosim.datasets import pair_arrays
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from peers import Case, file_peers, in_memory_peers  # noqa: E402
-
-RESULTS = Path(__file__).resolve().parent / "results"
 A, B = "embeds_a", "embeds_b"
-
-
-@dataclasses.dataclass
-class Row:
-    """A timed case and how to read it: which floor and which of ours it is compared with."""
-
-    case: Case
-    kind: str  # "floor", "ours" or "peer"
-    floor: str | None = None  # name of the floor row
-    versus: str | None = None  # name of our row a peer is compared with
-    expect: str = "rows"  # "rows": per-row results; "sum": their sum; "none": a floor
-    times: list[float] = dataclasses.field(default_factory=list)
-    error: float | None = None
 
 
 def make_pairs(rows: int, dim: int, dtype: str, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -255,70 +236,6 @@ def gpu_rows(a: np.ndarray, b: np.ndarray) -> list[Row]:
     ]
 
 
-def time_rows(rows: list[Row], repeat: int, ref: np.ndarray, log: Callable[[str], None]) -> None:
-    """A checked warm-up run of each case, then ``repeat`` rounds of one run per case.
-
-    Slow cases that cap their repeats (process start-up included anyway) skip the warm-up:
-    their first run is checked and timed.
-    """
-    for row in rows:
-        if row.case.repeat is None:
-            log(f"warm-up: {row.case.name}")
-            row.error = check(row, row.case.run(), ref)
-    for r in range(repeat):
-        log(f"round {r + 1}/{repeat}")
-        for row in rows:
-            if row.case.repeat is not None and len(row.times) >= row.case.repeat:
-                continue
-            t0 = time.perf_counter()
-            result = row.case.run()
-            row.times.append(time.perf_counter() - t0)
-            if row.error is None:
-                row.error = check(row, result, ref)
-
-
-def check(row: Row, result: Any, ref: np.ndarray) -> float | None:
-    """Max |error| against the float64 reference (for a sum: relative error)."""
-    if row.expect == "none":
-        return None
-    if row.expect == "sum":
-        total = float(ref.sum())
-        return abs(float(result) - total) / max(1.0, abs(total))
-    values = np.asarray(result, dtype=np.float64).reshape(-1)
-    want = ref[: len(values)]
-    if len(values) != len(want) or (row.case.rows == len(ref) and len(values) != len(ref)):
-        raise AssertionError(f"{row.case.name}: {len(values)} results for {row.case.rows} rows")
-    return float(np.max(np.abs(values - want))) if len(values) else 0.0
-
-
-def summarize(rows: list[Row], total_rows: int, nbytes: int) -> list[dict[str, Any]]:
-    seconds = {}
-    for row in rows:
-        # Sample cases (row by row) are scaled to the full size, and say so.
-        seconds[row.case.name] = statistics.median(row.times) * total_rows / row.case.rows
-    out = []
-    for row in rows:
-        s = seconds[row.case.name]
-        out.append(
-            {
-                "case": row.case.name,
-                "kind": row.kind,
-                "seconds": s,
-                "times": row.times,
-                "rows_timed": row.case.rows,
-                "pairs_per_s": total_rows / s,
-                "gb_per_s": nbytes / s / 1e9,
-                "floor": row.floor,
-                "x_floor": seconds[row.floor] / s if row.floor in seconds else None,
-                "versus": row.versus,
-                "ours_x_faster": s / seconds[row.versus] if row.versus in seconds else None,
-                "max_error": row.error,
-                "note": row.case.note,
-            }
-        )
-    return out
-
-
 TARGETS = [
     # (what, row, compared with, bar): the issue's targets, as ratios of this run's times.
     ("kernel >= 0.9 x all-core floor", "ours: kernel", "floor: torch sum (all cores)", 0.9),
@@ -370,13 +287,11 @@ def fresh_process_memory(folder: Path) -> dict[str, Any] | None:
     if not Path("/proc/self/clear_refs").exists():
         return None
     env = dict(os.environ, MALLOC_TRIM_THRESHOLD_="65536", OMP_NUM_THREADS="1")
-    code = (
-        "import sys; sys.path.insert(0, sys.argv[1]); "
-        "from pairwise import memory_probe; memory_probe(sys.argv[2])"
-    )
-    here = str(Path(__file__).resolve().parent)
+    # From the repository root, where ``-c`` finds the benchmarks package.
+    code = "import sys; from benchmarks.pairwise import memory_probe; memory_probe(sys.argv[1])"
     proc = subprocess.run(
-        [sys.executable, "-c", code, here, str(folder)],
+        [sys.executable, "-c", code, str(folder)],
+        cwd=Path(__file__).resolve().parent.parent,
         env=env,
         capture_output=True,
         text=True,
@@ -428,64 +343,6 @@ def memory_probe(folder: str) -> None:
         "extra_bytes": extra[1],
     }
     print(json.dumps(measured))
-
-
-def print_table(table: list[dict[str, Any]], header: str) -> None:
-    print(header)
-    print(
-        f"{'case':46} {'s':>8} {'Mpairs/s':>9} {'GB/s':>6} {'x floor':>8} "
-        f"{'ours x faster':>13} {'max err':>8}  note"
-    )
-    for r in table:
-        x_floor = f"{r['x_floor']:.2f}" if r["x_floor"] is not None else ""
-        faster = f"{r['ours_x_faster']:.1f}" if r["ours_x_faster"] is not None else ""
-        err = f"{r['max_error']:.0e}" if r["max_error"] is not None else ""
-        print(
-            f"{r['case']:46} {r['seconds']:8.3f} {r['pairs_per_s'] / 1e6:9.2f} "
-            f"{r['gb_per_s']:6.2f} {x_floor:>8} {faster:>13} {err:>8}  {r['note']}"
-        )
-
-
-def plot(table: list[dict[str, Any]], title: str, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    colors = {"floor": "#999999", "ours": "#1f77b4", "peer": "#ff7f0e"}
-    fig, ax = plt.subplots(figsize=(9, 0.38 * len(table) + 1.2))
-    names = [r["case"] for r in table][::-1]
-    values = [r["pairs_per_s"] / 1e6 for r in table][::-1]
-    ax.barh(names, values, color=[colors[r["kind"]] for r in table][::-1])
-    ax.set_xscale("log")
-    ax.set_xlabel("million pairs per second (log scale; higher is better)")
-    ax.set_title(textwrap.fill(title, 90), fontsize=9)
-    for y, v in enumerate(values):
-        ax.text(v, y, f" {v:.2g}", va="center", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def machine() -> dict[str, Any]:
-    import distributed
-
-    info = {
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "cpus": os.cpu_count(),
-        "torch": torch.__version__,
-        "torch_threads": torch.get_num_threads(),
-        "numpy": np.__version__,
-        "pandas": pd.__version__,
-        "pyarrow": pa.__version__,
-        "dask": dask.__version__,
-        "distributed": distributed.__version__,
-        "dask_cosim": dask_cosim.__version__,
-    }
-    if torch.cuda.is_available():
-        info["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-    return info
 
 
 @click.command()
@@ -586,9 +443,8 @@ def main(
     print_table(table, header)
     print("\ntargets (ratios from this run):")
     for t in targets:
-        print(
-            f"  {'met ' if t['met'] else 'MISS'} {t['target']:50} {t['ratio']:.2f} (bar {t['bar']})"
-        )
+        where = "at or above" if t["met"] else "below"
+        print(f"  {t['target']:50} {t['ratio']:.2f}, {where} the bar ({t['bar']})")
 
     if memory is not None:
         print(
@@ -598,25 +454,18 @@ def main(
             f"{memory['first_call_extra_bytes'] / 2**20:.2f} MiB); budget "
             f"{memory['budget_bytes'] / 2**20:.2f} MiB = {memory['budget']}"
         )
-    out_dir.mkdir(parents=True, exist_ok=True)
-    result = {
-        "name": name,
-        "command": "python benchmarks/pairwise.py " + " ".join(sys.argv[1:]),
-        "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "params": {
-            "rows": rows,
-            "dim": dim,
-            "dtype": dtype,
-            "partitions": partitions,
-            "workers": workers,
-            "repeat": repeat,
-        },
-        "machine": machine(),
-        "cases": table,
-        "targets": targets,
-        "memory": memory,
+    params = {
+        "rows": rows,
+        "dim": dim,
+        "dtype": dtype,
+        "partitions": partitions,
+        "workers": workers,
+        "repeat": repeat,
     }
-    (out_dir / f"{name}.json").write_text(json.dumps(result, indent=1))
+    write_results(
+        out_dir / f"{name}.json",
+        {"name": name, "params": params, "cases": table, "targets": targets, "memory": memory},
+    )
     plot(table, header, out_dir / f"{name}.png")
     log(f"wrote {out_dir / (name + '.json')} and .png")
 

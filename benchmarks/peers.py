@@ -1,17 +1,18 @@
 """The tools users would use instead of dask_cosim, each written the way its users write it.
 
-The benchmark runner (benchmarks/pairwise.py) times these side by side with our code on the
-same pairs.  It puts this folder on ``sys.path``, imports this module as ``peers``, builds the
-cases (setup is untimed), then times ``case.run()`` and checks what it returns against a
-float64 reference.
+The benchmark runner (``python -m benchmarks.pairwise``) times these side by side with our
+code on the same pairs.  It imports this module as ``benchmarks.peers``, builds the cases
+(setup is untimed), then times ``case.run()`` and checks what it returns against a float64
+reference.
 
     in_memory_peers(a, b)                                   packed arrays in this process
     file_peers(list_parquet, a, b, workdir, processes=2)    data on disk, several processes
 
 Each case does the whole of what its users pay for (for the file peers: process start-up,
 loading and gathering) and nothing a user would not do.  Functions that run in other
-processes are module-level, so ``peers`` must be importable there: put this folder on
-``sys.path`` before starting the dask cluster (spawned processes copy the parent's path).
+processes are module-level, so ``benchmarks.peers`` must be importable there: run from the
+repository root (``python -m``, or pytest), whose place on ``sys.path`` spawned processes
+copy from their parent.
 """
 
 from __future__ import annotations

@@ -1,18 +1,18 @@
 """Does the time per pair stay flat as N grows, and grow linearly with D?
 
-    python benchmarks/scaling.py                      # rows 1e5..1e7 and D 64..1024
+    python -m benchmarks.scaling                      # rows 1e5..1e7 and D 64..1024
 
 For each size: our kernel in-process, and ``df.cosim.pairwise(...).sum()`` on a LocalCluster
 over partitions persisted in worker memory and from our Parquet files.  Prints nanoseconds
 per pair (flat = constant time per pair) and, for the D sweep, per pair per 100 dimensions
 (flat = linear in D), each also relative to the largest size.  Sizes whose pairs would not
 fit in this machine's memory are skipped and reported as such.  Writes
-``benchmarks/results/scaling-<name>.json``.
+``benchmarks/results/scaling-<name>.json`` (``benchmarks.harness.write_results``: with the
+machine and its load average).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import sys
@@ -25,11 +25,9 @@ import torch
 from distributed import wait
 
 import dask_cosim
+from benchmarks.harness import RESULTS, median_seconds, write_results
+from benchmarks.pairwise import make_pairs, write_our_layout
 from dask_cosim import kernels
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from pairwise import RESULTS, make_pairs, write_our_layout  # noqa: E402
-from timing import median_seconds  # noqa: E402
 
 
 def measure(rows: int, dim: int, repeat: int, tmp: Path) -> dict[str, float]:
@@ -118,8 +116,7 @@ def main(
             ]
             print(f"{r['rows']:>11,} {r['dim']:>5} {cells[0]:>14} {cells[1]:>16} {cells[2]:>16}")
     name = name or f"cpu{os.cpu_count()}"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / f"scaling-{name}.json").write_text(json.dumps(results, indent=1))
+    write_results(out_dir / f"scaling-{name}.json", results)
 
 
 if __name__ == "__main__":

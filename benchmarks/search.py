@@ -16,8 +16,8 @@ One run, same process, same threads, ratios measured side by side:
 
 Writes ``benchmarks/results/<name>.json`` and prints a table.  Usage::
 
-    python benchmarks/search.py              # the default run, ~2 minutes on 2 cores
-    python benchmarks/search.py --quick      # seconds, for the smoke test
+    python -m benchmarks.search              # the default run, ~2 minutes on 2 cores
+    python -m benchmarks.search --quick      # seconds, for the smoke test
 """
 
 from __future__ import annotations
@@ -38,10 +38,8 @@ import pandas as pd
 import pyarrow as pa
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from timing import median_seconds  # noqa: E402
-
-import dask_cosim  # noqa: E402
+import dask_cosim
+from benchmarks.harness import median_seconds
 
 
 def loadavg() -> str:
@@ -344,7 +342,7 @@ def main() -> None:
             "torch": torch.__version__,
             "torch_threads": torch.get_num_threads(),
         },
-        "command": "python benchmarks/search.py" + (" --quick" if quick else ""),
+        "command": "python -m benchmarks.search" + (" --quick" if quick else ""),
     }
     r = 1 if quick else 2
     d = 64 if quick else 128

@@ -11,9 +11,10 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def run_script(name: str, *args: str) -> str:
-    """Run benchmarks/<name> as users do; its stdout (fails with its stderr)."""
+    """Run ``python -m benchmarks.<name>`` from the root, as users do; its stdout (fails with
+    its stderr)."""
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / name), *args],
+        [sys.executable, "-m", f"benchmarks.{name}", *args],
         capture_output=True,
         text=True,
         timeout=240,
@@ -24,7 +25,7 @@ def run_script(name: str, *args: str) -> str:
 
 
 def test_kernel_benchmark_runs() -> None:
-    out = run_script("kernel.py", "--rows", "2000", "--dim", "8", "--repeat", "1")
+    out = run_script("kernel", "--rows", "2000", "--dim", "8", "--repeat", "1")
     assert "ours: pairwise_cosine, fused (numba)" in out and "x torch floor" in out
     assert "busy / alone" in out and "empty numba cache" in out
 
@@ -32,7 +33,7 @@ def test_kernel_benchmark_runs() -> None:
 def test_pairwise_runner_runs(tmp_path: Path) -> None:
     """The full runner on a real LocalCluster; its peers are tested in test_peers.py."""
     out = run_script(
-        "pairwise.py", "--rows", "3000", "--dim", "8", "--repeat", "1", "--no-peers",
+        "pairwise", "--rows", "3000", "--dim", "8", "--repeat", "1", "--no-peers",
         "--quiet", "--name", "smoke", "--out", str(tmp_path),
     )  # fmt: skip
     assert "ours: our Parquet -> sum" in out and "targets" in out
@@ -44,13 +45,13 @@ def test_pairwise_runner_runs(tmp_path: Path) -> None:
 
 
 def test_layouts_benchmark_runs() -> None:
-    out = run_script("layouts.py", "--rows", "2000", "--dim", "8", "--files", "2", "--repeat", "1")
+    out = run_script("layouts", "--rows", "2000", "--dim", "8", "--files", "2", "--repeat", "1")
     assert "binary (FLBA), none [to_parquet]" in out
 
 
 def test_scaling_benchmark_runs(tmp_path: Path) -> None:
     out = run_script(
-        "scaling.py", "--rows", "2000,4000", "--dim", "8", "--dims", "4,8", "--dim-rows",
+        "scaling", "--rows", "2000,4000", "--dim", "8", "--dims", "4,8", "--dim-rows",
         "2000", "--repeat", "1", "--name", "smoke", "--out", str(tmp_path),
     )  # fmt: skip
     assert "ns per pair per 100 dims" in out

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,15 +11,10 @@ import pyarrow.parquet as pq
 import pytest
 from distributed import Client, LocalCluster
 
+# The repository root is on sys.path (as for tests.helpers), and spawned workers and ranks
+# copy it, so they import benchmarks.peers too.
+from benchmarks.peers import Case, file_peers, in_memory_peers
 from tests.helpers import random_pairs
-
-# As the runner does: benchmarks/ is not a package.  On sys.path before the cluster and the
-# spawned ranks start, so that they import `peers` too.
-BENCHMARKS = str(Path(__file__).resolve().parent.parent / "benchmarks")
-if BENCHMARKS not in sys.path:
-    sys.path.insert(0, BENCHMARKS)
-
-from peers import Case, file_peers, in_memory_peers  # noqa: E402
 
 N, D, SAMPLE = 500, 16, 100
 

@@ -1,4 +1,4 @@
-"""benchmarks/search.py runs at tiny size, so it cannot rot (no timing asserted)."""
+"""python -m benchmarks.search runs at tiny size, so it cannot rot (no timing asserted)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ def test_search_benchmark_runs(tmp_path: Path) -> None:
     for module in ("faiss", "sklearn", "sentence_transformers"):
         pytest.importorskip(module)
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "search.py"), "--quick", "--name", "smoke",
+        [sys.executable, "-m", "benchmarks.search", "--quick", "--name", "smoke",
          "--out", str(tmp_path)],
         capture_output=True, text=True, timeout=280, cwd=ROOT,
     )  # fmt: skip
