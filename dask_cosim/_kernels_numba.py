@@ -1,7 +1,7 @@
 """The fused CPU kernel (numba): one read of each row, three sums in registers.
 
-Imported by :mod:`dask_cosim.kernels` on the first CPU call only: importing numba costs
-~0.25 s that a client process which never computes need not pay.  Numerics (which rows
+Imported by :mod:`dask_cosim.kernels` on the first CPU call only: importing numba takes
+time that a client process which never computes need not pay.  Numerics (which rows
 the fast path may answer, and the rule for the others) are decided in ``kernels``; this
 module only computes.
 """
@@ -33,8 +33,8 @@ def _row(
     redo: np.ndarray,
 ) -> None:
     # float64 sums of float32 input: as fast (the loop waits on memory, not on the
-    # conversions) and ten times more accurate than float32 sums (3e-8 against 3e-7
-    # at D = 300); no float32 square can overflow or underflow in float64 either.
+    # conversions) and more accurate than float32 sums (benchmarks/NOTES.md, section 7);
+    # no float32 square can overflow or underflow in float64 either.
     dot = 0.0
     aa = 0.0
     bb = 0.0
@@ -55,7 +55,7 @@ def _row(
 
 
 # One parallel region per call, whatever N: thousands of short regions (one per torch op
-# per chunk) are what made the torch kernel 10x slower beside a busy process.
+# per chunk) are what made the torch kernel slow beside a busy process.
 @numba.njit(parallel=True, fastmath=_FASTMATH, cache=True, nogil=True)
 def _rows_parallel(a, b, eps, lo, hi, out, redo):  # type: ignore[no-untyped-def]
     for i in numba.prange(a.shape[0]):
@@ -68,9 +68,8 @@ def _rows_serial(a, b, eps, lo, hi, out, redo):  # type: ignore[no-untyped-def]
         _row(a, b, i, eps, lo, hi, out, redo)
 
 
-# Below this many values per input, one thread: waking a second one costs ~0.1 ms on an
-# idle machine and a scheduler time slice (several ms) on a busy one, more than reading
-# 4 MiB takes.
+# Below this many values per input, one thread: waking a second one costs more than
+# reading 4 MiB takes on a busy machine (a scheduler time slice).
 PARALLEL_MIN_VALUES = 1 << 20
 
 

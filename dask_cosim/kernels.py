@@ -299,13 +299,12 @@ def _torch_kernel(
     norm_b = torch.empty(n, dtype=dtype, device=target)
     # Three products per chunk, each summed while the chunk is still in cache:
     # F.cosine_similarity on the whole input would instead materialise several N x D
-    # temporaries and run ~9x below the memory floor on a CPU.  The norms are sums of
-    # x * x, the same cascaded summation as the dot product, so errors largely cancel
-    # (vector_norm was off by 4e-6 at D=4096).
-    # Every temporary is allocated once (again only after an out-of-memory halving) and
-    # reused for each chunk.  (vecdot would
-    # allocate its product per chunk, and dask workers set MALLOC_TRIM_THRESHOLD_, which
-    # returns each such block to the OS and page-faults it back: 3x slower there.)
+    # temporaries and fall far below the memory floor.  The norms are sums of x * x, the
+    # same cascaded summation as the dot product, so errors largely cancel (vector_norm's
+    # do not).  Every temporary is allocated once (again only after an out-of-memory
+    # halving) and reused for each chunk: dask workers set MALLOC_TRIM_THRESHOLD_, which
+    # returns a per-chunk allocation to the OS and page-faults it back (benchmarks/NOTES.md,
+    # section 1b, has the measurements).
     start, rows = 0, min(chunk_rows, n)
     buffers: tuple[torch.Tensor, ...] | None = None
     while start < n:
