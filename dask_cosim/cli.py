@@ -600,6 +600,7 @@ def _search_run(
 
 
 def _read_input(inputs: tuple[str, ...]) -> dd.DataFrame:
+    _check_parquet_inputs(inputs, "the search commands read Parquet files or folders of them")
     return dask_cosim.read_parquet(list(inputs) if len(inputs) > 1 else inputs[0])
 
 

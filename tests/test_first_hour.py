@@ -295,3 +295,12 @@ def test_from_pandas_given_something_else_says_what_to_do() -> None:
     for obj, message in cases:
         with pytest.raises(TypeError, match=re.escape(message) + "$"):
             dask_cosim.from_pandas(obj)
+
+
+def test_search_commands_name_a_file_that_is_not_parquet(tmp_path: Path) -> None:
+    csv = tmp_path / "pairs.csv"
+    csv.write_text('id,embeds_a\n0,"[1, 2]"\n')
+    code, text = run("topk", str(csv), "--on", "embeds_a", "--queries", str(csv), "-o", str(tmp_path / "out"))
+    assert code == 2
+    assert f"Error: {str(csv)!r} is not a Parquet file (it starts with b'id,e', not b'PAR1'); the search commands read Parquet files" in text
+    assert not (tmp_path / "out").exists()
