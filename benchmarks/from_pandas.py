@@ -17,7 +17,6 @@ scattered to the workers once) and on the same converted frame kept inside the g
 from __future__ import annotations
 
 import argparse
-import os
 import time
 
 import dask
@@ -27,7 +26,7 @@ import pandas as pd
 import torch
 
 import dask_cosim
-from benchmarks.timing import median_seconds
+from benchmarks.harness import load_text, median_seconds
 
 
 def tensor_frame(rows: int, dim: int) -> pd.DataFrame:
@@ -88,22 +87,15 @@ def main() -> None:
     pdf = tensor_frame(args.rows, args.dim)
     if args.client:
         on_cluster(pdf, args.client, args.repeat)
-        print(f"{args.rows:,} rows of ({args.dim}, 1) float32 tensors; load average {_load()}")
+        print(f"{args.rows:,} rows of ({args.dim}, 1) float32 tensors; load average {load_text()}")
         return
     with dask.config.set(scheduler="threads"):
         assert abs(ours(pdf) - object_columns(pdf)) < 1e-6  # the same numbers both ways
         fast = median_seconds(lambda: ours(pdf), args.repeat)
         slow = median_seconds(lambda: object_columns(pdf), args.repeat)
-    print(f"{args.rows:,} rows of ({args.dim}, 1) float32 tensors; load average {_load()}")
+    print(f"{args.rows:,} rows of ({args.dim}, 1) float32 tensors; load average {load_text()}")
     print(f"  dask_cosim.from_pandas                         {fast:8.3f} s")
     print(f"  dd.from_pandas, dataframe.convert-string False {slow:8.3f} s  ({slow / fast:.1f}x)")
-
-
-def _load() -> str:
-    if not os.path.exists("/proc/loadavg"):
-        return "?"
-    with open("/proc/loadavg") as f:
-        return " ".join(f.read().split()[:3])
 
 
 if __name__ == "__main__":

@@ -193,6 +193,12 @@ def load_average() -> list[float] | None:
         return None
 
 
+def load_text() -> str:
+    """:func:`load_average` as text, "5.2 5.9 6.1" (or "n/a"), for printed tables."""
+    load = load_average()
+    return " ".join(str(x) for x in load) if load else "n/a"
+
+
 # When a script starts (it imports this module before timing anything): what else ran.
 LOAD_AT_START = load_average()
 

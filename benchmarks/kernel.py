@@ -28,12 +28,12 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import click
 import numpy as np
 import torch
 
+from benchmarks.harness import load_text
 from dask_cosim import kernels
 
 BUSY = "import time\nend = time.time() + 600\nwhile time.time() < end: pass\n"
@@ -145,7 +145,7 @@ def main(rows: int, dim: int, repeat: int, with_contention: bool, first_call: bo
         f"N={rows:,} D={dim} float32, torch threads={torch.get_num_threads()}, "
         f"{os.cpu_count()} cores, best and median of {repeat} rounds"
     )
-    print(f"load average before: {Path('/proc/loadavg').read_text().strip()}")
+    print(f"load average before: {load_text()}")
     print(f"{'case':42} {'best s':>7} {'median':>7} {'GB/s':>6} {'x torch floor':>14}")
     for name, ts in times.items():
         best = min(ts)
@@ -171,7 +171,7 @@ def main(rows: int, dim: int, repeat: int, with_contention: bool, first_call: bo
             r = first_call_in_fresh_worker(dim, cold)
             label = "empty numba cache" if cold else "numba cache filled"
             print(f"  {label:20} first {r['first']:.3f} s, second {r['second']:.3f} s")
-    print(f"load average after: {Path('/proc/loadavg').read_text().strip()}")
+    print(f"load average after: {load_text()}")
 
 
 if __name__ == "__main__":

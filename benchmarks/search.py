@@ -39,15 +39,7 @@ import pyarrow as pa
 import torch
 
 import dask_cosim
-from benchmarks.harness import median_seconds
-
-
-def loadavg() -> str:
-    """The 1, 5 and 15 minute load averages: other work on the machine moves timings."""
-    try:
-        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
-    except OSError:
-        return "n/a"
+from benchmarks.harness import load_text, median_seconds
 
 
 def embeddings(n: int, d: int, seed: int, clusters: int = 0, noise: float = 0.3) -> np.ndarray:
@@ -94,7 +86,7 @@ def bench_topk(n: int, q: int, d: int, k: int, repeat: int) -> dict[str, Any]:
     x = embeddings(n, d, seed=0, clusters=max(1, n // 100))
     queries = embeddings(q, d, seed=1, clusters=0)
     df = frame(x)
-    out: dict[str, Any] = {"rows": n, "queries": q, "dim": d, "k": k, "load_before": loadavg()}
+    out: dict[str, Any] = {"rows": n, "queries": q, "dim": d, "k": k, "load_before": load_text()}
 
     def ours() -> pd.DataFrame:
         return df.cosim.topk(queries, "emb", k=k)
@@ -122,7 +114,7 @@ def bench_topk(n: int, q: int, d: int, k: int, repeat: int) -> dict[str, Any]:
     }
     seconds = {name: median_seconds(fn, repeat) for name, fn in cases.items()}
     out["seconds"] = seconds
-    out["load_after"] = loadavg()
+    out["load_after"] = load_text()
     base = seconds["faiss IndexFlatIP"]
     out["throughput_vs_faiss"] = {name: base / s for name, s in seconds.items()}
     got = ours()
@@ -173,7 +165,7 @@ def bench_range(n: int, d: int, threshold: float, repeat: int) -> dict[str, Any]
         / seconds["ours: df.cosim.neighbors(threshold)"],
         "pair_sets_differ_beyond_near_ties": len(unexplained),
         "pair_sets_differ_at_near_ties": len(exact) - len(unexplained),
-        "load": loadavg(),
+        "load": load_text(),
     }
 
 
@@ -208,7 +200,7 @@ def bench_join(nl: int, nr: int, d: int, k: int, repeat: int) -> dict[str, Any]:
         "join_gflops": join_rate / 1e9,
         "torch_mm_gflops": mm_rate / 1e9,
         "fraction_of_mm": join_rate / mm_rate,
-        "load": loadavg(),
+        "load": load_text(),
     }
 
 
@@ -240,7 +232,7 @@ def bench_dedup(n: int, d: int, threshold: float, check_rows: int) -> dict[str, 
         "pair_scores_per_s": n * (n - 1) / 2 / seconds,
         "checked_rows": check_rows,
         "mismatches_vs_float64": int(mismatch.sum()),
-        "load": loadavg(),
+        "load": load_text(),
     }
 
 
@@ -250,7 +242,7 @@ def bench_scaling(sizes: list[int], q: int, d: int, k: int) -> list[dict[str, An
     for n in sizes:
         df = frame(embeddings(n, d, seed=0, clusters=n // 100))
         s = median_seconds(lambda df=df: df.cosim.topk(queries, "emb", k=k), 1)
-        rows.append({"rows": n, "seconds": s, "rows_per_s": n * q / s, "load": loadavg()})
+        rows.append({"rows": n, "seconds": s, "rows_per_s": n * q / s, "load": load_text()})
     return rows
 
 
@@ -274,7 +266,7 @@ def bench_cluster(n: int, d: int, k: int) -> dict[str, Any]:
         "partitions": 4,
         "seconds": seconds,
         "same_result_as_eager": bool(got.equals(eager)),
-        "load": loadavg(),
+        "load": load_text(),
     }
 
 

@@ -44,6 +44,11 @@ def test_pairwise_runner_runs(tmp_path: Path) -> None:
     assert (tmp_path / "smoke.png").stat().st_size > 0
 
 
+def test_from_pandas_benchmark_runs() -> None:
+    out = run_script("from_pandas", "--rows", "200", "--dim", "8", "--repeat", "1")
+    assert "dask_cosim.from_pandas" in out and "convert-string False" in out
+
+
 def test_layouts_benchmark_runs() -> None:
     out = run_script("layouts", "--rows", "2000", "--dim", "8", "--files", "2", "--repeat", "1")
     assert "binary (FLBA), none [to_parquet]" in out
