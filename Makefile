@@ -53,6 +53,7 @@ bench: $(VENV)/.installed
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check dask_cosim tests benchmarks
+	$(VENV)/bin/ruff format --check dask_cosim tests benchmarks
 	$(VENV)/bin/mypy dask_cosim
 
 # The documentation site: docs/ -> docs/_build/html, every warning an error, offline.

@@ -37,13 +37,13 @@ _LAZY = {
 
 __all__ = [
     "CosimAccessor",
+    "Summary",
     "from_pandas",
     "kernels",
     "local_cluster",
     "pairwise_cosine",
     "pairwise_partition",
     "read_parquet",
-    "Summary",
     "summarize",
     "to_parquet",
 ]

@@ -91,12 +91,12 @@ class CosimAccessor:
                 f"column {a!r} holds vectors of {spec_a.dim} values and column {b!r} of "
                 f"{spec_b.dim}; cosine similarity needs vectors of the same length"
             )
-        kwargs: dict[str, Any] = dict(
-            eps=eps,
-            device=device,
-            name=name,
-            chunk_bytes=options.chunk_bytes(),
-        )
+        kwargs: dict[str, Any] = {
+            "eps": eps,
+            "device": device,
+            "name": name,
+            "chunk_bytes": options.chunk_bytes(),
+        }
         if not lazy:
             return partition.pairwise_partition(obj, a, b, dtype=dtype, **kwargs)
 

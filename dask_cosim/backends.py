@@ -33,17 +33,17 @@ import torch
 from dask.utils import Dispatch
 
 __all__ = [
+    "ACCEPTED",
     "VectorSpec",
     "Vectors",
-    "vector_spec",
-    "to_vectors",
-    "make_result",
-    "frame_from_arrow",
     "arrow_vector_types",
-    "stack_object_column",
-    "ACCEPTED",
     "column_not_found",
     "did_you_mean",
+    "frame_from_arrow",
+    "make_result",
+    "stack_object_column",
+    "to_vectors",
+    "vector_spec",
 ]
 
 ACCEPTED = (
@@ -89,7 +89,7 @@ make_result = Dispatch("make_result")
 
 
 def did_you_mean(name: Any, candidates: Iterable[Any]) -> str:
-    """"; did you mean 'embeds_b'?" for the closest of ``candidates``, or ""."""
+    """ "; did you mean 'embeds_b'?" for the closest of ``candidates``, or ""."""
     by_text = {str(c): c for c in candidates}
     close = difflib.get_close_matches(str(name), list(by_text), n=1)
     return f"; did you mean {by_text[close[0]]!r}?" if close else ""

@@ -15,6 +15,7 @@ pandas, dask, distributed) when it runs, so ``--help`` and ``--version`` answer 
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
 import shutil
 import sys
@@ -82,7 +83,7 @@ def _one_line_errors(command: F) -> F:
         except _INPUT_ERRORS as err:
             text = err.args[0] if isinstance(err, KeyError) and err.args else str(err)
             raise InputError(str(text)) from None
-        except Exception as err:  # noqa: BLE001 - the user gets one line, not a traceback
+        except Exception as err:
             raise click.ClickException(_failure_message(err)) from None
 
     return wrapper  # type: ignore[return-value]
@@ -155,8 +156,7 @@ def _memory_limit(ctx: click.Context, param: click.Parameter, value: str) -> str
         check_size("memory_limit", value, "4GiB")
     except ValueError:
         raise click.BadParameter(
-            f"{value!r} is not a size; give e.g. 4GiB, a fraction of the memory like 0.5, "
-            "or auto"
+            f"{value!r} is not a size; give e.g. 4GiB, a fraction of the memory like 0.5, or auto"
         ) from None
     return value
 
@@ -284,9 +284,7 @@ def _prepare(
     df = dask_cosim.read_parquet(list(inputs) if len(inputs) > 1 else inputs[0])
     missing = [c for c in keep if c not in df.columns]
     if missing:
-        raise InputError(
-            backends.column_not_found(missing[0], df.columns, "--keep column").args[0]
-        )
+        raise InputError(backends.column_not_found(missing[0], df.columns, "--keep column").args[0])
     cos = df.cosim.pairwise(col_a, col_b, eps=eps, dtype=dtype, device=device, name=name)
     out = df[list(keep)].assign(**{name: cos}) if keep else cos.to_frame()
     if Path(output).exists() and not overwrite:
@@ -384,7 +382,7 @@ def convert(
 
 
 def _count(n: int, noun: str) -> str:
-    """"1 file", "2 files", "1,000 rows"."""
+    """ "1 file", "2 files", "1,000 rows"."""
     return f"{n:,} {noun}{'' if n == 1 else 's'}"
 
 
@@ -495,7 +493,7 @@ def demo(
                 dask.delayed(datasets.write_pairs)(
                     pairs / f"part.{i:05d}.parquet", int(hi - lo), dim, int(lo)
                 )
-                for i, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:]))
+                for i, (lo, hi) in enumerate(itertools.pairwise(bounds))
             ]
             dask.compute(*writes)
             click.echo(

@@ -25,7 +25,7 @@ from distributed import Client, LocalCluster, Nanny, Worker
 from distributed.diagnostics.plugin import WorkerPlugin
 from distributed.security import Security
 
-__all__ = ["ClusterClient", "TorchThreads", "local_cluster", "gpu_count", "torch_threads"]
+__all__ = ["ClusterClient", "TorchThreads", "gpu_count", "local_cluster", "torch_threads"]
 
 _LOCAL_HOSTS = ("127.0.0.1", "localhost")
 

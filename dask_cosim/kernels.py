@@ -19,12 +19,12 @@ import torch
 from dask.utils import parse_bytes
 
 __all__ = [
-    "pairwise_cosine",
+    "DEFAULT_CHUNK_BYTES",
+    "DEFAULT_EPS",
     "chunk_rows_for",
     "compute_dtype_for",
     "fused_kernel_for",
-    "DEFAULT_EPS",
-    "DEFAULT_CHUNK_BYTES",
+    "pairwise_cosine",
 ]
 
 #: Lower bound on a vector's norm in the cosine (the ``cosim.eps`` default).

@@ -16,7 +16,7 @@ import torch
 from dask_cosim import backends, kernels, options
 from dask_cosim.options import DEVICE_HELP, torch_dtype
 
-__all__ = ["pairwise_partition", "resolve_device", "default_result_dtype"]
+__all__ = ["default_result_dtype", "pairwise_partition", "resolve_device"]
 
 
 def default_result_dtype(input_dtypes: list[Any]) -> torch.dtype:

@@ -32,7 +32,7 @@ import torch
 from dask_cosim import backends, options, partition
 from dask_cosim import search_kernels as sk
 
-__all__ = ["topk", "join", "neighbors", "dedup", "prepare_side", "Side"]
+__all__ = ["Side", "dedup", "join", "neighbors", "prepare_side", "topk"]
 
 # Partition numbers sit above the position bits of a row's ordering key.
 _POS_BITS = 40

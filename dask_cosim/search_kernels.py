@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["Prepared", "TopK", "prepare", "margin", "rescore", "topk", "threshold_pairs"]
+__all__ = ["Prepared", "TopK", "margin", "prepare", "rescore", "threshold_pairs", "topk"]
 
 _NEG_INF = float("-inf")
 

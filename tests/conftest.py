@@ -1,12 +1,26 @@
-"""pytest hooks: tests marked ``gpu`` skip cleanly without a CUDA GPU.  Shared helpers
-live in tests/helpers.py."""
+"""pytest hooks and fixtures: tests marked ``gpu`` skip cleanly without a CUDA GPU, and
+distributed's ``client`` fixture is available everywhere.  Shared helpers live in
+tests/helpers.py."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-import dask_cosim  # noqa: F401  (registers the accessor)
+# isort: off
+import dask_cosim  # noqa: F401  (registers the accessor, loads the cosim defaults)
+
+# distributed's own fixtures, for every test module: `client` (a scheduler and two worker
+# processes) and what it needs.  Imported after dask_cosim: distributed.utils_test keeps
+# a copy of the dask config as it is now and restores it after each cluster test.
+from distributed.utils_test import (  # noqa: F401
+    cleanup,
+    client,
+    cluster_fixture,
+    loop,
+    loop_in_thread,
+)
+# isort: on
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -122,7 +122,7 @@ def test_errors_at_graph_build_time(lazy: bool) -> None:
         TypeError, match="column 'score' has dtype float64, which is not a column of vectors"
     ):
         acc.pairwise("embeds_a", "score")
-    with pytest.raises(TypeError, match="column 'text' holds strings .* dask_cosim.from_pandas"):
+    with pytest.raises(TypeError, match=r"column 'text' holds strings .* dask_cosim\.from_pandas"):
         acc.pairwise("text", "embeds_b")
     with pytest.raises(
         ValueError, match="column 'embeds_a' holds vectors of 4 values and column 'five' of 5"

@@ -179,7 +179,9 @@ CASES = [
         lambda: Result(reference(A16, B16)),
     ),
     Case(
-        "fp16 numpy arrays", lambda: frame(arrays(A16), arrays(B16)), lambda: Result(reference(A16, B16))
+        "fp16 numpy arrays",
+        lambda: frame(arrays(A16), arrays(B16)),
+        lambda: Result(reference(A16, B16)),
     ),
     Case(
         "bf16 torch tensors",
@@ -503,7 +505,11 @@ CASES = [
         npartitions=4,
         select=_empty_partitions,
     ),
-    Case("one row", lambda: frame(arrays(A[:1]), arrays(B[:1])), lambda: Result(reference(A[:1], B[:1]))),
+    Case(
+        "one row",
+        lambda: frame(arrays(A[:1]), arrays(B[:1])),
+        lambda: Result(reference(A[:1], B[:1])),
+    ),
     Case(
         "D=1: sign(a * b), 0.0 for 0",
         lambda: frame(

@@ -14,13 +14,12 @@ import psutil
 import pytest
 import torch
 from distributed import Client, get_task_stream
-from distributed.utils_test import cleanup, client, cluster_fixture, loop, loop_in_thread  # noqa: F401
 
 import dask_cosim
 from tests.helpers import pairs_frame, random_pairs, reference
 
 
-def test_pairwise_on_worker_processes(client: Client, tmp_path: object) -> None:  # noqa: F811
+def test_pairwise_on_worker_processes(client: Client, tmp_path: object) -> None:
     """distributed.utils_test's cluster: a scheduler and two workers, each its own process."""
     workers = client.run(os.getpid)
     assert len(workers) == 2 and os.getpid() not in workers.values()
@@ -45,7 +44,7 @@ def test_pairwise_on_worker_processes(client: Client, tmp_path: object) -> None:
     np.testing.assert_allclose(out["cos"].to_numpy(), reference(a, b), atol=1e-6)
 
 
-def test_errors_travel_back_from_workers(client: Client) -> None:  # noqa: F811
+def test_errors_travel_back_from_workers(client: Client) -> None:
     import pyarrow as pa
 
     t = pa.list_(pa.float32())
@@ -112,7 +111,9 @@ def test_local_cluster_tls() -> None:
         a, b = random_pairs(200, 16)
         cos = dask_cosim.from_pandas(pairs_frame(a, b, "fixed_size_list"), npartitions=2)
         np.testing.assert_allclose(
-            cos.cosim.pairwise("embeds_a", "embeds_b").compute().to_numpy(), reference(a, b), atol=1e-6
+            cos.cosim.pairwise("embeds_a", "embeds_b").compute().to_numpy(),
+            reference(a, b),
+            atol=1e-6,
         )
         # A client without the cluster's certificates is turned away.
         with pytest.raises((OSError, TimeoutError)):
@@ -128,14 +129,34 @@ def test_local_cluster_tls() -> None:
         ({"n_workers": 1.5}, ValueError, "n_workers=1.5 must be a positive integer"),
         ({"gpus": "yes"}, ValueError, "gpus='yes'; use 'auto', True or False, e.g. gpus=False"),
         ({"threads_per_worker": 0}, ValueError, "threads_per_worker=0 must be a positive integer"),
-        ({"memory_limit": "lots"}, ValueError, "memory_limit='lots' is not a size: give bytes, a string like \"4GiB\""),
+        (
+            {"memory_limit": "lots"},
+            ValueError,
+            "memory_limit='lots' is not a size: give bytes, a string like \"4GiB\"",
+        ),
         ({"memory_limit": -1}, ValueError, "memory_limit=-1 is not a size"),
-        ({"rmm_pool_size": "1GB", "gpus": False}, ValueError, "rmm_pool_size='1GB' applies to GPU workers only"),
+        (
+            {"rmm_pool_size": "1GB", "gpus": False},
+            ValueError,
+            "rmm_pool_size='1GB' applies to GPU workers only",
+        ),
         ({"rmm_pool_size": "big"}, ValueError, "rmm_pool_size='big' is not a size"),
-        ({"dashboard_address": "0.0.0.0:8787"}, ValueError, "dashboard_address='0.0.0.0:8787': use a port on 127.0.0.1"),
-        ({"host": "0.0.0.0"}, ValueError, "host='0.0.0.0': local_cluster listens on 127.0.0.1 only.  To serve other machines, start `dask scheduler`"),
+        (
+            {"dashboard_address": "0.0.0.0:8787"},
+            ValueError,
+            "dashboard_address='0.0.0.0:8787': use a port on 127.0.0.1",
+        ),
+        (
+            {"host": "0.0.0.0"},
+            ValueError,
+            "host='0.0.0.0': local_cluster listens on 127.0.0.1 only.  To serve other machines, start `dask scheduler`",
+        ),
         ({"security": "yes"}, TypeError, "security='yes'; use True for TLS"),
-        ({"n_worker": 2}, TypeError, "unexpected keyword argument 'n_worker'; did you mean 'n_workers'?"),
+        (
+            {"n_worker": 2},
+            TypeError,
+            "unexpected keyword argument 'n_worker'; did you mean 'n_workers'?",
+        ),
     ],
     ids=lambda v: v if isinstance(v, str) else None,
 )

@@ -44,21 +44,32 @@ def binary_folder(tmp_path: Path) -> Path:
 
 def test_binary_layout_read_by_pandas_names_the_reader(binary_folder: Path) -> None:
     objects = pd.read_parquet(binary_folder)  # one bytes object per row
-    with pytest.raises(TypeError, match=re.escape(f"column 'embeds_a': row 0 holds bytes (object), {BINARY_FIX}")):
+    with pytest.raises(
+        TypeError, match=re.escape(f"column 'embeds_a': row 0 holds bytes (object), {BINARY_FIX}")
+    ):
         objects.cosim.pairwise("embeds_a", "embeds_b")
     arrow = pd.read_parquet(binary_folder, dtype_backend="pyarrow")
-    with pytest.raises(TypeError, match=re.escape(f"column 'embeds_a' holds bytes (fixed_size_binary[32][pyarrow]), {BINARY_FIX}")):
+    with pytest.raises(
+        TypeError,
+        match=re.escape(
+            f"column 'embeds_a' holds bytes (fixed_size_binary[32][pyarrow]), {BINARY_FIX}"
+        ),
+    ):
         arrow.cosim.pairwise("embeds_a", "embeds_b")
 
 
 def test_binary_layout_read_by_dask_names_the_reader(binary_folder: Path) -> None:
     # The Arrow type tells while the graph is built...
     arrow = dd.read_parquet(binary_folder, dtype_backend="pyarrow")
-    with pytest.raises(TypeError, match=re.escape(f"holds bytes (fixed_size_binary[32][pyarrow]), {BINARY_FIX}")):
+    with pytest.raises(
+        TypeError, match=re.escape(f"holds bytes (fixed_size_binary[32][pyarrow]), {BINARY_FIX}")
+    ):
         arrow.cosim.pairwise("embeds_a", "embeds_b")
     # ...an object column only when its rows are read.
     cos = dd.read_parquet(binary_folder).cosim.pairwise("embeds_a", "embeds_b")
-    with pytest.raises(TypeError, match=re.escape(f"column 'embeds_a': row 0 holds bytes (object), {BINARY_FIX}")):
+    with pytest.raises(
+        TypeError, match=re.escape(f"column 'embeds_a': row 0 holds bytes (object), {BINARY_FIX}")
+    ):
         cos.compute(scheduler="sync")
     # The reader it names gives the right numbers.
     ours = dask_cosim.read_parquet(binary_folder).cosim.pairwise("embeds_a", "embeds_b")
@@ -90,9 +101,17 @@ def test_misspelt_column_did_you_mean(lazy: bool) -> None:
     a, b = random_pairs(6, 4)
     pdf = pd.DataFrame({"id": range(6), "embeds_a": list(a), "embeds_b": list(b)})
     frame = dask_cosim.from_pandas(pdf) if lazy else pdf
-    with pytest.raises(KeyError, match=re.escape("column 'embed_b' not found; did you mean 'embeds_b'? available: ['id', 'embeds_a', 'embeds_b']")):
+    with pytest.raises(
+        KeyError,
+        match=re.escape(
+            "column 'embed_b' not found; did you mean 'embeds_b'? available: ['id', 'embeds_a', 'embeds_b']"
+        ),
+    ):
         frame.cosim.pairwise("embeds_a", "embed_b")
-    with pytest.raises(KeyError, match=re.escape("column 'xyz' not found; available: ['id', 'embeds_a', 'embeds_b']")):
+    with pytest.raises(
+        KeyError,
+        match=re.escape("column 'xyz' not found; available: ['id', 'embeds_a', 'embeds_b']"),
+    ):
         frame.cosim.pairwise("xyz", "embeds_b")
 
 
@@ -100,7 +119,9 @@ def test_cli_counts_are_singular_and_plural(tmp_path: Path) -> None:
     a, b = random_pairs(1, 4)
     pdf = pd.DataFrame({"embeds_a": list(a), "embeds_b": list(b)})
     pdf.to_pickle(tmp_path / "one.pkl")
-    code, out = run("convert", str(tmp_path / "one.pkl"), "-o", str(tmp_path / "one"), "--allow-pickle")
+    code, out = run(
+        "convert", str(tmp_path / "one.pkl"), "-o", str(tmp_path / "one"), "--allow-pickle"
+    )
     assert code == 0, out
     assert f"wrote       {tmp_path / 'one'}: 1 row in 1 file, layout binary" in out
     code, out = run("info", str(tmp_path / "one"))
@@ -120,22 +141,44 @@ def test_cli_misspelt_columns_did_you_mean(tmp_path: Path) -> None:
     pdf = pd.DataFrame({"id": range(20), "embeds_a": list(a), "embeds_b": list(b)})
     dask_cosim.to_parquet(dask_cosim.from_pandas(pdf), tmp_path / "pairs")
     out = str(tmp_path / "out")
-    code, text = run("pairwise", str(tmp_path / "pairs"), "-a", "embeds_a", "-b", "embed_b", "-o", out)
+    code, text = run(
+        "pairwise", str(tmp_path / "pairs"), "-a", "embeds_a", "-b", "embed_b", "-o", out
+    )
     assert code == 2
     assert "Error: column 'embed_b' not found; did you mean 'embeds_b'? available:" in text
-    code, text = run("pairwise", str(tmp_path / "pairs"), "-a", "embeds_a", "-b", "embeds_b", "-o", out, "--keep", "ids")
+    code, text = run(
+        "pairwise",
+        str(tmp_path / "pairs"),
+        "-a",
+        "embeds_a",
+        "-b",
+        "embeds_b",
+        "-o",
+        out,
+        "--keep",
+        "ids",
+    )
     assert code == 2
     assert "Error: --keep column 'ids' not found; did you mean 'id'? available:" in text
 
     np.savez(tmp_path / "pairs.npz", embeds_a=a, embeds_b=b)
-    code, text = run("convert", str(tmp_path / "pairs.npz"), "-o", out, "--a", "embeds_a", "--b", "embed_b")
+    code, text = run(
+        "convert", str(tmp_path / "pairs.npz"), "-o", out, "--a", "embeds_a", "--b", "embed_b"
+    )
     assert code == 2
-    assert "has no arrays ['embed_b']; did you mean 'embeds_b'? it has ['embeds_a', 'embeds_b']" in text
+    assert (
+        "has no arrays ['embed_b']; did you mean 'embeds_b'? it has ['embeds_a', 'embeds_b']"
+        in text
+    )
 
 
-def test_to_parquet_progress_without_a_client(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_to_parquet_progress_without_a_client(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     a, b = random_pairs(30, 4)
-    df = dask_cosim.from_pandas(pd.DataFrame({"embeds_a": list(a), "embeds_b": list(b)}), npartitions=3)
+    df = dask_cosim.from_pandas(
+        pd.DataFrame({"embeds_a": list(a), "embeds_b": list(b)}), npartitions=3
+    )
     manifest = dask_cosim.to_parquet(df, tmp_path / "out", progress=True)
     assert manifest["rows"] == 30 and len(manifest["files"]) == 3
     out = capsys.readouterr().out
@@ -170,17 +213,25 @@ def test_cli_names_a_file_that_is_not_parquet_and_how_to_convert_it(tmp_path: Pa
     a, b = random_pairs(5, 4)
     pdf = pd.DataFrame({"embeds_a": list(a), "embeds_b": list(b)})
     pdf.to_pickle(tmp_path / "pairs.pkl")
-    pdf.assign(embeds_a=pdf["embeds_a"].map(list), embeds_b=pdf["embeds_b"].map(list)).to_csv(tmp_path / "pairs.csv")
+    pdf.assign(embeds_a=pdf["embeds_a"].map(list), embeds_b=pdf["embeds_b"].map(list)).to_csv(
+        tmp_path / "pairs.csv"
+    )
     np.save(tmp_path / "pairs.npy", np.stack([a, b], axis=1))
     args = ["-a", "embeds_a", "-b", "embeds_b", "-o", str(tmp_path / "out")]
     pkl = str(tmp_path / "pairs.pkl")
     code, text = run("pairwise", pkl, *args)
     assert code == 2
     assert text.startswith(f"Error: {pkl!r} is not a Parquet file (it starts with b"), (text, pkl)
-    assert f"pairwise reads Parquet files or folders of them; it looks like a pickle; convert it first: dask-cosim convert {pkl} -o pairs-parquet --allow-pickle" in text
+    assert (
+        f"pairwise reads Parquet files or folders of them; it looks like a pickle; convert it first: dask-cosim convert {pkl} -o pairs-parquet --allow-pickle"
+        in text
+    )
     csv = str(tmp_path / "pairs.csv")
     code, text = run("pairwise", csv, *args)
-    assert code == 2 and f"Error: {csv!r} is not a Parquet file (it starts with b',emb', not b'PAR1')" in text
+    assert (
+        code == 2
+        and f"Error: {csv!r} is not a Parquet file (it starts with b',emb', not b'PAR1')" in text
+    )
     assert "write Parquet with dask_cosim.to_parquet(pdf, 'pairs-parquet')" in text
     npy = str(tmp_path / "pairs.npy")
     code, text = run("info", npy)
@@ -212,11 +263,23 @@ def test_make_demo_installs_only_what_the_demo_needs(tmp_path: Path) -> None:
 
 def test_parquet_column_lookups_did_you_mean(tmp_path: Path) -> None:
     a, b = random_pairs(6, 4)
-    df = dask_cosim.from_pandas(pd.DataFrame({"id": range(6), "embeds_a": list(a), "embeds_b": list(b)}))
-    with pytest.raises(KeyError, match=re.escape("vector columns ['embed_a'] not found; did you mean 'embeds_a'? available: ['id', 'embeds_a', 'embeds_b']")):
+    df = dask_cosim.from_pandas(
+        pd.DataFrame({"id": range(6), "embeds_a": list(a), "embeds_b": list(b)})
+    )
+    with pytest.raises(
+        KeyError,
+        match=re.escape(
+            "vector columns ['embed_a'] not found; did you mean 'embeds_a'? available: ['id', 'embeds_a', 'embeds_b']"
+        ),
+    ):
         dask_cosim.to_parquet(df, tmp_path / "out", vectors=["embed_a"])
     dask_cosim.to_parquet(df, tmp_path / "out")
-    with pytest.raises(KeyError, match=re.escape("columns ['embeds_c'] not found in") + ".*" + re.escape("; did you mean 'embeds_")):
+    with pytest.raises(
+        KeyError,
+        match=re.escape("columns ['embeds_c'] not found in")
+        + ".*"
+        + re.escape("; did you mean 'embeds_"),
+    ):
         dask_cosim.read_parquet(tmp_path / "out", columns=["embeds_a", "embeds_c"])
 
 
@@ -225,7 +288,9 @@ HEAVY = ("torch", "pandas", "pyarrow", "numpy", "dask.dataframe", "distributed")
 
 def _imported_after(code: str) -> list[str]:
     probe = f"import sys\n{code}\nprint(sorted(m for m in {HEAVY!r} if m in sys.modules))"
-    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0, proc.stderr
     return eval(proc.stdout.strip().splitlines()[-1])
 
@@ -277,7 +342,12 @@ def test_read_parquet_names_a_file_that_is_not_parquet(tmp_path: Path) -> None:
     folder = tmp_path / "pairs"
     folder.mkdir()
     (folder / "pairs.csv").write_text('id,embeds_a\n0,"[1, 2]"\n')
-    with pytest.raises(ValueError, match=re.escape(f"{str(folder / 'pairs.csv')!r} is not a Parquet file (Parquet magic bytes not found")):
+    with pytest.raises(
+        ValueError,
+        match=re.escape(
+            f"{str(folder / 'pairs.csv')!r} is not a Parquet file (Parquet magic bytes not found"
+        ),
+    ):
         dask_cosim.read_parquet(folder)
     code, text = run("info", str(folder))
     assert code == 2 and f"Error: {str(folder / 'pairs.csv')!r} is not a Parquet file" in text
@@ -288,8 +358,14 @@ def test_from_pandas_given_something_else_says_what_to_do() -> None:
     pdf = pd.DataFrame({"embeds_a": list(random_pairs(4, 3)[0])})
     df = dask_cosim.from_pandas(pdf)
     cases = [
-        (df, "from_pandas expects a pandas.DataFrame, got dask.DataFrame; it is a dask collection already: use it as it is (df.cosim.pairwise)"),
-        (pdf["embeds_a"], "from_pandas expects a pandas.DataFrame, got pandas.Series; pass a frame, e.g. from_pandas(series.to_frame())"),
+        (
+            df,
+            "from_pandas expects a pandas.DataFrame, got dask.DataFrame; it is a dask collection already: use it as it is (df.cosim.pairwise)",
+        ),
+        (
+            pdf["embeds_a"],
+            "from_pandas expects a pandas.DataFrame, got pandas.Series; pass a frame, e.g. from_pandas(series.to_frame())",
+        ),
         ([1, 2], "from_pandas expects a pandas.DataFrame, got list"),
     ]
     for obj, message in cases:
@@ -300,7 +376,12 @@ def test_from_pandas_given_something_else_says_what_to_do() -> None:
 def test_search_commands_name_a_file_that_is_not_parquet(tmp_path: Path) -> None:
     csv = tmp_path / "pairs.csv"
     csv.write_text('id,embeds_a\n0,"[1, 2]"\n')
-    code, text = run("topk", str(csv), "--on", "embeds_a", "--queries", str(csv), "-o", str(tmp_path / "out"))
+    code, text = run(
+        "topk", str(csv), "--on", "embeds_a", "--queries", str(csv), "-o", str(tmp_path / "out")
+    )
     assert code == 2
-    assert f"Error: {str(csv)!r} is not a Parquet file (it starts with b'id,e', not b'PAR1'); the search commands read Parquet files" in text
+    assert (
+        f"Error: {str(csv)!r} is not a Parquet file (it starts with b'id,e', not b'PAR1'); the search commands read Parquet files"
+        in text
+    )
     assert not (tmp_path / "out").exists()

@@ -184,7 +184,9 @@ def _client_process(env: dict[str, str]) -> list[str]:
     return proc.stdout.strip().splitlines()[-1].split(" ", 1)
 
 
-def test_local_cluster_respects_cuda_visible_devices_and_leaves_the_client_without_context() -> None:
+def test_local_cluster_respects_cuda_visible_devices_and_leaves_the_client_without_context() -> (
+    None
+):
     pytest.importorskip("dask_cuda")
     n, rest = _client_process({})
     assert int(n) == torch.cuda.device_count() and rest.endswith("False")

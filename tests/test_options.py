@@ -66,7 +66,7 @@ def test_search_options() -> None:
     assert options.search_split_every() == 8
     with dask.config.set({"cosim.search.tile-bytes": "1MiB"}):
         assert options.search_tile_bytes() == {"cpu": 2**20, "cuda": 2**20}
-    with pytest.raises(ValueError, match="cosim.search.split-every=1 must be an integer >= 2"):
+    with pytest.raises(ValueError, match=r"cosim\.search\.split-every=1 must be an integer >= 2"):
         options.search_split_every(1)
     with pytest.raises(ValueError, match=r"cosim.search.tile-bytes\['cpu'\]=0 must be a positive"):
         options.search_tile_bytes({"cpu": 0})

@@ -11,7 +11,7 @@ import torch
 from dask_cosim.partition import pairwise_partition
 from tests.helpers import FORMATS, pairs_frame, random_pairs, reference
 
-OPTS = dict(eps=1e-8)
+OPTS = {"eps": 1e-8}
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -29,7 +30,7 @@ def write_list_parquet(a: np.ndarray, b: np.ndarray, path: Path, files: int) -> 
     path.mkdir()
     bounds = np.linspace(0, len(a), files + 1).astype(int)
     value = pa.from_numpy_dtype(a.dtype)
-    for i, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:])):
+    for i, (lo, hi) in enumerate(itertools.pairwise(bounds)):
         table = pa.table(
             {
                 "id": pa.array(np.arange(lo, hi, dtype=np.int64)),

@@ -15,7 +15,6 @@ import pyarrow as pa
 import pytest
 import torch
 from distributed import Client
-from distributed.utils_test import cleanup, client, cluster_fixture, loop, loop_in_thread  # noqa: F401
 
 import dask_cosim
 from tests.helpers import FORMATS, as_column, no_computes
@@ -252,7 +251,9 @@ def test_errors_at_graph_time() -> None:
     other = to_dask(frame(vectors(10, d=5)), 1)
 
     with no_computes():
-        with pytest.raises(KeyError, match=r"on: column 'embs' not found; did you mean 'emb'\? available"):
+        with pytest.raises(
+            KeyError, match=r"on: column 'embs' not found; did you mean 'emb'\? available"
+        ):
             pl.cosim.join(pl, "embs", k=1)
         with pytest.raises(KeyError, match=r"right_on: column 'vec' not found"):
             pl.cosim.join(pl, "emb", right_on="vec", k=1)
@@ -265,7 +266,7 @@ def test_errors_at_graph_time() -> None:
             pl.cosim.join(pl, "emb", k=0)
         with pytest.raises(ValueError, match=r"k=True must be an integer"):
             pl.cosim.neighbors("emb", k=True)
-        with pytest.raises(ValueError, match="give k .*, threshold .*, or both"):
+        with pytest.raises(ValueError, match=r"give k .*, threshold .*, or both"):
             pl.cosim.join(pl, "emb")
         with pytest.raises(ValueError, match=r"threshold=1.5 must be a number in \[-1, 1\]"):
             pl.cosim.neighbors("emb", threshold=1.5)
@@ -304,7 +305,7 @@ def test_empty_sides_give_empty_results() -> None:
 
 
 @pytest.mark.slow
-def test_search_on_worker_processes(client: Client) -> None:  # noqa: F811
+def test_search_on_worker_processes(client: Client) -> None:
     assert len(set(client.run(os.getpid).values())) == 2
     x = vectors(300, seed=7)
     pdf = frame(x)

@@ -24,7 +24,10 @@ def test_search_benchmark_runs(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     result = json.loads((tmp_path / "smoke.json").read_text())
     # Correctness is checked inside the run; these are its verdicts.
-    assert result["topk"]["result_sets_vs_faiss"]["differ"] == result["topk"]["result_sets_vs_faiss"]["differ_only_at_near_ties"]
+    assert (
+        result["topk"]["result_sets_vs_faiss"]["differ"]
+        == result["topk"]["result_sets_vs_faiss"]["differ_only_at_near_ties"]
+    )
     assert result["range"]["pair_sets_differ_beyond_near_ties"] == 0
     assert result["dedup"]["mismatches_vs_float64"] == 0
     assert result["cluster"]["same_result_as_eager"] is True

@@ -8,7 +8,6 @@ import numpy as np
 import pandas as pd
 import pytest
 from distributed import Client
-from distributed.utils_test import cleanup, client, cluster_fixture, loop, loop_in_thread  # noqa: F401
 
 import dask_cosim
 from dask_cosim.summary import Summary
@@ -18,15 +17,15 @@ from tests.helpers import random_pairs, reference
 def numpy_summary(values: np.ndarray, edges: np.ndarray) -> dict:
     valid = values[~np.isnan(values)]
     counts = np.histogram(valid, bins=edges)[0]
-    return dict(
-        rows=len(values),
-        nulls=int(np.isnan(values).sum()),
-        mean=valid.mean(),
-        min=valid.min(),
-        max=valid.max(),
-        counts=counts,
-        outside=len(valid) - int(counts.sum()),
-    )
+    return {
+        "rows": len(values),
+        "nulls": int(np.isnan(values).sum()),
+        "mean": valid.mean(),
+        "min": valid.min(),
+        "max": valid.max(),
+        "counts": counts,
+        "outside": len(valid) - int(counts.sum()),
+    }
 
 
 def check(summary: Summary, values: np.ndarray, edges: np.ndarray) -> None:
@@ -92,7 +91,7 @@ def test_all_null_and_empty() -> None:
     assert empty.rows == 0 and np.isnan(empty.mean)
 
 
-def test_on_worker_processes(client: Client) -> None:  # noqa: F811
+def test_on_worker_processes(client: Client) -> None:
     a, b = random_pairs(3000, 16)
     pdf = pd.DataFrame({"embeds_a": list(a), "embeds_b": list(b)})
     cos = dask_cosim.from_pandas(pdf, npartitions=4).cosim.pairwise("embeds_a", "embeds_b")
@@ -122,7 +121,7 @@ def test_bad_arguments(kwargs: dict, error: type, message: str) -> None:
 
 
 def test_not_numbers() -> None:
-    with pytest.raises(TypeError, match="'name' has dtype (string|object)"):
+    with pytest.raises(TypeError, match=r"'name' has dtype (string|object)"):
         dask_cosim.summarize(dd.from_pandas(pd.DataFrame({"name": ["x"]}), npartitions=1)["name"])
     with pytest.raises(
         TypeError, match="got DataFrame; for a column of a frame, pass df\\[column\\]"

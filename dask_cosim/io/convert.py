@@ -135,9 +135,7 @@ def _on_workers(ddf: dd.DataFrame) -> dd.DataFrame:
     futures = client.scatter(list(parts), hash=False)
     # The partitions are converted already: nothing is left for convert-string to do.
     with dask.config.set({"dataframe.convert-string": False}):
-        return dd.from_delayed(
-            futures, meta=ddf._meta, divisions=ddf.divisions, verify_meta=False
-        )
+        return dd.from_delayed(futures, meta=ddf._meta, divisions=ddf.divisions, verify_meta=False)
 
 
 def _active_client() -> Any:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -335,6 +336,6 @@ def _divisions(ranges: list[list[Any] | None]) -> list[Any] | None:
     if not ranges or any(r is None for r in ranges):
         return None
     bounds: list[list[Any]] = [r for r in ranges if r is not None]
-    if any(prev[1] >= nxt[0] for prev, nxt in zip(bounds, bounds[1:])):
+    if any(prev[1] >= nxt[0] for prev, nxt in itertools.pairwise(bounds)):
         return None
     return [r[0] for r in bounds] + [bounds[-1][1]]

@@ -60,5 +60,5 @@ def test_from_pandas_errors_name_column_and_row() -> None:
     words.at["x", "embeds_a"] = np.array(["a", "b"])
     with pytest.raises(TypeError, match="column 'embeds_a': row 'x' holds ndarray"):
         dask_cosim.from_pandas(words)
-    with pytest.raises(TypeError, match="from_pandas expects a pandas.DataFrame, got list"):
+    with pytest.raises(TypeError, match=r"from_pandas expects a pandas\.DataFrame, got list"):
         dask_cosim.from_pandas([1, 2])  # type: ignore[arg-type]

@@ -11,7 +11,6 @@ import numpy as np
 import pandas as pd
 import torch
 from distributed import Client
-from distributed.utils_test import cleanup, client, cluster_fixture, loop, loop_in_thread  # noqa: F401
 
 import dask_cosim
 from tests.helpers import random_pairs, reference
@@ -38,7 +37,7 @@ def large_graph_warnings(fn) -> list[str]:
     return [str(w.message) for w in caught if "large graph" in str(w.message)]
 
 
-def test_computations_send_small_graphs_and_equal_results(client: Client) -> None:  # noqa: F811
+def test_computations_send_small_graphs_and_equal_results(client: Client) -> None:
     pdf, a, b = tensor_frame(12_000, 300)  # 29 MB of vectors: above the 10 MB warning
     df = dask_cosim.from_pandas(pdf, npartitions=4)
     assert df.npartitions == 4 and df.divisions == (0, 9000, 18000, 27000, 35997)
@@ -54,7 +53,10 @@ def test_computations_send_small_graphs_and_equal_results(client: Client) -> Non
     expected = reference(a, b)
     np.testing.assert_allclose(results["cos"].to_numpy(), expected, atol=1e-6)
     assert results["cos"].index.equals(pdf.index)
-    assert results["mean"] == np.float32(expected.mean()) or abs(results["mean"] - expected.mean()) < 1e-6
+    assert (
+        results["mean"] == np.float32(expected.mean())
+        or abs(results["mean"] - expected.mean()) < 1e-6
+    )
     top = results["top"]
     assert top["label"].tolist() == [f"row {i}" for i in np.argsort(-expected)[:5]]
     assert str(df.dtypes["label"]) == str(dask_cosim.from_pandas(pdf.head()).dtypes["label"])
@@ -62,9 +64,9 @@ def test_computations_send_small_graphs_and_equal_results(client: Client) -> Non
     assert sum(len(keys) for keys in client.has_what().values()) >= 4
 
 
-def test_the_frame_in_the_graph_is_what_it_avoids(client: Client) -> None:  # noqa: F811
+def test_the_frame_in_the_graph_is_what_it_avoids(client: Client) -> None:
     """The same frame through dd.from_pandas does warn: the test above can fail."""
-    pdf, a, b = tensor_frame(12_000, 300)
+    pdf, _a, _b = tensor_frame(12_000, 300)
     converted = dask_cosim.from_pandas(pdf)
     with dask.config.set({"dataframe.convert-string": False}):
         in_graph = dd.from_pandas(converted.compute(), npartitions=4)

@@ -110,6 +110,6 @@ def test_memory_map_setting(tmp_path: Path, setting: Any) -> None:
         np.testing.assert_array_equal(np.stack(back["embeds_a"].to_numpy()), a)
     with dask.config.set({"cosim.read.memory-map": "yes"}):
         with pytest.raises(
-            ValueError, match="cosim.read.memory-map='yes'; use 'auto', true or false"
+            ValueError, match=r"cosim\.read\.memory-map='yes'; use 'auto', true or false"
         ):
             dask_cosim.read_parquet(tmp_path / "list")

@@ -90,7 +90,7 @@ def test_to_parquet_is_atomic(tmp_path: Path) -> None:
     # Partitions that disagree on D fail when the job commits, with the same guarantee.
     short = dask_cosim.from_pandas(pairs_frame(a[:, :2], b[:, :2], "object_numpy"))
     mixed = dd.concat([dask_cosim.from_pandas(pdf), short])
-    with pytest.raises(ValueError, match="part.00001.parquet holds 2-long float32 vectors but"):
+    with pytest.raises(ValueError, match=r"part\.00001\.parquet holds 2-long float32 vectors but"):
         dask_cosim.to_parquet(mixed, out, overwrite=True, vectors=["embeds_a", "embeds_b"])
     assert [p.name for p in tmp_path.iterdir()] == ["p"]
 
