@@ -166,7 +166,7 @@ _memory_limit_option = click.option(
     default="auto",
     show_default=True,
     callback=_memory_limit,
-    help="Per local worker, e.g. 4GiB (dask pauses a worker at 80 %; give at least 1.25GiB).",
+    help="Per local worker, e.g. 4GiB (dask pauses a worker at 80 %; give at least 1.5GiB).",
 )
 
 
