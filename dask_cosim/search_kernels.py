@@ -153,6 +153,11 @@ def rescore(
     return out.clamp_(-1.0, 1.0)
 
 
+# The most bytes of one tile of a threshold-only search on a CPU (see threshold_pairs):
+# benchmarks/NOTES.md, section 8, has the measurement.
+THRESHOLD_CPU_TILE_BYTES = 4 * 2**20
+
+
 def _tiles(nq: int, nr: int, tile_bytes: int) -> tuple[int, int]:
     elems = max(1, tile_bytes // 4)
     tq = max(1, min(nq, 1024, elems // max(1, min(nr, 1024))))
@@ -357,6 +362,10 @@ def threshold_pairs(
     identity = row_pos is None  # row i of q is row i of r (the self-join's diagonal pair)
     if mode is not None and row_pos is None:
         row_pos = torch.arange(nq, device=device)
+    if device.type == "cpu":
+        # The scan for hits reads each tile again: a tile that stays in the CPU's cache
+        # makes that scan cheap (top-k's merges, by contrast, gain from large tiles).
+        tile_bytes = min(tile_bytes, THRESHOLD_CPU_TILE_BYTES)
     tq, tr = _tiles(nq, nr, tile_bytes)
     tile = _Tile(tq, tr, device)
     mask_r = not bool(r.valid.all())
