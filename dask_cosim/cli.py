@@ -282,9 +282,7 @@ def _prepare(
     from dask_cosim.summary import summarize
 
     df = dask_cosim.read_parquet(list(inputs) if len(inputs) > 1 else inputs[0])
-    missing = [c for c in keep if c not in df.columns]
-    if missing:
-        raise InputError(backends.column_not_found(missing[0], df.columns, "--keep column").args[0])
+    _check_columns(df, keep, "--keep column")
     cos = df.cosim.pairwise(col_a, col_b, eps=eps, dtype=dtype, device=device, name=name)
     out = df[list(keep)].assign(**{name: cos}) if keep else cos.to_frame()
     if Path(output).exists() and not overwrite:
@@ -558,6 +556,15 @@ def _search_cluster_options(command: F) -> F:
     return command
 
 
+def _check_columns(df: Any, columns: Sequence[str], what: str) -> None:
+    """InputError naming the first of ``columns`` not in ``df``, with a did-you-mean."""
+    from dask_cosim import backends
+
+    missing = [c for c in columns if c not in df.columns]
+    if missing:
+        raise InputError(backends.column_not_found(missing[0], df.columns, what).args[0])
+
+
 def _search_run(
     build: Callable[[], Any],
     output: str,
@@ -644,11 +651,7 @@ def topk(
     df = _read_input(inputs)
     queries = dask_cosim.read_parquet(queries_path)
     column = on if query_on is None else query_on
-    if column not in queries.columns:
-        raise InputError(
-            f"--query-on {column!r} not found in {queries_path!r}; available: "
-            f"{list(queries.columns)!r}"
-        )
+    _check_columns(queries, [column], f"--query-on column (in {queries_path!r})")
 
     def build() -> Callable[[], Any]:
         from dask_cosim import search
@@ -656,11 +659,7 @@ def topk(
         # Checked from the metadata now; the data is read once the cluster runs.
         search._check_column(df._meta, on, "on")
         search._check_column(queries._meta, column, "query_on")
-        missing = [c for c in keep if c not in df.columns]
-        if missing:
-            raise InputError(
-                f"--keep columns {missing!r} not found; available: {list(df.columns)!r}"
-            )
+        _check_columns(df, keep, "--keep column")
         return lambda: df.cosim.topk(queries[column].compute(), on, k, columns=list(keep))
 
     _search_run(build, output, overwrite, scheduler, workers, gpus, memory_limit, quiet)
