@@ -79,7 +79,7 @@ def _binary_to_list(chunk: pa.Array, value_type: pa.DataType, dim: int) -> pa.Ar
     )
 
 
-def _vector_field(name: str, value_type: pa.DataType, dim: int, layout: str) -> pa.Field:
+def vector_field(name: str, value_type: pa.DataType, dim: int, layout: str) -> pa.Field:
     if layout == "list":
         return pa.field(name, pa.list_(value_type, dim))
     dtype = np.dtype(value_type.to_pandas_dtype()).name
@@ -151,7 +151,7 @@ def encode_column(series: Any, column: str, layout: str) -> tuple[pa.Field, pa.C
         n = len(block)
         chunks.append(encode_vectors(block, None if null is None else null[row : row + n], layout))
         row += n
-    field = _vector_field(column, pa.from_numpy_dtype(dtype), blocks[0].shape[1], layout)
+    field = vector_field(column, pa.from_numpy_dtype(dtype), blocks[0].shape[1], layout)
     return field, pa.chunked_array(chunks, field.type)
 
 

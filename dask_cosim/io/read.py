@@ -15,7 +15,7 @@ from dask_cosim import backends, options
 from dask_cosim.backends import arrow_vector_types
 from dask_cosim.io.convert import TARGET_PARTITION_BYTES
 from dask_cosim.io.files import parquet_files
-from dask_cosim.io.layouts import binary_layout, restore_vectors
+from dask_cosim.io.layouts import binary_layout, restore_vectors, stored_vector
 
 
 def read_parquet(path: Any, columns: list[str] | None = None, **kwargs: Any) -> dd.DataFrame:
@@ -149,6 +149,7 @@ def _read_files(
         # Read when the graph is built, so that it travels with it to remote workers.
         memory_map=_memory_map(schema),
         in_batches=not binary_layout(schema),
+        binary_vectors=_binary_vectors(schema),
         meta=meta,
         divisions=tuple(divisions) if divisions else None,
         label="cosim-read-parquet",
@@ -197,12 +198,23 @@ def _read_piece(
     backend: str = "pandas",
     memory_map: bool = False,
     in_batches: bool = True,
+    binary_vectors: dict[str, tuple[int, str]] | None = None,
 ) -> Any:
     """One partition: a file (or some of its row groups), vectors restored without a copy.
 
-    ``columns`` is filled in by dask's column projection.
+    ``columns`` is filled in by dask's column projection.  With the cudf backend, local
+    files are decoded on the GPU by cudf's reader (``binary_vectors``: the columns of our
+    binary layout, as (D, dtype)); other files by pyarrow, then copied to the GPU.
     """
     file, row_groups = piece
+    if backend == "cudf" and gpu_reads(fs, filters):
+        return backends.cudf_read_parquet(
+            file,
+            row_groups=row_groups,
+            columns=columns,
+            filters=filters,
+            vectors=binary_vectors or {},
+        )
     # Local files: memory-mapped or through a 1 MiB buffer (see _memory_map); pyarrow maps
     # only when given no filesystem.
     where: dict[str, Any] = {"filesystem": fs}
@@ -222,6 +234,23 @@ def _read_piece(
     if filters is not None:
         table = table.filter(pq.filters_to_expression(filters))
     return backends.frame_from_arrow(restore_vectors(table), backend)
+
+
+def gpu_reads(fs: pafs.FileSystem, filters: Any) -> bool:
+    """Whether a cudf-backed read decodes on the GPU: local files, with no filter or
+    filters in the list-of-tuples form cudf takes (a pyarrow expression goes through
+    pyarrow).  Remote files go through pyarrow's filesystem, then one copy to the GPU."""
+    return isinstance(fs, pafs.LocalFileSystem) and (filters is None or isinstance(filters, list))
+
+
+def _binary_vectors(schema: pa.Schema) -> dict[str, tuple[int, str]]:
+    """{column: (D, dtype)} of the columns stored in our binary layout."""
+    found = {}
+    for field in schema:
+        stored = stored_vector(field)
+        if stored is not None and pa.types.is_fixed_size_binary(field.type):
+            found[field.name] = stored
+    return found
 
 
 def _memory_map(schema: pa.Schema) -> bool:

@@ -14,6 +14,7 @@ from typing import Any
 
 import dask
 import dask.dataframe as dd
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -23,7 +24,13 @@ from dask.dataframe.dispatch import to_pyarrow_table_dispatch
 from dask_cosim import backends
 from dask_cosim.io.convert import from_pandas
 from dask_cosim.io.files import FORMAT_VERSION, MANIFEST, exists, filesystem
-from dask_cosim.io.layouts import check_layout, encode_column, list_columns, stored_vector
+from dask_cosim.io.layouts import (
+    check_layout,
+    encode_column,
+    list_columns,
+    stored_vector,
+    vector_field,
+)
 
 
 def frame_to_table(
@@ -43,7 +50,9 @@ def frame_to_table(
     vectors = list(vectors) if vectors is not None else list_columns(df)
     others = [c for c in df.columns if c not in vectors]
     # dask's own dispatch: pandas -> pa.Table.from_pandas, cudf -> DataFrame.to_arrow.
-    table = to_pyarrow_table_dispatch(df[others], preserve_index=preserve_index)
+    table = to_pyarrow_table_dispatch(
+        _index_named_as_pyarrow(df[others], preserve_index), preserve_index=preserve_index
+    )
     fields, arrays = list(table.schema), list(table.columns)
     positions = {c: i for i, c in enumerate(df.columns)}
     # In column order, so each lands where it was (index columns stay last).
@@ -243,6 +252,18 @@ def _write_partition(
 ) -> pd.DataFrame:
     number = partition_info["number"] if partition_info else 0
     name = f"part.{number:05d}.parquet"
+    if _writes_on_gpu(df, fs, compression):
+        schema = _file_schema(df, layout, vectors, write_index)
+        stored = backends.cudf_write_parquet(
+            df,
+            f"{staging}/{name}",
+            schema,
+            vectors=vectors,
+            layout=layout,
+            codec=str(compression or "none"),
+            row_group_rows=row_group_rows,
+        )
+        return _written(name, df, stored)
     table = frame_to_table(df, layout=layout, vectors=vectors, preserve_index=write_index)
     if not isinstance(compression, dict):
         codec = compression or "none"
@@ -257,7 +278,11 @@ def _write_partition(
         use_dictionary=[c for c in table.column_names if c not in vectors],
         row_group_size=row_group_rows,
     )
-    stored = {c: stored_vector(table.schema.field(c)) for c in vectors}
+    return _written(name, df, {c: stored_vector(table.schema.field(c)) for c in vectors})
+
+
+def _written(name: str, df: Any, stored: dict[str, Any]) -> pd.DataFrame:
+    """The row of _WRITTEN_META for one file."""
     return pd.DataFrame(
         {
             "file": [name],
@@ -266,6 +291,70 @@ def _write_partition(
             "vectors": [json.dumps(stored)],
         }
     )
+
+
+def _writes_on_gpu(df: Any, fs: pafs.FileSystem, compression: Any) -> bool:
+    """cudf partitions bound for local files, with one codec for the non-vector columns,
+    are written by cudf's GPU writer; the rest through pyarrow (one copy to the host)."""
+    return (
+        type(df).__module__.startswith("cudf")
+        and isinstance(fs, pafs.LocalFileSystem)
+        and not isinstance(compression, dict)
+        and getattr(df.index, "nlevels", 1) == 1
+    )
+
+
+def _file_schema(df: Any, layout: str, vectors: list[str], write_index: bool | None) -> pa.Schema:
+    """The Arrow schema :func:`frame_to_table` would give ``df``, built without reading
+    its data: the other columns and the index from an empty slice (through dask's
+    dispatch), each vector column's field from its D and dtype."""
+    others = [c for c in df.columns if c not in vectors]
+    empty = to_pyarrow_table_dispatch(
+        _index_named_as_pyarrow(df[others].iloc[:0], write_index), preserve_index=write_index
+    )
+    schema = _with_range_index(empty.schema, df.index)
+    positions = {c: i for i, c in enumerate(df.columns)}
+    for column in sorted(vectors, key=positions.__getitem__):
+        spec = backends.vector_spec(df[column].iloc[:0], str(column))
+        dim = spec.dim or _first_length(df[column])
+        value_type = pa.from_numpy_dtype(spec.dtype or np.dtype(np.float32))
+        field = vector_field(str(column), value_type, dim, layout)
+        schema = schema.insert(positions[column], field)
+    return schema
+
+
+def _index_named_as_pyarrow(df: Any, preserve_index: bool | None) -> Any:
+    """``df`` with an unnamed index that will be stored as a column named as pyarrow names
+    it, "__index_level_0__" (readers give it back unnamed); cudf would call it "index",
+    and readers would give it back with that name."""
+    index = df.index
+    stored_as_column = preserve_index is True or (
+        preserve_index is None and not type(index).__name__ == "RangeIndex"
+    )
+    if not stored_as_column or index.name is not None or getattr(index, "nlevels", 1) != 1:
+        return df
+    df = df.copy(deep=False)
+    df.index = index.rename("__index_level_0__")
+    return df
+
+
+def _first_length(series: Any) -> int:
+    """D of a variable-length list column: the length of its first non-null row (0 if
+    none).  One scalar from the device."""
+    lengths = series.list.len().dropna()
+    return int(lengths.iloc[0]) if len(lengths) else 0
+
+
+def _with_range_index(schema: pa.Schema, index: Any) -> pa.Schema:
+    """The pandas metadata of an empty slice describes an empty RangeIndex: put back the
+    whole frame's start, stop and step."""
+    pandas_meta = schema.pandas_metadata
+    if not pandas_meta:
+        return schema
+    for entry in pandas_meta.get("index_columns", []):
+        if isinstance(entry, dict) and entry.get("kind") == "range":
+            entry.update(start=int(index.start), stop=int(index.stop), step=int(index.step))
+    return schema.with_metadata({**schema.metadata, b"pandas": json.dumps(pandas_meta).encode()})
 
 
 def _commit(

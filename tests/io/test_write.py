@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import dask.dataframe as dd
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pytest
 
 import dask_cosim
@@ -139,3 +141,34 @@ def test_to_parquet_checks_arguments(tmp_path: Path) -> None:
 
 
 # --------------------------------------------------------------------------- any Parquet
+
+
+@pytest.mark.parametrize("layout", ["binary", "list"])
+@pytest.mark.parametrize("index", [None, pd.RangeIndex(10, 40, 3), pd.Index(np.arange(10) * 2)])
+def test_file_schema_without_the_data_is_the_written_schema(layout: str, index: Any) -> None:
+    """The schema the GPU writer stores (built from empty slices, D from the metadata or
+    the first row) is the schema pyarrow gives the whole frame."""
+    from dask_cosim.io.write import _file_schema, frame_to_table
+
+    a, b = random_pairs(10, 6)
+    for fmt in ("fixed_size_list", "list"):
+        pdf = pairs_frame(a, b, fmt, index=index)
+        got = _file_schema(pdf, layout, ["embeds_a", "embeds_b"], None)
+        want = frame_to_table(pdf, layout=layout, vectors=["embeds_a", "embeds_b"]).schema
+        assert got.equals(want, check_metadata=True), (got, want)
+        for name in want.names:
+            assert got.field(name).metadata == want.field(name).metadata
+
+
+def test_binary_vectors_of_a_schema() -> None:
+    from dask_cosim.io.layouts import vector_field
+    from dask_cosim.io.read import _binary_vectors
+
+    schema = pa.schema(
+        [
+            vector_field("v", pa.float32(), 8, "binary"),
+            vector_field("w", pa.float64(), 3, "list"),
+            pa.field("x", pa.binary(4)),
+        ]
+    )
+    assert _binary_vectors(schema) == {"v": (8, "float32")}

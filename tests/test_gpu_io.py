@@ -1,0 +1,240 @@
+"""GPU reading and writing (cudf's Parquet reader and writer), two workers sharing one GPU,
+and no host round trips on the cudf path.  Marked gpu: skipped without a GPU; the cudf
+tests also skip where cudf is not installed."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import dask
+import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+import dask_cosim
+from tests.helpers import pairs_frame, random_pairs, reference
+
+pytestmark = pytest.mark.gpu
+
+LAYOUTS = ["binary", "list"]
+
+
+def _pairs(n: int = 2000, d: int = 48, null_at: tuple[int, ...] = (5, 777)) -> pd.DataFrame:
+    a, b = random_pairs(n, d, seed=3)
+    null = np.zeros(n, bool)
+    null[list(null_at)] = True
+    # A sorted, non-range index, so divisions and the index column both travel.
+    return pairs_frame(a, b, "fixed_size_list", index=pd.Index(np.arange(n) * 3 + 7), null_a=null)
+
+
+def _read(path: Path, backend: str, **kwargs: Any) -> Any:
+    with dask.config.set({"dataframe.backend": backend}):
+        return dask_cosim.read_parquet(str(path), **kwargs)
+
+
+def _host_vectors(column: Any) -> list[Any]:
+    """A pandas or cudf list column as Python lists of floats (None for null rows)."""
+    if hasattr(column, "to_arrow"):
+        return column.to_arrow().to_pylist()
+    return [None if v is None else list(v) for v in column.array.__arrow_array__().to_pylist()]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_gpu_reader_gives_the_pandas_answer(tmp_path: Path, layout: str) -> None:
+    """Files written through pyarrow, read by cudf's reader on the GPU and by pyarrow: the
+    same index, columns, vectors (null rows too) and similarities."""
+    cudf = pytest.importorskip("cudf")
+    pdf = _pairs()
+    dask_cosim.to_parquet(dask_cosim.from_pandas(pdf, npartitions=3), tmp_path / "d", layout=layout)
+    on_cpu = _read(tmp_path / "d", "pandas")
+    on_gpu = _read(tmp_path / "d", "cudf")
+    assert isinstance(on_gpu._meta, cudf.DataFrame)
+    assert on_gpu.divisions == on_cpu.divisions
+    got = on_gpu.compute()
+    want = on_cpu.compute()
+    assert isinstance(got, cudf.DataFrame)
+    assert list(got.columns) == list(want.columns)
+    np.testing.assert_array_equal(got.index.to_numpy(), want.index.to_numpy())
+    np.testing.assert_array_equal(got["id"].to_numpy(), want["id"].to_numpy())
+    for column in ("embeds_a", "embeds_b"):
+        got_rows, want_rows = _host_vectors(got[column]), _host_vectors(want[column])
+        assert [r is None for r in got_rows] == [r is None for r in want_rows]
+        np.testing.assert_array_equal(
+            np.array([r for r in got_rows if r is not None], dtype=np.float32),
+            np.array([r for r in want_rows if r is not None], dtype=np.float32),
+        )
+    cos_gpu = on_gpu.cosim.pairwise("embeds_a", "embeds_b").compute().to_pandas()
+    cos_cpu = on_cpu.cosim.pairwise("embeds_a", "embeds_b").compute()
+    pd.testing.assert_series_equal(cos_gpu, cos_cpu, check_exact=False, atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_gpu_reader_projection_row_groups_and_filters(tmp_path: Path, layout: str) -> None:
+    pytest.importorskip("cudf")
+    pdf = _pairs(3000, 16, null_at=())
+    dask_cosim.to_parquet(
+        dask_cosim.from_pandas(pdf, npartitions=1), tmp_path / "d", layout=layout,
+        row_group_rows=500,
+    )  # fmt: skip
+    got = _read(tmp_path / "d", "cudf", columns=["embeds_b"]).compute()
+    assert list(got.columns) == ["embeds_b"]
+    np.testing.assert_array_equal(got.index.to_numpy(), pdf.index.to_numpy())
+    filtered = _read(tmp_path / "d", "cudf", filters=[("id", "<", 1000)]).compute()
+    want = _read(tmp_path / "d", "pandas", filters=[("id", "<", 1000)]).compute()
+    np.testing.assert_array_equal(
+        np.sort(filtered["id"].to_numpy()), np.sort(want["id"].to_numpy())
+    )
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_gpu_writer_writes_the_files_pyarrow_writes(tmp_path: Path, layout: str) -> None:
+    """cudf partitions written by cudf's GPU writer: the same Arrow schema (vector field
+    types and metadata, pandas metadata) as the same frame written through pyarrow, and
+    both read back identically by pyarrow and by cudf."""
+    cudf = pytest.importorskip("cudf")
+    pdf = _pairs()
+    cpu_dir, gpu_dir = tmp_path / "cpu", tmp_path / "gpu"
+    dask_cosim.to_parquet(dask_cosim.from_pandas(pdf, npartitions=2), cpu_dir, layout=layout)
+    ddf = _read(cpu_dir, "cudf")
+    assert isinstance(ddf._meta, cudf.DataFrame)
+    manifest = dask_cosim.to_parquet(ddf, gpu_dir, layout=layout)
+    assert manifest["vectors"]["embeds_a"] == {"dim": 48, "dtype": "float32"}
+    cpu_manifest = json.loads((cpu_dir / "_dask_cosim.json").read_text())
+    assert manifest["divisions"] == cpu_manifest["divisions"]
+    assert manifest["rows"] == len(pdf)
+    for name in ("part.00000.parquet", "part.00001.parquet"):
+        cpu_schema = pq.read_schema(cpu_dir / name)
+        gpu_schema = pq.read_schema(gpu_dir / name)
+        for column in ("embeds_a", "embeds_b"):
+            assert gpu_schema.field(column).type == cpu_schema.field(column).type
+            assert gpu_schema.field(column).metadata == cpu_schema.field(column).metadata
+        assert (
+            gpu_schema.pandas_metadata["index_columns"]
+            == (cpu_schema.pandas_metadata["index_columns"])
+        )
+        # Vectors stored uncompressed and plain, as pyarrow's writer stores them.
+        column_chunk = pq.ParquetFile(gpu_dir / name).metadata.row_group(0).column(1)
+        assert column_chunk.compression == "UNCOMPRESSED"
+    back = _read(gpu_dir, "pandas").compute()
+    want = _read(cpu_dir, "pandas").compute()
+    pd.testing.assert_frame_equal(back, want)
+    back_gpu = _read(gpu_dir, "cudf").compute().to_pandas()
+    np.testing.assert_array_equal(back_gpu["id"].to_numpy(), want["id"].to_numpy())
+
+
+def _device_to_host_bytes(run: Any, tmp_path: Path) -> tuple[int, int]:
+    """(copies, bytes) from the device to the host while ``run()`` runs, as CUPTI sees
+    them (every library in the process: torch, cupy, cudf)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        run()
+        torch.cuda.synchronize()
+    trace = tmp_path / "trace.json"
+    prof.export_chrome_trace(str(trace))
+    events = json.loads(trace.read_text())["traceEvents"]
+    copies = [e for e in events if e.get("cat") == "gpu_memcpy" and "DtoH" in e.get("name", "")]
+    return len(copies), sum(int(e.get("args", {}).get("bytes", 0)) for e in copies)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_cudf_path_makes_no_host_round_trip(tmp_path: Path, layout: str) -> None:
+    """Read (GPU decode), pairwise and a sum on the cudf path: what comes back to the host
+    is a few scalars, not the vectors (a trip through the host would move >= 80 MB)."""
+    pytest.importorskip("cudf")
+    a, b = random_pairs(40_000, 256)
+    pdf = pairs_frame(a, b, "fixed_size_list")
+    dask_cosim.to_parquet(dask_cosim.from_pandas(pdf, npartitions=2), tmp_path / "d", layout=layout)
+    df = _read(tmp_path / "d", "cudf")
+
+    def run() -> float:
+        return float(df.cosim.pairwise("embeds_a", "embeds_b").sum().compute(scheduler="sync"))
+
+    assert run() == pytest.approx(float(reference(a, b).sum()), rel=1e-5)
+    copies, nbytes = _device_to_host_bytes(run, tmp_path)
+    print(f"{layout}: {copies} device-to-host copies, {nbytes} bytes")
+    assert nbytes < 0.01 * (a.nbytes + b.nbytes), (copies, nbytes)
+
+
+def test_gpu_writer_from_device_memory_makes_no_host_round_trip(tmp_path: Path) -> None:
+    cudf = pytest.importorskip("cudf")
+    a, b = random_pairs(40_000, 256)
+    gdf = cudf.DataFrame.from_pandas(
+        pd.DataFrame({"id": np.arange(len(a))})
+    )  # the vectors go straight to the device below
+    gdf["embeds_a"] = cudf.Series.from_pylibcudf(
+        __import__("pylibcudf").Column.from_array(__import__("cupy").asarray(a))
+    )
+    gdf["embeds_b"] = cudf.Series.from_pylibcudf(
+        __import__("pylibcudf").Column.from_array(__import__("cupy").asarray(b))
+    )
+    import dask_cudf
+
+    ddf = dask_cudf.from_cudf(gdf, npartitions=2)
+
+    def run() -> None:
+        with dask.config.set(scheduler="sync"):
+            dask_cosim.to_parquet(ddf, tmp_path / "out", layout="binary", overwrite=True)
+
+    run()
+    copies, nbytes = _device_to_host_bytes(run, tmp_path)
+    print(f"writer: {copies} device-to-host copies, {nbytes} bytes")
+    assert nbytes < 0.01 * (a.nbytes + b.nbytes), (copies, nbytes)
+    back = _read(tmp_path / "out", "pandas").compute()
+    res = back.cosim.pairwise("embeds_a", "embeds_b").to_numpy()
+    np.testing.assert_allclose(res, reference(a, b), atol=1e-6)
+
+
+def test_binary_bytes_become_lists_without_a_copy() -> None:
+    """The converted list column's values are the very device bytes cudf decoded."""
+    cudf = pytest.importorskip("cudf")
+    import cupy
+    import pylibcudf as plc
+
+    from dask_cosim import backends
+
+    values = cupy.arange(12, dtype=cupy.float32)
+    strings = plc.Column(
+        plc.DataType(plc.TypeId.STRING), 3, plc.gpumemoryview(values.view(cupy.uint8)),
+        None, 0, 0, [plc.Column.from_array(cupy.arange(4, dtype=cupy.int32) * 16)],
+    )  # fmt: skip
+    lists = backends._cudf_bytes_to_lists(strings, "v", 4, "float32")
+    series = cudf.Series.from_pylibcudf(lists)
+    assert series.to_arrow().to_pylist() == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
+    assert series.list.leaves.values.data.ptr == values.data.ptr
+
+
+def test_two_workers_share_one_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CUDA_VISIBLE_DEVICES=0,0: two dask-cuda workers on the same GPU, each computing
+    its own partitions, every row exactly once."""
+    pytest.importorskip("dask_cuda")
+    dask_cudf = pytest.importorskip("dask_cudf")
+    cudf = pytest.importorskip("cudf")
+    from distributed import get_task_stream
+
+    first = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", f"{first},{first}")
+    a, b = random_pairs(30_000, 64)
+    n_parts = 12
+    with dask_cosim.local_cluster(rmm_pool_size="1GiB", dashboard_address=None) as client:
+        workers = client.scheduler_info()["workers"]
+        assert len(workers) == 2
+        devices = client.run(lambda: os.environ["CUDA_VISIBLE_DEVICES"].split(",")[0])
+        assert set(devices.values()) == {first}
+        gdf = cudf.DataFrame.from_pandas(pd.DataFrame({"id": np.arange(len(a))}))
+        gdf["embeds_a"] = [list(map(float, r)) for r in a]
+        gdf["embeds_b"] = [list(map(float, r)) for r in b]
+        ddf = dask_cudf.from_cudf(gdf, npartitions=n_parts).persist()
+        with get_task_stream(client) as ts:
+            res = ddf.cosim.pairwise("embeds_a", "embeds_b").compute().to_pandas()
+        assert len(res) == len(a) and res.index.is_unique
+        np.testing.assert_allclose(res.sort_index().to_numpy(), reference(a, b), atol=1e-6)
+        pairwise_tasks = [t for t in ts.data if "cosim" in str(t["key"])]
+        ran_on = {t["worker"] for t in ts.data}
+        print(f"{len(pairwise_tasks)} pairwise tasks on {len(ran_on)} workers")
+        assert len(ran_on) == 2
