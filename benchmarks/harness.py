@@ -20,6 +20,7 @@ import statistics
 import sys
 import textwrap
 import time
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -54,34 +55,71 @@ class Row:
     expect: str = "rows"  # "rows": per-row results; "sum": their sum; "none": a floor
     times: list[float] = dataclasses.field(default_factory=list)
     error: float | None = None
+    # A case on data of its own (not the run's N pairs): its float64 reference (checks use
+    # it instead of the run's) and the bytes it reads.  With ``nbytes`` set, the table
+    # shows its own time, pairs and GB/s, not ones scaled to the run's N.
+    ref: np.ndarray | None = None
+    nbytes: int | None = None
 
 
-def time_rows(rows: list[Row], repeat: int, ref: np.ndarray, log: Callable[[str], None]) -> None:
+def time_rows(
+    rows: list[Row],
+    repeat: int,
+    ref: np.ndarray,
+    log: Callable[[str], None],
+    *,
+    drop_failed: bool = False,
+) -> list[dict[str, str]]:
     """A checked warm-up run of each case, then ``repeat`` rounds of one run per case.
 
     Slow cases that cap their repeats (process start-up included anyway) skip the warm-up:
-    their first run is checked and timed.
+    their first run is checked and timed.  ``drop_failed``: a case that raises is logged
+    (traceback on stderr), removed from ``rows`` and listed in the result as
+    {"case", "error"}, and the others go on; without it the exception propagates.
     """
+    failed: list[dict[str, str]] = []
+    dropped: set[int] = set()  # ids: a Row holding arrays cannot be compared with ==
+
+    def run(row: Row, timed: bool) -> None:
+        try:
+            t0 = time.perf_counter()
+            result = row.case.run()
+            elapsed = time.perf_counter() - t0
+            if timed:
+                row.times.append(elapsed)
+            if not timed or row.error is None:
+                row.error = check(row, result, row.ref if row.ref is not None else ref)
+        except Exception as exc:
+            if not drop_failed:
+                raise
+            log(f"dropped {row.case.name}: {type(exc).__name__}: {exc}")
+            traceback.print_exc(file=sys.stderr)
+            failed.append({"case": row.case.name, "error": f"{type(exc).__name__}: {exc}"})
+            dropped.add(id(row))
+
     for row in rows:
         if row.case.repeat is None:
             log(f"warm-up: {row.case.name}")
-            row.error = check(row, row.case.run(), ref)
+            run(row, timed=False)
     for r in range(repeat):
         log(f"round {r + 1}/{repeat}")
         for row in rows:
+            if id(row) in dropped:
+                continue
             if row.case.repeat is not None and len(row.times) >= row.case.repeat:
                 continue
-            t0 = time.perf_counter()
-            result = row.case.run()
-            row.times.append(time.perf_counter() - t0)
-            if row.error is None:
-                row.error = check(row, result, ref)
+            run(row, timed=True)
+    rows[:] = [row for row in rows if id(row) not in dropped]
+    return failed
 
 
 def check(row: Row, result: Any, ref: np.ndarray) -> float | None:
-    """Max |error| against the float64 reference (for a sum: relative error)."""
+    """Max |error| against the float64 reference (for a sum: relative error).  A torch
+    tensor result (on any device) is brought to the host here, outside the timing."""
     if row.expect == "none":
         return None
+    if hasattr(result, "detach"):
+        result = result.detach().cpu().numpy()
     if row.expect == "sum":
         total = float(ref.sum())
         return abs(float(result) - total) / max(1.0, abs(total))
@@ -95,11 +133,14 @@ def check(row: Row, result: Any, ref: np.ndarray) -> float | None:
 def summarize(rows: list[Row], total_rows: int, nbytes: int) -> list[dict[str, Any]]:
     seconds = {}
     for row in rows:
-        # Sample cases (row by row) are scaled to the full size, and say so.
-        seconds[row.case.name] = statistics.median(row.times) * total_rows / row.case.rows
+        # Sample cases (row by row) are scaled to the full size, and say so; cases on data
+        # of their own (``nbytes`` set) keep their own time.
+        scale = 1.0 if row.nbytes is not None else total_rows / row.case.rows
+        seconds[row.case.name] = statistics.median(row.times) * scale
     out = []
     for row in rows:
         s = seconds[row.case.name]
+        pairs = row.case.rows if row.nbytes is not None else total_rows
         out.append(
             {
                 "case": row.case.name,
@@ -107,8 +148,8 @@ def summarize(rows: list[Row], total_rows: int, nbytes: int) -> list[dict[str, A
                 "seconds": s,
                 "times": row.times,
                 "rows_timed": row.case.rows,
-                "pairs_per_s": total_rows / s,
-                "gb_per_s": nbytes / s / 1e9,
+                "pairs_per_s": pairs / s,
+                "gb_per_s": (row.nbytes if row.nbytes is not None else nbytes) / s / 1e9,
                 "floor": row.floor,
                 "x_floor": seconds[row.floor] / s if row.floor in seconds else None,
                 "versus": row.versus,
@@ -182,6 +223,13 @@ def machine() -> dict[str, Any]:
     }
     if torch.cuda.is_available():
         info["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+        info["torch_cuda"] = torch.version.cuda
+        # The GPU stack, where it imports (none of it is needed on a CPU machine).
+        for module in ("cupy", "cudf", "dask_cudf", "dask_cuda", "rmm", "triton"):
+            try:
+                info[module] = __import__(module).__version__
+            except Exception:
+                continue
     return info
 
 

@@ -27,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -210,30 +211,329 @@ def floor_rows(a: np.ndarray, b: np.ndarray, list_dir: Path, ours_dir: Path) -> 
     ]
 
 
-def gpu_rows(a: np.ndarray, b: np.ndarray) -> list[Row]:
-    """CUDA only: the device-to-device copy floor and our kernel on device tensors."""
-    if not torch.cuda.is_available():
-        return []
-    ga, gb = torch.from_numpy(a).cuda(), torch.from_numpy(b).cuda()
+# The kernel on device tensors: (D, dtype) pairs, each of about the bytes of the run's pairs.
+GPU_SWEEP = [(d, dt) for d in (128, 300, 768, 4096) for dt in ("float16", "float32")]
+GPU_COPY = "floor: GPU copy (device to device)"
+
+
+def _sync() -> None:
+    """Every GPU case ends here: the harness reads the host clock, so queued work must end."""
+    torch.cuda.synchronize()
+
+
+def _gpu_reference(x: torch.Tensor, y: torch.Tensor, block: int = 1 << 18) -> np.ndarray:
+    """float64 cos per row of device tensors, on the device, in blocks (float64 copies of a
+    whole input would be 4x its float16 bytes); fine as a reference for random data."""
+    out = torch.empty(len(x), dtype=torch.float64, device=x.device)
+    for s in range(0, len(x), block):
+        out[s : s + block] = torch.nn.functional.cosine_similarity(
+            x[s : s + block].double(), y[s : s + block].double(), dim=1, eps=1e-8
+        ).clamp_(-1, 1)
+    return out.cpu().numpy()
+
+
+def _copy_case(name: str, tensors: list[torch.Tensor], rows: int, note: str) -> Case:
+    """Clone of device tensors: reads and writes their bytes once, the device's floor."""
 
     def copy() -> None:
-        ga.clone(), gb.clone()
-        torch.cuda.synchronize()
+        for t in tensors:
+            t.clone()
+        _sync()
 
-    def kernel() -> np.ndarray:
-        res = kernels.pairwise_cosine(ga, gb)
-        torch.cuda.synchronize()
-        return res.cpu().numpy()
+    return Case(name, copy, rows, note)
 
+
+def _kernel_case(name: str, x: torch.Tensor, y: torch.Tensor, fused: bool | None) -> Case:
+    def kernel() -> torch.Tensor:
+        res = kernels.pairwise_cosine(x, y, fused=fused)
+        _sync()
+        return res  # checked on the host by the harness, outside the timing
+
+    note = (
+        f"fused: {kernels.fused_kernel_for(x, y) or 'none, torch kernel'}"
+        if fused is None
+        else "fused=False: the chunked torch kernel"
+    )
+    return Case(name, kernel, len(x), note)
+
+
+def gpu_tensor_rows(a: np.ndarray, b: np.ndarray, log: Any, keep: list[torch.Tensor]) -> list[Row]:
+    """CUDA, in this process: the device copy floor and our kernel on the run's pairs; the
+    kernel at each (D, dtype) of GPU_SWEEP on pairs of its own (generated on the device,
+    about the run's bytes), fused and torch, each against a copy of its own bytes; host to
+    device copies (pinned, pageable) and our kernel fed from host tensors (what pandas
+    partitions on a GPU worker do, ``cosim.device: cuda``).  Device memory is held by
+    ``keep`` until the caller clears it.  A sweep point that cannot be set up is logged
+    and left out."""
+    n = len(a)
     name = torch.cuda.get_device_name()
-    return [
-        Row(Case("floor: GPU copy (device to device)", copy, len(a), name), "floor", expect="none"),
+    ga, gb = torch.from_numpy(a).cuda(), torch.from_numpy(b).cuda()
+    keep += [ga, gb]
+    rows = [
+        Row(_copy_case(GPU_COPY, [ga, gb], n, name), "floor", expect="none"),
+        Row(_kernel_case("ours: kernel on GPU", ga, gb, None), "ours", floor=GPU_COPY),
         Row(
-            Case("ours: kernel on GPU", kernel, len(a), name),
+            _kernel_case("ours: kernel on GPU, torch fallback", ga, gb, False),
             "ours",
-            floor="floor: GPU copy (device to device)",
+            floor=GPU_COPY,
         ),
     ]
+    target_bytes = a.nbytes  # per input, as the run's pairs
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    for dim, dtype in GPU_SWEEP:
+        label = f"D={dim} {dtype}"
+        try:
+            tdtype = getattr(torch, dtype)
+            count = max(1, target_bytes // (dim * tdtype.itemsize))
+            # Half of each pair is the other half plus noise: cos spread over (-1, 1),
+            # not all near 0 as for two independent draws.
+            x = torch.randn((count, dim), generator=gen, device="cuda", dtype=tdtype)
+            y = torch.randn((count, dim), generator=gen, device="cuda", dtype=tdtype)
+            y[: count // 2] += x[: count // 2]
+            keep += [x, y]
+            ref_xy = _gpu_reference(x, y)
+            nbytes_xy = 2 * x.nbytes
+            floor = f"floor: GPU copy {label}"
+            rows.append(
+                Row(
+                    _copy_case(floor, [x, y], count, f"{count:,} rows"),
+                    "floor",
+                    expect="none",
+                    nbytes=nbytes_xy,
+                )
+            )
+            for suffix, fused in (("", None), (", torch fallback", False)):
+                rows.append(
+                    Row(
+                        _kernel_case(f"ours: GPU kernel {label}{suffix}", x, y, fused),
+                        "ours",
+                        floor=floor,
+                        ref=ref_xy,
+                        nbytes=nbytes_xy,
+                    )
+                )
+        except Exception:
+            log(f"GPU kernel at {label}: set-up failed, left out")
+            traceback.print_exc(file=sys.stderr)
+    rows += host_to_device_rows(a, b, keep)
+    return rows
+
+
+def host_to_device_rows(a: np.ndarray, b: np.ndarray, keep: list[torch.Tensor]) -> list[Row]:
+    """Host to device copies of the run's pairs and our kernel on host tensors with
+    device="cuda" (chunks move to the GPU one at a time, as for pandas partitions on a GPU
+    worker); its floor is the pinned copy, the fastest the bus allows."""
+    n = len(a)
+    ta, tb = torch.from_numpy(a), torch.from_numpy(b)
+    pinned = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t) for t in (ta, tb)]
+    on_device = [torch.empty(t.shape, dtype=t.dtype, device="cuda") for t in (ta, tb)]
+    keep += [*pinned, *on_device]
+
+    def copy_pinned() -> None:
+        for dst, src in zip(on_device, pinned):
+            dst.copy_(src, non_blocking=True)
+        _sync()
+
+    def copy_pageable() -> None:
+        for dst, src in zip(on_device, (ta, tb)):
+            dst.copy_(src)
+        _sync()
+
+    def kernel_from_host() -> torch.Tensor:
+        res = kernels.pairwise_cosine(ta, tb, device="cuda")
+        _sync()
+        return res
+
+    pinned_floor = "floor: host to device copy (pinned)"
+    return [
+        Row(Case(pinned_floor, copy_pinned, n, "pin_memory, non_blocking"), "floor", expect="none"),
+        Row(
+            Case("floor: host to device copy (pageable)", copy_pageable, n, "for information"),
+            "floor",
+            expect="none",
+        ),
+        Row(
+            Case(
+                "ours: kernel, host tensors -> GPU",
+                kernel_from_host,
+                n,
+                'device="cuda": chunks moved one at a time',
+            ),
+            "ours",
+            floor=pinned_floor,
+        ),
+    ]
+
+
+def cudf_rows(n: int, persisted: dd.DataFrame | None, list_dir: Path, ours_dir: Path) -> list[Row]:
+    """CUDA with cudf, on a dask-cuda cluster (the default client; dataframe.backend must be
+    "cudf" while these run): floors that read the files with ``cudf.read_parquet`` in this
+    process, our pairs persisted as a dask_cudf frame, and end to end from both layouts
+    through the GPU reader.  ``persisted`` None: that row is left out (its set-up failed)."""
+    import cudf
+
+    from dask_cosim.io.files import parquet_files
+
+    rows = []
+    for layout, folder in (("list", list_dir), ("our", ours_dir)):
+        found = parquet_files(folder)
+        assert found is not None
+        files = found[1]  # the files our reader reads, in its order
+
+        def read(files: list[str] = files) -> None:
+            cudf.read_parquet(files, columns=[A, B])
+            _sync()  # cudf's work runs on its own stream; synchronize waits on the device
+
+        floor = f"floor: cudf read, {layout} files"
+        rows.append(
+            Row(Case(floor, read, n, "cudf.read_parquet, this process"), "floor", expect="none")
+        )
+
+        def end_to_end(folder: Path = folder) -> float:
+            return _sum_cos(dask_cosim.read_parquet(folder))
+
+        rows.append(
+            Row(
+                Case(
+                    f"ours: {layout} Parquet -> sum (cudf)",
+                    end_to_end,
+                    n,
+                    'dataframe.backend="cudf", one dask-cuda worker',
+                ),
+                "ours",
+                floor=floor,
+                expect="sum",
+            )
+        )
+    if persisted is not None:
+        rows.insert(
+            0,
+            Row(
+                Case(
+                    "ours: dask_cudf, persisted",
+                    lambda: _sum_cos(persisted),
+                    n,
+                    "partitions in GPU worker memory",
+                ),
+                "ours",
+                floor=GPU_COPY,
+                expect="sum",
+            ),
+        )
+    return rows
+
+
+def host_round_trips(ours_dir: Path) -> dict[str, Any]:
+    """Copies between host and device in one end-to-end run from our layout through the
+    GPU reader (read, pairwise, sum), counted by the CUDA profiler (CUPTI sees the copies
+    of every library in the process, cudf's included).
+
+    Runs in this process with dask's synchronous scheduler, so that the profiler sees the
+    tasks (on a worker it would not); dataframe.backend must be "cudf".  Returns
+    {"kind": {"count", "bytes"}} per memcpy kind ("Memcpy HtoD (Pageable -> Device)", ...;
+    bytes from the trace's event arguments, None where the profiler gives none), the sum
+    and where it ran.
+    """
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        total = float(
+            dask_cosim.read_parquet(ours_dir).cosim.pairwise(A, B).sum().compute(scheduler="sync")
+        )
+        _sync()
+    kinds: dict[str, dict[str, Any]] = {}
+    for event in prof.key_averages():
+        if "memcpy" in event.key.lower():
+            kinds[event.key] = {"count": int(event.count), "bytes": None}
+    # Bytes are only in the trace's event arguments ("args": {"bytes": ...}).
+    with tempfile.TemporaryDirectory() as tmp:
+        trace = Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(trace))
+        events = json.loads(trace.read_text()).get("traceEvents", [])
+    for event in events:
+        name = str(event.get("name", ""))
+        if "memcpy" not in name.lower() or event.get("ph") != "X":
+            continue
+        size = (event.get("args") or {}).get("bytes")
+        if size is None or event.get("cat") not in ("gpu_memcpy", "Memcpy"):
+            continue
+        entry = kinds.setdefault(name, {"count": 0, "bytes": None})
+        entry["bytes"] = (entry["bytes"] or 0) + int(size)
+    return {"where": "client process, scheduler='sync'", "sum": total, "kinds": kinds}
+
+
+def run_gpu(
+    a: np.ndarray,
+    b: np.ndarray,
+    list_dir: Path,
+    ours_dir: Path,
+    repeat: int,
+    ref: np.ndarray,
+    log: Any,
+) -> tuple[list[Row], list[dict[str, str]], dict[str, Any] | None]:
+    """The GPU rows, fail-soft: (timed rows, failures {"case", "error"}, host round trips).
+
+    First this process's tensor cases (its device memory freed after), then the cudf cases
+    on a dask-cuda cluster of one worker per GPU (``dask_cosim.local_cluster()``, closed
+    after).  Whatever raises is logged with its traceback and left out of the table.
+    """
+    failed: list[dict[str, str]] = []
+
+    def fail(what: str) -> None:
+        exc = sys.exc_info()[1]
+        log(f"GPU: {what} failed, left out: {exc!r}")
+        traceback.print_exc(file=sys.stderr)
+        failed.append({"case": what, "error": repr(exc)})
+
+    rows: list[Row] = []
+    keep: list[torch.Tensor] = []
+    try:
+        log("GPU: device tensors, kernel sweep, host to device copies")
+        tensor_rows = gpu_tensor_rows(a, b, log, keep)
+        failed += time_rows(tensor_rows, repeat, ref, log, drop_failed=True)
+        rows += tensor_rows
+    except Exception:
+        fail("device tensor cases")
+    keep.clear()
+    torch.cuda.empty_cache()  # for the dask-cuda worker's RMM pool
+
+    trips = None
+    client = None
+    try:
+        with dask.config.set({"dataframe.backend": "cudf"}):
+            log("GPU: starting a dask-cuda cluster (one worker per GPU)")
+            client = dask_cosim.local_cluster(gpus=True, dashboard_address=None)
+            persisted = None
+            try:
+                persisted = dask_cosim.read_parquet(ours_dir).persist()
+                from distributed import wait
+
+                wait(persisted)
+            except Exception:
+                fail("ours: dask_cudf, persisted (set-up)")
+                persisted = None
+            cudf_cases = cudf_rows(len(a), persisted, list_dir, ours_dir)
+            failed += time_rows(cudf_cases, repeat, ref, log, drop_failed=True)
+            rows += cudf_cases
+            del persisted
+            client.close()
+            client = None
+            log("GPU: host round trips of one end-to-end cudf run, under the profiler")
+            try:
+                trips = host_round_trips(ours_dir)
+                summary = ", ".join(
+                    f"{k}: {v['count']}" + (f" ({v['bytes'] / 1e6:.1f} MB)" if v["bytes"] else "")
+                    for k, v in trips["kinds"].items()
+                )
+                print(f"host round trips (cudf path, one run): {summary or 'no memcpy events'}")
+            except Exception:
+                fail("host round trips (profiler)")
+    except Exception:
+        fail("cudf cases")
+    finally:
+        if client is not None:
+            client.close()
+    return rows, failed, trips
 
 
 TARGETS = [
@@ -257,11 +557,28 @@ TARGETS = [
         "peer: dask read_parquet + F.cosine_similarity",
         5.0,
     ),
+    ("GPU kernel >= 0.85 x device copy", "ours: kernel on GPU", GPU_COPY, 0.85),
+    *(
+        (
+            f"GPU kernel D={d} {dt} >= 0.85 x device copy",
+            f"ours: GPU kernel D={d} {dt}",
+            f"floor: GPU copy D={d} {dt}",
+            0.85,
+        )
+        for d, dt in GPU_SWEEP
+    ),
+    ("dask_cudf persisted >= 0.7 x device copy", "ours: dask_cudf, persisted", GPU_COPY, 0.7),
     (
-        "GPU kernel >= 0.85 x device copy",
-        "ours: kernel on GPU",
-        "floor: GPU copy (device to device)",
-        0.85,
+        "our layout end to end (cudf) >= 0.8 x cudf read",
+        "ours: our Parquet -> sum (cudf)",
+        "floor: cudf read, our files",
+        0.8,
+    ),
+    (
+        "our layout end to end: GPU faster than CPU",
+        "ours: our Parquet -> sum (cudf)",
+        "ours: our Parquet -> sum",
+        1.0,
     ),
 ]
 
@@ -362,7 +679,18 @@ def memory_probe(folder: str) -> None:
 )
 @click.option("--workers", type=int, default=None, help="Dask workers; default one per core.")
 @click.option("--repeat", default=5, show_default=True, help="Timed rounds after the warm-up.")
-@click.option("--peers/--no-peers", default=True, show_default=True)
+@click.option(
+    "--peers/--no-peers",
+    default=True,
+    show_default=True,
+    help="The CPU peers (in memory and from files); the spawn peer's set-up takes minutes.",
+)
+@click.option(
+    "--gpu/--no-gpu",
+    default=True,
+    show_default=True,
+    help="The GPU rows, when CUDA is available (cudf rows also need cudf and dask-cuda).",
+)
 @click.option("--name", default=None, help="Results file name; default from the machine and size.")
 @click.option(
     "--out", "out_dir", type=click.Path(path_type=Path), default=RESULTS, show_default=True
@@ -376,6 +704,7 @@ def main(
     workers: int | None,
     repeat: int,
     peers: bool,
+    gpu: bool,
     name: str | None,
     out_dir: Path,
     quiet: bool,
@@ -399,6 +728,8 @@ def main(
     ref = reference(a, b)
     tmp = Path(tempfile.mkdtemp(prefix="cosim-bench-"))
     client = None
+    failed: list[dict[str, str]] = []
+    trips = None
     try:
         list_dir, ours_dir = tmp / "list", tmp / "ours"
         log(f"writing {partitions} list<float> files and our layout")
@@ -412,7 +743,7 @@ def main(
 
         wait(persisted)
         ta, tb = torch.from_numpy(a), torch.from_numpy(b)
-        table_rows = floor_rows(a, b, list_dir, ours_dir) + gpu_rows(a, b)
+        table_rows = floor_rows(a, b, list_dir, ours_dir)
         table_rows += our_rows(ta, tb, persisted, list_dir, ours_dir, tmp / "result")
         if peers:
             log("building peer cases")
@@ -428,10 +759,19 @@ def main(
         for row in table_rows:
             if row.case.cleanup is not None:
                 row.case.cleanup()
+        if gpu and torch.cuda.is_available():
+            # One cluster at a time: the CPU workers would compete with the GPU worker's
+            # host side (Parquet decoding, the copies to the device).
+            del persisted
+            client.close()
+            client = None
+            gpu_table, failed, trips = run_gpu(a, b, list_dir, ours_dir, repeat, ref, log)
+            table_rows += gpu_table
     finally:
         if client is not None:
             client.close()
-            client.cluster.close()
+            if client.cluster is not None:
+                client.cluster.close()
         shutil.rmtree(tmp, ignore_errors=True)
 
     table = summarize(table_rows, rows, nbytes)
@@ -446,6 +786,10 @@ def main(
         where = "at or above" if t["met"] else "below"
         print(f"  {t['target']:50} {t['ratio']:.2f}, {where} the bar ({t['bar']})")
 
+    if failed:
+        print("\nleft out (raised; tracebacks above):")
+        for f in failed:
+            print(f"  {f['case']}: {f['error']}")
     if memory is not None:
         print(
             f"\nmemory: peak RSS of pairwise beyond its input partition ({memory['rows']:,} rows,"
@@ -464,7 +808,15 @@ def main(
     }
     write_results(
         out_dir / f"{name}.json",
-        {"name": name, "params": params, "cases": table, "targets": targets, "memory": memory},
+        {
+            "name": name,
+            "params": params,
+            "cases": table,
+            "targets": targets,
+            "memory": memory,
+            "failed": failed,
+            "host_round_trips": trips,
+        },
     )
     plot(table, header, out_dir / f"{name}.png")
     log(f"wrote {out_dir / (name + '.json')} and .png")

@@ -23,6 +23,7 @@ import socket
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 import dask.dataframe as dd
 import numpy as np
@@ -35,10 +36,14 @@ import torch.nn.functional as F
 
 @dataclass
 class Case:
-    """One peer: ``run()`` returns cos per row, 1-D, ``rows`` long, in row order."""
+    """One peer: ``run()`` returns cos per row, 1-D, ``rows`` long, in row order.
+
+    The runner times floors and sums with the same class: their ``run()`` returns what
+    the row's ``expect`` says (anything for a floor, a number for a sum), hence ``Any``.
+    """
 
     name: str
-    run: Callable[[], np.ndarray]
+    run: Callable[[], Any]
     rows: int
     note: str = ""
     repeat: int | None = None  # cap on timed repeats for slow cases (None: runner's default)
