@@ -30,13 +30,16 @@ def _rows(
     BLOCK_R: tl.constexpr,
     BLOCK_D: tl.constexpr,
     ACC64: tl.constexpr,
+    ALIGN: tl.constexpr,
 ):
     # One program per BLOCK_R rows; each row is read once, BLOCK_D columns at a time.
     acc = tl.float64 if ACC64 else tl.float32
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     row_ok = rows < n
-    offs_a = rows.to(tl.int64) * stride_a  # N x D may pass 2**31 elements
-    offs_b = rows.to(tl.int64) * stride_b
+    # N x D may pass 2**31 elements.  Every row starts ALIGN elements apart: said so,
+    # Triton loads 16 bytes at a time even where D (say 300) is not a multiple of 16.
+    offs_a = tl.multiple_of(rows.to(tl.int64) * stride_a, ALIGN)
+    offs_b = tl.multiple_of(rows.to(tl.int64) * stride_b, ALIGN)
     dot = tl.zeros([BLOCK_R], dtype=acc)
     aa = tl.zeros([BLOCK_R], dtype=acc)
     bb = tl.zeros([BLOCK_R], dtype=acc)
@@ -87,4 +90,16 @@ def rows_cosine(
     _rows[grid](
         a, b, limits, out, redo, n, d, a.stride(0), b.stride(0),
         BLOCK_R=block_r, BLOCK_D=block_d, ACC64=acc == torch.float64,
+        ALIGN=_row_alignment(a, b),
     )  # fmt: skip
+
+
+def _row_alignment(a: torch.Tensor, b: torch.Tensor) -> int:
+    """The largest count of elements, up to 16 bytes' worth, that every row start of both
+    inputs is a multiple of (from the data pointers and the row strides)."""
+    itemsize = a.element_size()
+    align = max(1, 16 // itemsize)
+    for t in (a, b):
+        while align > 1 and (t.stride(0) % align or t.data_ptr() % (align * itemsize)):
+            align //= 2
+    return align
