@@ -498,7 +498,7 @@ def cudf_read_parquet(
     if not wanted:
         return df
     table, metadata = df.to_pylibcudf()
-    plc_columns = table.columns()
+    plc_columns = list(table.columns())
     for i, name in enumerate(df.columns):
         if name in vectors:
             plc_columns[i] = _cudf_bytes_to_lists(plc_columns[i], str(name), *vectors[name])
@@ -621,7 +621,9 @@ def cudf_write_parquet(
             element.set_name("element").set_nullability(True)
             element.set_skip_compression(True)
             element.set_encoding(encoding)
-    arrow_schema = base64.b64encode(schema.remove_metadata().serialize().to_pybytes()).decode()
+    # As pyarrow stores it: the whole schema, pandas metadata included (readers take the
+    # schema's metadata from here).
+    arrow_schema = base64.b64encode(schema.serialize().to_pybytes()).decode()
     key_value = {"ARROW:schema": arrow_schema}
     if schema.metadata and b"pandas" in schema.metadata:
         key_value["pandas"] = schema.metadata[b"pandas"].decode()

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 # isort: off
+import pandas  # noqa: F401  (before dask_cosim's import hooks: see below)
 import dask_cosim  # noqa: F401  (registers the accessor, loads the cosim defaults)
 
 # distributed's own fixtures, for every test module: `client` (a scheduler and two worker

@@ -65,9 +65,15 @@ def test_pandas_partition_on_gpu_returns_host_series(fmt: str) -> None:
 
 
 def _cudf_frame(a: np.ndarray, b: np.ndarray, null_a: list[int] = ()) -> object:  # type: ignore[assignment]
+    """float32 list columns, as embeddings come (Python floats would make float64 lists)."""
     cudf = pytest.importorskip("cudf")
-    rows_a = [None if i in null_a else list(map(float, r)) for i, r in enumerate(a)]
-    return cudf.DataFrame({"embeds_a": rows_a, "embeds_b": [list(map(float, r)) for r in b]})
+    import pyarrow as pa
+
+    rows_a = [None if i in null_a else r for i, r in enumerate(a)]
+    lists = pa.list_(pa.float32())
+    return cudf.DataFrame.from_arrow(
+        pa.table({"embeds_a": pa.array(rows_a, lists), "embeds_b": pa.array(list(b), lists)})
+    )
 
 
 def test_cudf_partition_zero_copy_and_nulls() -> None:

@@ -163,16 +163,14 @@ def test_cudf_path_makes_no_host_round_trip(tmp_path: Path, layout: str) -> None
 
 def test_gpu_writer_from_device_memory_makes_no_host_round_trip(tmp_path: Path) -> None:
     cudf = pytest.importorskip("cudf")
+    import cupy
+    import pylibcudf as plc
+
     a, b = random_pairs(40_000, 256)
-    gdf = cudf.DataFrame.from_pandas(
-        pd.DataFrame({"id": np.arange(len(a))})
-    )  # the vectors go straight to the device below
-    gdf["embeds_a"] = cudf.Series.from_pylibcudf(
-        __import__("pylibcudf").Column.from_array(__import__("cupy").asarray(a))
-    )
-    gdf["embeds_b"] = cudf.Series.from_pylibcudf(
-        __import__("pylibcudf").Column.from_array(__import__("cupy").asarray(b))
-    )
+    gdf = cudf.from_pandas(pd.DataFrame({"id": np.arange(len(a))}))
+    # (N, D) device arrays -> list columns over the same memory.
+    gdf["embeds_a"] = cudf.Series.from_pylibcudf(plc.Column.from_array(cupy.asarray(a)))
+    gdf["embeds_b"] = cudf.Series.from_pylibcudf(plc.Column.from_array(cupy.asarray(b)))
     import dask_cudf
 
     ddf = dask_cudf.from_cudf(gdf, npartitions=2)
@@ -209,32 +207,51 @@ def test_binary_bytes_become_lists_without_a_copy() -> None:
     assert series.list.leaves.values.data.ptr == values.data.ptr
 
 
-def test_two_workers_share_one_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
-    """CUDA_VISIBLE_DEVICES=0,0: two dask-cuda workers on the same GPU, each computing
-    its own partitions, every row exactly once."""
+def test_two_workers_share_one_gpu(tmp_path: Path) -> None:
+    """Two dask-cuda workers on the one GPU (`dask cuda worker` with CUDA_VISIBLE_DEVICES
+    naming it twice: LocalCUDACluster refuses a repeated device), each computing its own
+    partitions, every row exactly once."""
     pytest.importorskip("dask_cuda")
     dask_cudf = pytest.importorskip("dask_cudf")
-    cudf = pytest.importorskip("cudf")
-    from distributed import get_task_stream
+    import subprocess
+    import sys
+
+    from distributed import Client, LocalCluster, get_task_stream
 
     first = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", f"{first},{first}")
     a, b = random_pairs(30_000, 64)
-    n_parts = 12
-    with dask_cosim.local_cluster(rmm_pool_size="1GiB", dashboard_address=None) as client:
-        workers = client.scheduler_info()["workers"]
-        assert len(workers) == 2
-        devices = client.run(lambda: os.environ["CUDA_VISIBLE_DEVICES"].split(",")[0])
-        assert set(devices.values()) == {first}
-        gdf = cudf.DataFrame.from_pandas(pd.DataFrame({"id": np.arange(len(a))}))
-        gdf["embeds_a"] = [list(map(float, r)) for r in a]
-        gdf["embeds_b"] = [list(map(float, r)) for r in b]
-        ddf = dask_cudf.from_cudf(gdf, npartitions=n_parts).persist()
-        with get_task_stream(client) as ts:
-            res = ddf.cosim.pairwise("embeds_a", "embeds_b").compute().to_pandas()
-        assert len(res) == len(a) and res.index.is_unique
-        np.testing.assert_allclose(res.sort_index().to_numpy(), reference(a, b), atol=1e-6)
-        pairwise_tasks = [t for t in ts.data if "cosim" in str(t["key"])]
-        ran_on = {t["worker"] for t in ts.data}
-        print(f"{len(pairwise_tasks)} pairwise tasks on {len(ran_on)} workers")
-        assert len(ran_on) == 2
+    with (
+        LocalCluster(n_workers=0, dashboard_address=None) as cluster,
+        Client(cluster) as client,
+    ):
+        workers = subprocess.Popen(
+            [sys.executable, "-m", "dask", "cuda", "worker", cluster.scheduler_address,
+             "--rmm-pool-size", "1GiB", "--nthreads", "1", "--no-dashboard",
+             "--local-directory", str(tmp_path)],
+            env={**os.environ, "CUDA_VISIBLE_DEVICES": f"{first},{first}"},
+        )  # fmt: skip
+        try:
+            client.wait_for_workers(2, timeout=180)
+            devices = client.run(lambda: os.environ["CUDA_VISIBLE_DEVICES"].split(",")[0])
+            assert list(devices.values()) == [first, first]
+            pdf = pairs_frame(a, b, "fixed_size_list")
+            ddf = dask_cudf.from_cudf(_cudf_frame_of(pdf), npartitions=12).persist()
+            with get_task_stream(client) as ts:
+                res = ddf.cosim.pairwise("embeds_a", "embeds_b").compute().to_pandas()
+            assert len(res) == len(a) and res.index.is_unique
+            np.testing.assert_allclose(res.sort_index().to_numpy(), reference(a, b), atol=1e-6)
+            ran_on = {t["worker"] for t in ts.data}
+            print(f"{len(ts.data)} tasks on {len(ran_on)} workers")
+            assert len(ran_on) == 2
+        finally:
+            client.retire_workers()
+            workers.terminate()
+            workers.wait(60)
+
+
+def _cudf_frame_of(pdf: pd.DataFrame) -> Any:
+    import pyarrow as pa
+
+    from dask_cosim.backends import frame_from_arrow
+
+    return frame_from_arrow(pa.Table.from_pandas(pdf, preserve_index=False), "cudf")

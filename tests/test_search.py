@@ -393,7 +393,7 @@ def test_cudf_frames_give_the_pandas_answer() -> None:
     dask_cudf = pytest.importorskip("dask_cudf")
     x = vectors(200, seed=12)
     pdf = frame(x, "list")[["emb", "id"]]
-    gdf = cudf.DataFrame.from_pandas(pdf)
+    gdf = cudf.from_pandas(pdf)
     ddf = dask_cudf.from_cudf(gdf, npartitions=3)
     want = pdf.cosim.neighbors("emb", k=3)
     got = ddf.cosim.neighbors("emb", k=3).compute()
