@@ -405,6 +405,19 @@ def cudf_rows(n: int, persisted: dd.DataFrame | None, list_dir: Path, ours_dir: 
                 expect="sum",
             )
         )
+    rows.insert(
+        0,
+        Row(
+            Case(
+                "floor: dask round trip (no work)",
+                lambda: dask.delayed(int)(0).compute(),
+                n,
+                "one task on the cluster: what any persisted compute costs at least",
+            ),
+            "floor",
+            expect="none",
+        ),
+    )
     if persisted is not None:
         rows.insert(
             0,

@@ -470,30 +470,33 @@ def frame_from_arrow(table: pa.Table, backend: str = "pandas") -> Any:
 
 
 def cudf_read_parquet(
-    file: str,
+    files: list[str],
     *,
     row_groups: list[int] | None,
     columns: list[str] | None,
     filters: Any,
     vectors: dict[str, tuple[int, str]],
 ) -> Any:
-    """One Parquet file (or some of its row groups) decoded on the GPU by cudf's reader.
+    """Parquet files (or some row groups of one) decoded on the GPU by cudf's reader, as
+    one frame.
 
     List columns stay cudf list columns on the device.  ``vectors`` names the columns of
     our binary layout (FIXED_LEN_BYTE_ARRAY, D * itemsize bytes a row) with their
     (D, dtype): cudf reads such a column as bytes (a strings column, or lists of uint8),
     and each becomes a list column of D numbers over those same device bytes, without a
     copy or a trip through the host.  The index is restored from the pandas metadata,
-    as cudf does.
+    as cudf does (several files with RangeIndex metadata: their ranges, one after another).
     """
     import cudf
 
     df = cudf.read_parquet(
-        file,
+        files[0] if len(files) == 1 else files,
         columns=columns,
         row_groups=None if row_groups is None else [row_groups],
         filters=filters,
     )
+    if len(files) > 1:
+        df = _files_range_index(df, files)
     wanted = [c for c in df.columns if c in vectors]
     if not wanted:
         return df
@@ -505,6 +508,38 @@ def cudf_read_parquet(
     import pylibcudf as plc
 
     return cudf.DataFrame.from_pylibcudf(plc.Table(plc_columns), metadata)
+
+
+def _files_range_index(df: Any, files: list[str]) -> Any:
+    """``df`` read from ``files``; if each file stores its index as a RangeIndex (pandas
+    metadata, no column), the index is those ranges in order, as pyarrow gives them
+    file by file.  Only the files' footers are read."""
+    import cudf
+    import cupy
+    import pyarrow.parquet as pq
+
+    ranges, rows = [], []
+    for file in files:
+        parquet = pq.ParquetFile(file)
+        index_columns = (parquet.schema_arrow.pandas_metadata or {}).get("index_columns") or [None]
+        if not (isinstance(index_columns[0], dict) and index_columns[0].get("kind") == "range"):
+            return df
+        ranges.append(index_columns[0])
+        rows.append(parquet.metadata.num_rows)
+    step = ranges[0]["step"]
+    start = ranges[0]["start"]
+    contiguous = all(
+        r["step"] == step and r["start"] == start + sum(rows[:i]) * step
+        for i, r in enumerate(ranges)
+    )
+    name = ranges[0].get("name")
+    if contiguous:
+        df.index = cudf.RangeIndex(start, start + sum(rows) * step, step, name=name)
+    else:
+        parts = [cupy.arange(r["start"], r["start"] + n * r["step"], r["step"])
+                 for r, n in zip(ranges, rows)]  # fmt: skip
+        df.index = cudf.Index(cupy.concatenate(parts), name=name)
+    return df
 
 
 def _cudf_bytes_to_lists(column: Any, name: str, dim: int, dtype: str) -> Any:
@@ -652,10 +687,9 @@ def cudf_write_parquet(
 
 def _cudf_vector_column(series: Any, name: str, layout: str) -> tuple[Any, int, str]:
     """A cudf list column as ``pairwise`` reads it -> (pylibcudf column in ``layout``, D,
-    dtype name): a LIST of D numbers, or a column of D * itemsize-byte strings, over the
-    device memory of the values (only offsets are new; null rows are compacted away)."""
+    dtype name): a LIST of D numbers, or a LIST of D * itemsize bytes, over the device
+    memory of the values (only offsets are new; null rows are compacted away)."""
     import cupy
-    import pylibcudf as plc
 
     vectors = to_vectors(series, name)
     dense = vectors.blocks[0].contiguous()
@@ -680,19 +714,27 @@ def _cudf_vector_column(series: Any, name: str, layout: str) -> tuple[Any, int, 
                 "holds (2**31 - 1); write more, smaller partitions"
             )
         return _plc_list_column(flat, rows * dim, like), dim, dtype.name
-    byte_offsets = rows * (dim * dtype.itemsize)
-    if flat.nbytes < 2**31:
-        byte_offsets = byte_offsets.astype(np.int32)
-    column = plc.Column(
-        plc.DataType(plc.TypeId.STRING),
-        n,
-        plc.gpumemoryview(flat.view(np.uint8)),
-        like.null_mask(),
-        like.null_count(),
-        0,
-        [plc.Column.from_array(byte_offsets)],
-    )
-    return column, dim, dtype.name
+    # Bytes as libcudf's "binary" (lists of uint8): with a type length, its writer stores
+    # them as FIXED_LEN_BYTE_ARRAY (a strings column would become BYTE_ARRAY).
+    if flat.nbytes >= 2**31:
+        raise ValueError(
+            f"column {name!r}: {flat.nbytes:,} bytes of vectors in one partition exceed what "
+            "cudf's writer takes as one binary column (2 GiB); write more, smaller "
+            "partitions (repartition) or layout='list'"
+        )
+    width = dim * dtype.itemsize
+    return _plc_list_column(flat.view(np.uint8), rows * width, like), dim, dtype.name
+
+
+def _plc_numpy_dtype(column: Any) -> np.dtype:
+    """The numpy dtype of a pylibcudf column of numbers (offsets, list leaves)."""
+    name = column.type().id().name.lower()
+    if name == "bool8":
+        return np.dtype(np.bool_)
+    try:
+        return np.dtype(name)
+    except TypeError:
+        raise TypeError(f"a list of {name} values is not a list of numbers") from None
 
 
 def _device_bytes(span: Any) -> Any:
@@ -717,9 +759,12 @@ def _register_cudf() -> None:
     @vector_spec.register(cudf.Series)
     def _cudf_vector_spec(meta: Any, column: str) -> VectorSpec:
         dtype = meta.dtype
+        if isinstance(dtype, pd.ArrowDtype):
+            # cudf keeps pandas' Arrow dtypes (cudf.from_pandas of ArrowDtype columns).
+            return _arrow_value_spec(column, dtype)
         if isinstance(dtype, cudf.ListDtype):
             leaf = dtype.element_type
-            if isinstance(leaf, cudf.ListDtype):
+            if isinstance(leaf, (cudf.ListDtype, pd.ArrowDtype)):
                 raise TypeError(
                     f"column {column!r} holds nested lists ({dtype}); flatten each row to "
                     "one list of D numbers (Series.list.leaves per row, or reshape(-1) "
@@ -735,22 +780,36 @@ def _register_cudf() -> None:
 
     @to_vectors.register(cudf.Series)
     def _cudf_to_vectors(s: Any, column: str) -> Vectors:
+        """The rows of a cudf list column as one (N, D) device tensor, read through
+        pylibcudf (whichever dtype cudf shows, ``ListDtype`` or pandas' ``ArrowDtype``):
+        a view of the values when no row is null, else one scatter into a dense array."""
         import cupy
+        import pylibcudf as plc
 
         _cudf_vector_spec(s, column)
         n = len(s)
-        null_series = s.isna()
-        has_nulls = bool(s.null_count)
-        lengths = s.list.len().fillna(-1).values  # cupy; -1 marks null rows
-        valid = lengths >= 0
-        valid_lengths = lengths[valid]
+        col = s.to_pylibcudf()[0]
+        offsets_col, leaves_col = col.child(0), col.child(1)
+        start = col.offset() + offsets_col.offset()
+        offsets = _device_bytes(offsets_col.data()).view(_plc_numpy_dtype(offsets_col))
+        offsets = offsets[start : start + n + 1]
+        lengths = offsets[1:] - offsets[:-1]
+        null_count = col.null_count()
+        valid = None
+        if null_count:
+            valid = _device_bytes(plc.unary.is_valid(col).data()).view(np.bool_)[:n]
+        valid_lengths = lengths if valid is None else lengths[valid]
         if valid_lengths.size == 0:
             return Vectors([torch.zeros((n, 0), device="cuda")], None, 0, n)
         dim = int(valid_lengths[0])
-        bad = cupy.flatnonzero(valid & (lengths != dim))
+        bad = (
+            cupy.flatnonzero(lengths != dim)
+            if valid is None
+            else cupy.flatnonzero(valid & (lengths != dim))
+        )
         if bad.size:
             first = int(bad[0])
-            first_valid = int(cupy.flatnonzero(valid)[0])
+            first_valid = 0 if valid is None else int(cupy.flatnonzero(valid)[0])
             raise ragged_error(
                 column,
                 row_label(s.index, first),
@@ -758,25 +817,23 @@ def _register_cudf() -> None:
                 row_label(s.index, first_valid),
                 dim,
             )
-        leaves = s.list.leaves
-        n_valid = int(valid_lengths.size)
-        if len(leaves) not in (n * dim, n_valid * dim):
-            # A sliced column: its child may hold rows outside the slice.  explode()
-            # yields exactly this slice's values, in order (one copy).
-            leaves = s[~null_series].explode()
-        if leaves.null_count:
-            flat = leaves.astype("float64" if leaves.dtype == np.float64 else "float32").to_cupy(
-                na_value=np.nan
-            )
+        leaf_dtype = _plc_numpy_dtype(leaves_col)
+        values = _device_bytes(leaves_col.data()).view(leaf_dtype)[leaves_col.offset() :]
+        if leaves_col.null_count():  # null numbers inside rows: NaN, as on the CPU
+            leaf_valid = _device_bytes(plc.unary.is_valid(leaves_col).data()).view(np.bool_)
+            float_type = np.float64 if leaf_dtype == np.float64 else np.float32
+            values = cupy.where(leaf_valid, values.astype(float_type), float_type(np.nan))
+        # Unsliced columns start at value 0; a slice's first offset costs one small read.
+        first_value = int(offsets[0]) if start else 0
+        if valid is None:
+            dense = values[first_value : first_value + n * dim].reshape(n, dim)
         else:
-            flat = leaves.values
-        if flat.size == n * dim:
-            dense = flat.reshape(n, dim)
-        else:
-            dense = cupy.zeros((n, dim), dtype=flat.dtype)
-            dense[valid] = flat.reshape(n_valid, dim)
+            # Null rows may hold no values or D of them: gather the valid rows by offset.
+            dense = cupy.zeros((n, dim), dtype=values.dtype)
+            rows = offsets[:-1][valid][:, None] + cupy.arange(dim, dtype=offsets.dtype)
+            dense[valid] = values[rows]
         tensor = torch.from_dlpack(dense)
-        null = torch.from_dlpack(null_series.values) if has_nulls else None
+        null = None if valid is None else torch.from_dlpack(~valid)
         return Vectors([tensor], null, dim, n)
 
     @make_result.register(cudf.Series)

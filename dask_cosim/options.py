@@ -27,6 +27,7 @@ __all__ = [
     "chunk_bytes",
     "device",
     "eps",
+    "gpu_partition_bytes",
     "load_defaults",
     "memory_map",
     "search_split_every",
@@ -160,3 +161,18 @@ def memory_map(value: Any = None) -> str | bool:
     if value == "auto" or isinstance(value, bool):
         return value
     raise ValueError(f"cosim.read.memory-map={value!r}; use 'auto', true or false")
+
+
+def gpu_partition_bytes(value: Any = None) -> int:
+    """Config ``cosim.read.gpu-partition-bytes``: with the cudf backend, consecutive whole
+    files are read as one partition of up to about this many bytes (their size on disk)."""
+    value = _given(value, "read.gpu-partition-bytes")
+    try:
+        number = parse_bytes(value) if isinstance(value, str) else int(value)
+    except (TypeError, ValueError):
+        number = 0
+    if isinstance(value, bool) or number < 1:
+        raise ValueError(
+            f"cosim.read.gpu-partition-bytes={value!r} must be a positive size such as '1GiB'"
+        )
+    return number

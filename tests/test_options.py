@@ -19,6 +19,8 @@ def test_defaults_come_from_cosim_yaml() -> None:
     assert options.torch_dtype() is None
     assert options.chunk_bytes() == {"cpu": 512 * 2**10, "cuda": 256 * 2**20}
     assert options.memory_map() == "auto"
+    assert options.gpu_partition_bytes() == 2**30
+    assert options.gpu_partition_bytes("64MiB") == 64 * 2**20
 
 
 def test_config_and_arguments() -> None:
@@ -49,6 +51,8 @@ def test_config_and_arguments() -> None:
         (options.chunk_bytes, "lots", "chunk_bytes['cpu']='lots' must be a positive size"),
         (options.chunk_bytes, {"tpu": 1}, "unknown device kinds ['tpu']"),
         (options.memory_map, "yes", "cosim.read.memory-map='yes'; use 'auto', true or false"),
+        (options.gpu_partition_bytes, 0, "cosim.read.gpu-partition-bytes=0 must be a positive"),
+        (options.gpu_partition_bytes, True, "cosim.read.gpu-partition-bytes=True must be"),
     ],
 )
 def test_each_option_has_one_error(check: Any, value: Any, message: str) -> None:

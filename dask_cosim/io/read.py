@@ -135,10 +135,13 @@ def _read_files(
     # The meta comes from the schema alone: no data is read to build the graph.
     empty = _projected(schema, columns).empty_table()
     meta = backends.frame_from_arrow(restore_vectors(empty), backend)
-    pieces: list[tuple[str, list[int] | None]] = []
-    for file, size in zip(files, sizes):
-        pieces += _split(fs, file) if size > _SPLIT_FILE_BYTES else [(file, None)]
     divisions = manifest.get("divisions") if manifest else None
+    pieces: list[tuple[Any, list[int] | None]] = []
+    if backend == "cudf" and filters is None and gpu_reads(fs, filters):
+        pieces, divisions = _gpu_pieces(fs, files, sizes, divisions)
+    else:
+        for file, size in zip(files, sizes):
+            pieces += _split(fs, file) if size > _SPLIT_FILE_BYTES else [(file, None)]
     return dd.from_map(
         _read_piece,
         pieces,
@@ -173,8 +176,50 @@ def _read_schema(file: str, fs: pafs.FileSystem) -> pa.Schema:
         ) from None
 
 
-def _split(fs: pafs.FileSystem, file: str) -> list[tuple[str, list[int] | None]]:
-    """A big file as groups of row groups of about TARGET_PARTITION_BYTES each."""
+def _gpu_pieces(
+    fs: pafs.FileSystem, files: list[str], sizes: list[int], divisions: list[Any] | None
+) -> tuple[list[tuple[Any, list[int] | None]], list[Any] | None]:
+    """Partitions for cudf's reader: consecutive whole files together up to about
+    ``cosim.read.gpu-partition-bytes`` (a tuple of files), larger files split by row groups
+    to about that size; the divisions (one per file, from the manifest) kept at the
+    partitions' boundaries."""
+    limit = options.gpu_partition_bytes()
+    pieces: list[tuple[Any, list[int] | None]] = []
+    starts: list[int] = []  # the first file of each partition
+    group: list[str] = []
+    group_bytes = 0
+
+    def close_group() -> None:
+        nonlocal group, group_bytes
+        if group:
+            pieces.append((group[0] if len(group) == 1 else tuple(group), None))
+        group, group_bytes = [], 0
+
+    for i, (file, size) in enumerate(zip(files, sizes)):
+        if size > limit:
+            close_group()
+            split = _split(fs, file, limit)
+            starts += [i] * len(split)
+            pieces += split
+            continue
+        if group and group_bytes + size > limit:
+            close_group()
+        if not group:
+            starts.append(i)
+        group.append(file)
+        group_bytes += size
+    close_group()
+    if divisions is None or len(divisions) != len(files) + 1 or len(set(starts)) != len(starts):
+        return pieces, None
+    return pieces, [divisions[i] for i in starts] + [divisions[-1]]
+
+
+def _split(
+    fs: pafs.FileSystem, file: str, target: int | None = None
+) -> list[tuple[str, list[int] | None]]:
+    """A big file as groups of row groups of about ``target`` bytes each (default
+    TARGET_PARTITION_BYTES)."""
+    target = target or TARGET_PARTITION_BYTES
     metadata = pq.ParquetFile(file, filesystem=fs).metadata
     groups: list[tuple[str, list[int] | None]] = []
     current: list[int] = []
@@ -182,7 +227,7 @@ def _split(fs: pafs.FileSystem, file: str) -> list[tuple[str, list[int] | None]]
     for i in range(metadata.num_row_groups):
         current.append(i)
         size += metadata.row_group(i).total_byte_size
-        if size >= TARGET_PARTITION_BYTES:
+        if size >= target:
             groups.append((file, current))
             current, size = [], 0
     if current or not groups:
@@ -191,7 +236,7 @@ def _split(fs: pafs.FileSystem, file: str) -> list[tuple[str, list[int] | None]]
 
 
 def _read_piece(
-    piece: tuple[str, list[int] | None],
+    piece: tuple[Any, list[int] | None],
     fs: pafs.FileSystem,
     columns: list[str] | None = None,
     filters: Any = None,
@@ -203,13 +248,14 @@ def _read_piece(
     """One partition: a file (or some of its row groups), vectors restored without a copy.
 
     ``columns`` is filled in by dask's column projection.  With the cudf backend, local
-    files are decoded on the GPU by cudf's reader (``binary_vectors``: the columns of our
-    binary layout, as (D, dtype)); other files by pyarrow, then copied to the GPU.
+    files are decoded on the GPU by cudf's reader, several at a time where the piece is a
+    tuple of files (``binary_vectors``: the columns of our binary layout, as (D, dtype));
+    other files by pyarrow, then copied to the GPU.
     """
     file, row_groups = piece
     if backend == "cudf" and gpu_reads(fs, filters):
         return backends.cudf_read_parquet(
-            file,
+            [file] if isinstance(file, str) else list(file),
             row_groups=row_groups,
             columns=columns,
             filters=filters,

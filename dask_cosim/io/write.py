@@ -62,7 +62,8 @@ def frame_to_table(
         arrays.insert(positions[column], array)
     # From arrays, not add_column: a table of the index alone may have no columns, and
     # then pyarrow gives it 0 rows.
-    return pa.Table.from_arrays(arrays, schema=pa.schema(fields, table.schema.metadata))
+    metadata = _unnamed_generated_index(table.schema.metadata)
+    return pa.Table.from_arrays(arrays, schema=pa.schema(fields, metadata))
 
 
 def to_parquet(
@@ -313,6 +314,7 @@ def _file_schema(df: Any, layout: str, vectors: list[str], write_index: bool | N
         _index_named_as_pyarrow(df[others].iloc[:0], write_index), preserve_index=write_index
     )
     schema = _with_range_index(empty.schema, df.index)
+    schema = schema.with_metadata(_unnamed_generated_index(schema.metadata))
     positions = {c: i for i, c in enumerate(df.columns)}
     for column in sorted(vectors, key=positions.__getitem__):
         spec = backends.vector_spec(df[column].iloc[:0], str(column))
@@ -321,6 +323,21 @@ def _file_schema(df: Any, layout: str, vectors: list[str], write_index: bool | N
         field = vector_field(str(column), value_type, dim, layout)
         schema = schema.insert(positions[column], field)
     return schema
+
+
+_GENERATED_INDEX = re.compile(r"__index_level_\d+__")
+
+
+def _unnamed_generated_index(metadata: dict[bytes, bytes] | None) -> dict[bytes, bytes] | None:
+    """pandas metadata as pyarrow writes it for an unnamed index: ``"name": null`` next to
+    ``"field_name": "__index_level_0__"`` (cudf's reader keeps a non-null name as is)."""
+    if not metadata or b"pandas" not in metadata:
+        return metadata
+    pandas_meta = json.loads(metadata[b"pandas"])
+    for entry in pandas_meta.get("columns", []):
+        if isinstance(entry.get("name"), str) and _GENERATED_INDEX.fullmatch(entry["name"]):
+            entry["name"] = None
+    return {**metadata, b"pandas": json.dumps(pandas_meta).encode()}
 
 
 def _index_named_as_pyarrow(df: Any, preserve_index: bool | None) -> Any:

@@ -113,3 +113,27 @@ def test_memory_map_setting(tmp_path: Path, setting: Any) -> None:
             ValueError, match=r"cosim\.read\.memory-map='yes'; use 'auto', true or false"
         ):
             dask_cosim.read_parquet(tmp_path / "list")
+
+
+def test_gpu_pieces_read_small_files_together() -> None:
+    """With the cudf backend, consecutive files are read together up to
+    cosim.read.gpu-partition-bytes, divisions kept at the partitions' boundaries."""
+    import dask
+    import pyarrow.fs as pafs
+
+    from dask_cosim.io.read import _gpu_pieces
+
+    files = [f"part.{i}.parquet" for i in range(5)]
+    with dask.config.set({"cosim.read.gpu-partition-bytes": 250}):
+        pieces, divisions = _gpu_pieces(
+            pafs.LocalFileSystem(), files, [100] * 5, [0, 10, 20, 30, 40, 49]
+        )
+    assert pieces == [
+        (("part.0.parquet", "part.1.parquet"), None),
+        (("part.2.parquet", "part.3.parquet"), None),
+        ("part.4.parquet", None),
+    ]
+    assert divisions == [0, 20, 40, 49]
+    with dask.config.set({"cosim.read.gpu-partition-bytes": "1GiB"}):
+        pieces, divisions = _gpu_pieces(pafs.LocalFileSystem(), files, [100] * 5, None)
+    assert pieces == [(tuple(files), None)] and divisions is None
