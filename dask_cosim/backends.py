@@ -602,6 +602,12 @@ def _plc_list_column(flat: Any, element_offsets: Any, like: Any) -> Any:
     )
 
 
+# libcudf 26.10 keeps a FIXED_LEN_BYTE_ARRAY's width in 8 bits when it writes Parquet
+# (cudf::io::column_in_metadata::get_type_length returns uint8_t): a vector of 1,024 bytes
+# was written with width 0 and no data.  Wider binary vectors are written through pyarrow.
+CUDF_WRITER_MAX_BINARY_WIDTH = 255
+
+
 def cudf_write_parquet(
     df: Any,
     path: str,

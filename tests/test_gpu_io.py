@@ -171,35 +171,56 @@ def test_cudf_path_makes_no_host_round_trip(tmp_path: Path, layout: str) -> None
     assert nbytes < 0.01 * (a.nbytes + b.nbytes), (copies, nbytes)
 
 
-def test_gpu_writer_moves_each_byte_to_the_host_once(tmp_path: Path) -> None:
-    """Writing device frames: what leaves the device is the file, once (no trip of the
-    vectors through pyarrow on the host first)."""
+def _device_pairs(a: np.ndarray, b: np.ndarray, npartitions: int) -> Any:
+    """A dask_cudf frame whose list columns view (N, D) device arrays."""
     cudf = pytest.importorskip("cudf")
+    dask_cudf = pytest.importorskip("dask_cudf")
     import cupy
     import pylibcudf as plc
 
-    a, b = random_pairs(40_000, 256)
     gdf = cudf.from_pandas(pd.DataFrame({"id": np.arange(len(a))}))
-    # (N, D) device arrays -> list columns over the same memory.
     gdf["embeds_a"] = cudf.Series.from_pylibcudf(plc.Column.from_array(cupy.asarray(a)))
     gdf["embeds_b"] = cudf.Series.from_pylibcudf(plc.Column.from_array(cupy.asarray(b)))
-    import dask_cudf
+    return dask_cudf.from_cudf(gdf, npartitions=npartitions)
 
-    ddf = dask_cudf.from_cudf(gdf, npartitions=2)
+
+@pytest.mark.parametrize(("layout", "dim"), [("list", 256), ("binary", 48)])
+def test_gpu_writer_moves_each_byte_to_the_host_once(tmp_path: Path, layout: str, dim: int) -> None:
+    """Writing device frames with cudf's writer: what leaves the device is the file,
+    once (no trip of the vectors through pyarrow on the host first)."""
+    a, b = random_pairs(40_000, dim)
+    ddf = _device_pairs(a, b, 2)
 
     def run() -> None:
         with dask.config.set(scheduler="sync"):
-            dask_cosim.to_parquet(ddf, tmp_path / "out", layout="binary", overwrite=True)
+            dask_cosim.to_parquet(ddf, tmp_path / "out", layout=layout, overwrite=True)
 
     run()
     copies, nbytes = _device_to_host_bytes(run, tmp_path)
     # The encoded file leaves the device once, on its way to the disk; nothing else does.
     written = sum(f.stat().st_size for f in (tmp_path / "out").glob("*.parquet"))
     print(f"writer: {copies} device-to-host copies, {nbytes} bytes; files {written} bytes")
+    assert written > a.nbytes + b.nbytes  # the vectors are in the files, uncompressed
     assert nbytes < 1.02 * written + 2**20, (copies, nbytes, written)
     back = _read(tmp_path / "out", "pandas").compute()
     res = back.cosim.pairwise("embeds_a", "embeds_b").to_numpy()
     np.testing.assert_allclose(res, reference(a, b), atol=1e-6)
+
+
+def test_wide_binary_vectors_are_written_through_pyarrow(tmp_path: Path) -> None:
+    """libcudf keeps a FIXED_LEN_BYTE_ARRAY's width in 8 bits: 300 float32 (1,200 bytes)
+    go through pyarrow, and the files read back whole, by pyarrow and by cudf."""
+    from dask_cosim import backends
+
+    a, b = random_pairs(5_000, 300)
+    assert 300 * 4 > backends.CUDF_WRITER_MAX_BINARY_WIDTH
+    dask_cosim.to_parquet(_device_pairs(a, b, 2), tmp_path / "out", layout="binary")
+    schema = pq.read_schema(next((tmp_path / "out").glob("*.parquet")))
+    assert schema.field("embeds_a").type.byte_width == 1200
+    for backend in ("pandas", "cudf"):
+        res = _read(tmp_path / "out", backend).cosim.pairwise("embeds_a", "embeds_b").compute()
+        res = res.to_pandas() if hasattr(res, "to_pandas") else res
+        np.testing.assert_allclose(res.sort_index().to_numpy(), reference(a, b), atol=1e-6)
 
 
 def test_binary_bytes_become_lists_without_a_copy() -> None:

@@ -184,6 +184,8 @@ def _gpu_pieces(
     to about that size; the divisions (one per file, from the manifest) kept at the
     partitions' boundaries."""
     limit = options.gpu_partition_bytes()
+    if not all(sizes):  # our folders list their files without sizes: ask the filesystem
+        sizes = [info.size for info in fs.get_file_info(files)]
     pieces: list[tuple[Any, list[int] | None]] = []
     starts: list[int] = []  # the first file of each partition
     group: list[str] = []
