@@ -456,7 +456,9 @@ def host_round_trips(ours_dir: Path) -> dict[str, Any]:
         _sync()
     kinds: dict[str, dict[str, Any]] = {}
     for event in prof.key_averages():
-        if "memcpy" in event.key.lower():
+        # The copies themselves ("Memcpy HtoD (Pinned -> Device)", ...), not the kernels
+        # or API calls whose names hold "memcpy".
+        if event.key.startswith("Memcpy"):
             kinds[event.key] = {"count": int(event.count), "bytes": None}
     # Bytes are only in the trace's event arguments ("args": {"bytes": ...}).
     with tempfile.TemporaryDirectory() as tmp:
@@ -465,7 +467,7 @@ def host_round_trips(ours_dir: Path) -> dict[str, Any]:
         events = json.loads(trace.read_text()).get("traceEvents", [])
     for event in events:
         name = str(event.get("name", ""))
-        if "memcpy" not in name.lower() or event.get("ph") != "X":
+        if not name.startswith("Memcpy") or event.get("ph") != "X":
             continue
         size = (event.get("args") or {}).get("bytes")
         if size is None or event.get("cat") not in ("gpu_memcpy", "Memcpy"):
