@@ -40,6 +40,7 @@ __all__ = [
     "column_not_found",
     "cudf_read_parquet",
     "cudf_write_parquet",
+    "cudf_writer_takes",
     "did_you_mean",
     "frame_from_arrow",
     "make_result",
@@ -552,7 +553,7 @@ def _cudf_bytes_to_lists(column: Any, name: str, dim: int, dtype: str) -> Any:
         column = column.copy()
     kind = column.type().id()
     if kind == plc.TypeId.STRING:
-        data, offsets = column.data(), column.child(0)
+        data, offsets = _device_bytes(column.data()), column.child(0)
     elif kind == plc.TypeId.LIST and column.child(1).type().id() in (
         plc.TypeId.UINT8,
         plc.TypeId.INT8,
@@ -577,8 +578,7 @@ def _cudf_bytes_to_lists(column: Any, name: str, dim: int, dtype: str) -> Any:
             "column holds (2**31 - 1 values); write smaller files (to_parquet writes one "
             "per partition) or pass row groups"
         )
-    raw = data if isinstance(data, cupy.ndarray) else _device_bytes(data)
-    flat = raw[: valid * dim * itemsize].view(np.dtype(dtype))
+    flat = data[: valid * dim * itemsize].view(np.dtype(dtype))
     byte_offsets = _device_bytes(offsets.data()).view(
         np.int64 if offsets.type().id() == plc.TypeId.INT64 else np.int32
     )[offsets.offset() : offsets.offset() + n + 1]
@@ -606,6 +606,16 @@ def _plc_list_column(flat: Any, element_offsets: Any, like: Any) -> Any:
 # (cudf::io::column_in_metadata::get_type_length returns uint8_t): a vector of 1,024 bytes
 # was written with width 0 and no data.  Wider binary vectors are written through pyarrow.
 CUDF_WRITER_MAX_BINARY_WIDTH = 255
+
+
+def cudf_writer_takes(schema: pa.Schema) -> bool:
+    """Whether :func:`cudf_write_parquet` writes a file of ``schema`` correctly: every
+    binary vector at most CUDF_WRITER_MAX_BINARY_WIDTH bytes wide."""
+    return all(
+        field.type.byte_width <= CUDF_WRITER_MAX_BINARY_WIDTH
+        for field in schema
+        if pa.types.is_fixed_size_binary(field.type)
+    )
 
 
 def cudf_write_parquet(

@@ -140,19 +140,21 @@ def _device_sizes(value: Any, key: str, label: str) -> dict[str, int]:
     if unknown:
         raise ValueError(f"{label} has unknown device kinds {unknown!r}; use keys 'cpu' and 'cuda'")
     merged = {**configured, **value}
-    sizes = {}
-    for kind in _DEVICE_KINDS:
-        size = merged[kind]
-        try:
-            number = parse_bytes(size) if isinstance(size, str) else int(size)
-        except (TypeError, ValueError):
-            number = 0
-        if isinstance(size, bool) or number < 1:
-            raise ValueError(
-                f"{label}[{kind!r}]={size!r} must be a positive size such as '512KiB' or 1048576"
-            )
-        sizes[kind] = number
-    return sizes
+    return {
+        kind: _positive_size(merged[kind], f"{label}[{kind!r}]", "'512KiB' or 1048576")
+        for kind in _DEVICE_KINDS
+    }
+
+
+def _positive_size(size: Any, label: str, example: str) -> int:
+    """``size`` (bytes, or a string such as "1GiB") as a positive int, else one error."""
+    try:
+        number = parse_bytes(size) if isinstance(size, str) else int(size)
+    except (TypeError, ValueError):
+        number = 0
+    if isinstance(size, bool) or number < 1:
+        raise ValueError(f"{label}={size!r} must be a positive size such as {example}")
+    return number
 
 
 def memory_map(value: Any = None) -> str | bool:
@@ -167,12 +169,4 @@ def gpu_partition_bytes(value: Any = None) -> int:
     """Config ``cosim.read.gpu-partition-bytes``: with the cudf backend, consecutive whole
     files are read as one partition of up to about this many bytes (their size on disk)."""
     value = _given(value, "read.gpu-partition-bytes")
-    try:
-        number = parse_bytes(value) if isinstance(value, str) else int(value)
-    except (TypeError, ValueError):
-        number = 0
-    if isinstance(value, bool) or number < 1:
-        raise ValueError(
-            f"cosim.read.gpu-partition-bytes={value!r} must be a positive size such as '1GiB'"
-        )
-    return number
+    return _positive_size(value, "cosim.read.gpu-partition-bytes", "'1GiB'")

@@ -160,8 +160,17 @@ def check_layout(layout: str) -> None:
         raise ValueError(f"layout={layout!r}; use one of {LAYOUTS!r}")
 
 
+def binary_vectors(schema: pa.Schema) -> dict[str, tuple[int, str]]:
+    """{column: (D, dtype name)} of the columns stored in our binary layout (FLBA with
+    our metadata)."""
+    found = {}
+    for field in schema:
+        stored = stored_vector(field)
+        if stored is not None and pa.types.is_fixed_size_binary(field.type):
+            found[field.name] = stored
+    return found
+
+
 def binary_layout(schema: pa.Schema) -> bool:
     """Whether the file holds vectors in our binary layout (FLBA with our metadata)."""
-    return any(
-        pa.types.is_fixed_size_binary(f.type) and stored_vector(f) is not None for f in schema
-    )
+    return bool(binary_vectors(schema))

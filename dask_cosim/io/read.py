@@ -15,7 +15,7 @@ from dask_cosim import backends, options
 from dask_cosim.backends import arrow_vector_types
 from dask_cosim.io.convert import TARGET_PARTITION_BYTES
 from dask_cosim.io.files import parquet_files
-from dask_cosim.io.layouts import binary_layout, restore_vectors, stored_vector
+from dask_cosim.io.layouts import binary_layout, binary_vectors, restore_vectors
 
 
 def read_parquet(path: Any, columns: list[str] | None = None, **kwargs: Any) -> dd.DataFrame:
@@ -136,6 +136,7 @@ def _read_files(
     empty = _projected(schema, columns).empty_table()
     meta = backends.frame_from_arrow(restore_vectors(empty), backend)
     divisions = manifest.get("divisions") if manifest else None
+    binary = binary_vectors(schema)
     pieces: list[tuple[Any, list[int] | None]] = []
     if backend == "cudf" and filters is None and gpu_reads(fs, filters):
         pieces, divisions = _gpu_pieces(fs, files, sizes, divisions)
@@ -151,8 +152,8 @@ def _read_files(
         backend=backend,
         # Read when the graph is built, so that it travels with it to remote workers.
         memory_map=_memory_map(schema),
-        in_batches=not binary_layout(schema),
-        binary_vectors=_binary_vectors(schema),
+        in_batches=not binary,
+        binary_vectors=binary,
         meta=meta,
         divisions=tuple(divisions) if divisions else None,
         label="cosim-read-parquet",
@@ -289,16 +290,6 @@ def gpu_reads(fs: pafs.FileSystem, filters: Any) -> bool:
     filters in the list-of-tuples form cudf takes (a pyarrow expression goes through
     pyarrow).  Remote files go through pyarrow's filesystem, then one copy to the GPU."""
     return isinstance(fs, pafs.LocalFileSystem) and (filters is None or isinstance(filters, list))
-
-
-def _binary_vectors(schema: pa.Schema) -> dict[str, tuple[int, str]]:
-    """{column: (D, dtype)} of the columns stored in our binary layout."""
-    found = {}
-    for field in schema:
-        stored = stored_vector(field)
-        if stored is not None and pa.types.is_fixed_size_binary(field.type):
-            found[field.name] = stored
-    return found
 
 
 def _memory_map(schema: pa.Schema) -> bool:

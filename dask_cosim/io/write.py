@@ -253,26 +253,19 @@ def _write_partition(
 ) -> pd.DataFrame:
     number = partition_info["number"] if partition_info else 0
     name = f"part.{number:05d}.parquet"
-    schema = (
-        _file_schema(df, layout, vectors, write_index)
-        if _writes_on_gpu(df, fs, compression)
-        else None
-    )
-    if schema is not None and all(
-        f.type.byte_width <= backends.CUDF_WRITER_MAX_BINARY_WIDTH
-        for f in schema
-        if pa.types.is_fixed_size_binary(f.type)
-    ):
-        stored = backends.cudf_write_parquet(
-            df,
-            f"{staging}/{name}",
-            schema,
-            vectors=vectors,
-            layout=layout,
-            codec=str(compression or "none"),
-            row_group_rows=row_group_rows,
-        )
-        return _written(name, df, stored)
+    if _writes_on_gpu(df, fs, compression):
+        schema = _file_schema(df, layout, vectors, write_index)
+        if backends.cudf_writer_takes(schema):
+            stored = backends.cudf_write_parquet(
+                df,
+                f"{staging}/{name}",
+                schema,
+                vectors=vectors,
+                layout=layout,
+                codec=str(compression or "none"),
+                row_group_rows=row_group_rows,
+            )
+            return _written(name, df, stored)
     table = frame_to_table(df, layout=layout, vectors=vectors, preserve_index=write_index)
     if not isinstance(compression, dict):
         codec = compression or "none"
@@ -304,9 +297,8 @@ def _written(name: str, df: Any, stored: dict[str, Any]) -> pd.DataFrame:
 
 def _writes_on_gpu(df: Any, fs: pafs.FileSystem, compression: Any) -> bool:
     """cudf partitions bound for local files, with one codec for the non-vector columns,
-    are written by cudf's GPU writer (binary vectors only up to
-    ``backends.CUDF_WRITER_MAX_BINARY_WIDTH`` bytes); the rest through pyarrow (one copy
-    to the host)."""
+    are written by cudf's GPU writer where it takes their schema
+    (``backends.cudf_writer_takes``); the rest through pyarrow (one copy to the host)."""
     return (
         type(df).__module__.startswith("cudf")
         and isinstance(fs, pafs.LocalFileSystem)

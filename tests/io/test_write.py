@@ -161,8 +161,7 @@ def test_file_schema_without_the_data_is_the_written_schema(layout: str, index: 
 
 
 def test_binary_vectors_of_a_schema() -> None:
-    from dask_cosim.io.layouts import vector_field
-    from dask_cosim.io.read import _binary_vectors
+    from dask_cosim.io.layouts import binary_vectors, vector_field
 
     schema = pa.schema(
         [
@@ -171,4 +170,15 @@ def test_binary_vectors_of_a_schema() -> None:
             pa.field("x", pa.binary(4)),
         ]
     )
-    assert _binary_vectors(schema) == {"v": (8, "float32")}
+    assert binary_vectors(schema) == {"v": (8, "float32")}
+
+
+def test_cudf_writer_takes_binary_vectors_up_to_255_bytes() -> None:
+    from dask_cosim import backends
+    from dask_cosim.io.layouts import vector_field
+
+    narrow = pa.schema([vector_field("v", pa.float32(), 63, "binary"), pa.field("id", pa.int64())])
+    wide = pa.schema([vector_field("v", pa.float32(), 64, "binary")])
+    assert backends.cudf_writer_takes(narrow)
+    assert not backends.cudf_writer_takes(wide)
+    assert backends.cudf_writer_takes(pa.schema([vector_field("v", pa.float32(), 300, "list")]))
