@@ -1,0 +1,406 @@
+"""Clustered neighbours and dedup: all pairs scoring at least a threshold, without
+scoring all pairs.
+
+Exact all-pairs search grows with the square of the rows.  Here the rows are clustered
+first and compared within clusters, and a row is also compared with the rows of every
+other cluster that the skip rule (:mod:`dask_cosim.clustered_kernels`) cannot rule out:
+
+1. a Bernoulli sample of the rows; spherical k-means on it, in one task (on the worker's
+   device); the centroids are one key, sent once to each worker;
+2. one pass over the rows: each cluster's size and radius (an upper bound of the angle
+   between its centroid and any of its rows), gathered in the client;
+3. one pass that copies each row to its home cluster's block, and to the blocks of the
+   clusters it probes; a dask ``shuffle`` on the block number brings each block's rows
+   together (big clusters are split into sub-blocks, small ones share a partition);
+4. in each block the exact kernels (:func:`dask_cosim.search_kernels.threshold_pairs`,
+   float64 decisions): every pair reported is exact, and so is its score;
+5. back to frame order: pairs sorted by left row, or the dropped rows removed.
+
+Steps 1-2 run when the call is made (as ``set_index`` computes its divisions); 3-5 are
+the lazy result.  Modes: ``n_probe=None`` (exact) probes every cluster within reach, so
+the result equals the all-pairs one (recall 1, by the proof in the kernels); an integer
+probes at most that many clusters per row (faster on diffuse data, where few clusters
+can be ruled out; recall below 1, measured by :mod:`dask_cosim.clustered_recall`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import dask
+import dask.dataframe as dd
+import numpy as np
+import pandas as pd
+import torch
+from dask.base import tokenize
+
+from dask_cosim import backends, options, partition
+from dask_cosim import clustered_kernels as ck
+from dask_cosim import clustered_partition as cp
+
+__all__ = ["Plan", "dedup", "neighbors", "plan"]
+
+# Defaults of the clustered options (phase B moves them to cosim.yaml).
+ITERS = 10
+BLOCK_BYTES = 256 * 2**20
+SAMPLE_PER_CLUSTER = 64
+MIN_SAMPLE = 10_000
+
+
+def default_clusters(rows: int) -> int:
+    """Clusters for ``rows`` rows: the centroid pass costs rows x k scores and the blocks
+    about rows x rows / k, so about sqrt(rows) balances them."""
+    return max(1, round(math.sqrt(max(rows, 1))))
+
+
+@dataclass
+class Plan:
+    """What the clustering found, before the search runs.
+
+    ``layout`` goes to the workers (centroids, score floors, block numbering); ``stats`` the
+    clusters' sizes and radii; ``probes`` the estimated probe copies per cluster;
+    ``partitions`` the shuffle's output partitions; ``sample`` the rows k-means saw.
+    """
+
+    layout: cp.Layout
+    stats: cp.Stats
+    threshold: float
+    probes: np.ndarray
+    partitions: int
+    sample: int
+
+    @property
+    def n_clusters(self) -> int:
+        return len(self.stats.counts)
+
+    @property
+    def pair_scores(self) -> float:
+        """Estimated pair scores in the blocks (members among themselves, probes against
+        members), to compare with ``rows * (rows - 1) / 2`` for all pairs."""
+        n = self.stats.counts.astype(np.float64)
+        return float((n * (n - 1) / 2 + self.probes * n).sum())
+
+    @property
+    def centroid_scores(self) -> float:
+        """Scores of rows against centroids: two passes over the rows."""
+        return 2.0 * self.stats.rows * self.n_clusters
+
+
+def _check_threshold(threshold: Any) -> float:
+    try:
+        value = float(threshold)
+    except (TypeError, ValueError):
+        value = math.nan
+    if not 0.0 < value <= 1.0:
+        raise ValueError(
+            f"threshold={threshold!r}: method='clustered' needs a number in (0, 1], e.g. "
+            "threshold=0.9 (at or below 0 every zero vector matches every row and no "
+            "cluster can be ruled out; use method='exact')"
+        )
+    return value
+
+
+def _check_int(value: Any, name: str, low: int, example: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < low:
+        raise ValueError(f"{name}={value!r} must be an integer >= {low} (or None), e.g. {example}")
+    return int(value)
+
+
+def _check_column(meta: Any, on: Any) -> backends.VectorSpec:
+    if on not in meta.columns:
+        raise backends.column_not_found(on, meta.columns, "on: column")
+    return backends.vector_spec(meta[on], on)
+
+
+def _tree(call: Any, fn: Any, items: list[Any], every: int = 32) -> Any:
+    while len(items) > 1:
+        items = [call(fn)(*items[s : s + every]) for s in range(0, len(items), every)]
+    return items[0]
+
+
+def _sample(*parts: torch.Tensor) -> torch.Tensor:
+    return torch.cat(parts)
+
+
+def _kmeans(sample: torch.Tensor, k: int, iters: int, seed: int, device: str) -> torch.Tensor:
+    if len(sample) == 0:  # no usable row: any centroid will do
+        one = torch.zeros((1, sample.shape[1]), dtype=torch.float32)
+        one[0, :1] = 1.0
+        return one
+    target = partition.resolve_device(device, sample.device)
+    return ck.kmeans(sample.to(target), k, iters=iters, seed=seed).cpu()
+
+
+def _probes(
+    sample: torch.Tensor,
+    centroids: torch.Tensor,
+    stats: cp.Stats,
+    threshold: float,
+    n_probe: int | None,
+    chunk_bytes: int,
+) -> np.ndarray:
+    floor = ck.floors(torch.from_numpy(stats.radius), threshold, stats.dim, stats.delta)
+    return cp.probe_counts(
+        sample,
+        centroids,
+        floor,
+        threshold=threshold,
+        delta=stats.delta,
+        n_probe=n_probe,
+        chunk_bytes=chunk_bytes,
+    )
+
+
+def plan(
+    df: Any,
+    on: str,
+    threshold: float,
+    *,
+    n_clusters: int | None = None,
+    n_probe: int | None = None,
+    sample_rows: int | None = None,
+    iters: int = ITERS,
+    seed: int = 0,
+    block_bytes: int = BLOCK_BYTES,
+) -> Plan:
+    """Cluster ``df[on]`` for a clustered search at ``threshold`` (computes now: a sample,
+    k-means, one pass for the clusters' sizes and radii).  Arguments as in
+    :func:`neighbors`."""
+    threshold = _check_threshold(threshold)
+    n_clusters = _check_int(n_clusters, "n_clusters", 1, "n_clusters=1000")
+    n_probe = _check_int(n_probe, "n_probe", 1, "n_probe=8")
+    sample_rows = _check_int(sample_rows, "sample_rows", 1, "sample_rows=100_000")
+    iters = _check_int(iters, "iters", 0, "iters=10") or 0
+    lazy = dask.is_dask_collection(df)
+    _check_column(df._meta if lazy else df, on)
+    eps, device = options.eps(), options.device()
+    chunk = options.search_tile_bytes()["cpu"]
+    rows = len(df)
+    k = n_clusters or default_clusters(rows)
+    want = sample_rows or max(MIN_SAMPLE, SAMPLE_PER_CLUSTER * k)
+    fraction = min(1.0, want / max(rows, 1))
+
+    def call(fn: Any) -> Any:
+        return dask.delayed(fn, pure=True) if lazy else fn
+
+    parts = df[[on]].to_delayed() if lazy else [df]
+    sample = call(_sample)(
+        *[
+            call(cp.sample_partition)(
+                p, on, i, fraction=fraction, seed=seed, eps=eps, device=device
+            )
+            for i, p in enumerate(parts)
+        ]
+    )
+    centroids = call(_kmeans)(sample, k, iters, seed, device)
+    stats = _tree(
+        call,
+        cp.merge_stats,
+        [
+            call(cp.stats_partition)(p, on, centroids, eps=eps, device=device, chunk_bytes=chunk)
+            for p in parts
+        ],
+    )
+    probes = call(_probes)(sample, centroids, stats, threshold, n_probe, chunk)
+    seen = call(len)(sample)
+    if lazy:
+        centroids, stats, probes, seen = dask.compute(centroids, stats, probes, seen)
+    scale = stats.rows / max(seen, 1)
+    return _layout(
+        centroids, stats, threshold, n_probe, probes * scale, seen, block_bytes,
+        df.npartitions if lazy else 1,
+    )  # fmt: skip
+
+
+def _layout(
+    centroids: torch.Tensor,
+    stats: cp.Stats,
+    threshold: float,
+    n_probe: int | None,
+    probes: np.ndarray,
+    seen: int,
+    block_bytes: int,
+    npartitions: int,
+) -> Plan:
+    itemsize = 8 if stats.dtype == "float64" else 4
+    # A row in a block: its Arrow copy, its raw and unit rows after prepare.
+    row_bytes = stats.dim * (2 * itemsize + 4) + 64
+    rows_per_block = max(1, block_bytes // row_bytes)
+    members = np.maximum(1, -(-stats.counts // rows_per_block))
+    probe_chunks = np.maximum(1, np.ceil(probes / rows_per_block)).astype(np.int64)
+    blocks = cp.blocks_of(members, probe_chunks)
+    base = np.r_[0, np.cumsum(blocks)[:-1]].astype(np.int64)
+    copies = float((stats.counts * (members + np.where(probe_chunks > 1, probe_chunks, 0))).sum())
+    copies += float((probes * members).sum())
+    layout = cp.Layout(
+        centroids=centroids,
+        floor=ck.floors(torch.from_numpy(stats.radius), threshold, stats.dim, stats.delta),
+        threshold=threshold,
+        delta=stats.delta,
+        n_probe=n_probe,
+        base=base,
+        members=members.astype(np.int64),
+        probes=probe_chunks,
+        dtype=stats.dtype,
+        dim=stats.dim,
+    )
+    partitions = max(npartitions, math.ceil(copies / rows_per_block))
+    return Plan(layout, stats, threshold, probes, partitions, seen)
+
+
+def _score_dtype(meta: Any, on: str) -> np.dtype:
+    dtype = partition.default_result_dtype([backends.vector_spec(meta[on], on).dtype])
+    return np.dtype("float64") if dtype == torch.float64 else np.dtype("float32")
+
+
+def _label_dtype(index: Any) -> Any:
+    return index.dtype if not hasattr(index, "to_pandas") else index[:0].to_pandas().dtype
+
+
+def _pairs_meta(meta: Any, on: str) -> pd.DataFrame:
+    label = _label_dtype(meta.index)
+    return pd.DataFrame(
+        {
+            "left": pd.Series([], dtype=label),
+            "right": pd.Series([], dtype=label),
+            "score": pd.Series([], dtype=_score_dtype(meta, on)),
+        }
+    )
+
+
+def _search(df: Any, on: str, p: Plan, drops: bool) -> Any:
+    eps, device = options.eps(), options.device()
+    tiles = options.search_tile_bytes()
+    tile = tiles["cuda" if device.startswith("cuda") else "cpu"]
+    kwargs: dict[str, Any] = {"eps": eps, "device": device}
+    if not dask.is_dask_collection(df):
+        routed = cp.route_partition(df, on, p.layout, chunk_bytes=tiles["cpu"], **kwargs)
+        found = cp.search_blocks(routed, p.threshold, drops=drops, tile_bytes=tile, **kwargs)
+        if drops:
+            return cp.drop_keys(df, found)
+        return cp.finish_pairs(found, _pairs_meta(df, on))
+    layout = dask.delayed(p.layout, name=f"cosim-clustered-layout-{tokenize(p.layout.centroids)}")
+    routed = df[[on]].map_partitions(
+        cp.route_partition,
+        on,
+        layout,
+        chunk_bytes=tiles["cpu"],
+        meta=cp.route_meta(df._meta.index, p.layout.dtype, p.layout.dim),
+        token="cosim-clustered-route",
+        **kwargs,
+    )
+    shuffled = routed.shuffle(on="_block", npartitions=p.partitions)
+    if drops:
+        found_meta = pd.DataFrame({"_key": np.zeros(0, np.int64)})
+    else:
+        label = _label_dtype(df._meta.index)
+        found_meta = pd.DataFrame(
+            {
+                "_lkey": np.zeros(0, np.int64),
+                "_rkey": np.zeros(0, np.int64),
+                "left": pd.Series([], dtype=label),
+                "right": pd.Series([], dtype=label),
+                "score": np.zeros(0, np.float64),
+            }
+        )
+    found = shuffled.map_partitions(
+        cp.search_blocks,
+        p.threshold,
+        drops=drops,
+        tile_bytes=tile,
+        meta=found_meta,
+        token="cosim-clustered-blocks",
+        **kwargs,
+    )
+    # Back to the input's partitions: each key's partition is its top bits.
+    bounds = [i << cp.POS_BITS for i in range(df.npartitions + 1)]
+    ordered = found.set_index("_key" if drops else "_lkey", divisions=bounds)
+    if drops:
+        return dd.map_partitions(cp.drop_keys, df, ordered, meta=df._meta, align_dataframes=False)
+    return ordered.map_partitions(
+        cp.finish_pairs, _pairs_meta(df._meta, on), meta=_pairs_meta(df._meta, on)
+    )
+
+
+def neighbors(
+    df: Any,
+    on: str,
+    *,
+    threshold: float,
+    n_clusters: int | None = None,
+    n_probe: int | None = None,
+    sample_rows: int | None = None,
+    iters: int = ITERS,
+    seed: int = 0,
+    block_bytes: int = BLOCK_BYTES,
+) -> Any:
+    """Every pair of rows scoring at least ``threshold``, by the clustered method.
+
+    The result is that of ``neighbors(on, threshold=...)`` (exact all-pairs): columns
+    ``left``, ``right`` (index labels), ``score``; each unordered pair once, the earlier
+    row (frame order) on the left; one partition per input partition, sorted by left
+    row then right row.  Scores are the float64 ones (cast to the result dtype).
+
+    Parameters
+    ----------
+    df : DataFrame
+        dask or pandas.
+    on : str
+        The embedding column.
+    threshold : float
+        In (0, 1].
+    n_clusters : int, optional
+        k of k-means; default about sqrt(rows).
+    n_probe : int, optional
+        None (exact: every pair is found, recall 1) or the most clusters each row probes
+        beyond its own (faster, recall below 1: measure it with
+        :func:`dask_cosim.clustered_recall.neighbors_recall`).
+    sample_rows : int, optional
+        Rows k-means sees; default 64 per cluster, at least 10,000.
+    iters : int, default 10
+        Lloyd iterations.
+    seed : int, default 0
+        Seed of the sample and of k-means' seeding.
+    block_bytes : int, default 256 MiB
+        About the most bytes of rows one block holds; bigger clusters are split.
+
+    Returns
+    -------
+    DataFrame
+        Lazy for a dask frame (the clustering is computed when this is called), else
+        pandas.
+    """
+    p = plan(
+        df, on, threshold, n_clusters=n_clusters, n_probe=n_probe, sample_rows=sample_rows,
+        iters=iters, seed=seed, block_bytes=block_bytes,
+    )  # fmt: skip
+    return _search(df, on, p, drops=False)
+
+
+def dedup(
+    df: Any,
+    on: str,
+    threshold: float,
+    *,
+    n_clusters: int | None = None,
+    n_probe: int | None = None,
+    sample_rows: int | None = None,
+    iters: int = ITERS,
+    seed: int = 0,
+    block_bytes: int = BLOCK_BYTES,
+) -> Any:
+    """``df`` without every row that has an earlier row (frame order) scoring at least
+    ``threshold`` with it, by the clustered method (as ``dedup``: chains are not
+    followed; rows that cannot match are kept).  Same partitions and divisions as
+    ``df``.  Options as in :func:`neighbors`; with ``n_probe`` set, rows whose only
+    earlier matches were missed are kept (measure it with
+    :func:`dask_cosim.clustered_recall.dedup_recall`)."""
+    p = plan(
+        df, on, threshold, n_clusters=n_clusters, n_probe=n_probe, sample_rows=sample_rows,
+        iters=iters, seed=seed, block_bytes=block_bytes,
+    )  # fmt: skip
+    return _search(df, on, p, drops=True)
