@@ -279,7 +279,15 @@ def _search(df: Any, on: str, p: Plan, drops: bool) -> Any:
     kwargs: dict[str, Any] = {"eps": eps, "device": device}
     if not dask.is_dask_collection(df):
         routed = cp.route_partition(df, on, p.layout, chunk_bytes=tiles["cpu"], **kwargs)
-        found = cp.search_blocks(routed, p.threshold, drops=drops, tile_bytes=tile, **kwargs)
+        found = cp.search_blocks(
+            routed,
+            p.threshold,
+            p.layout.dtype,
+            p.layout.dim,
+            drops=drops,
+            tile_bytes=tile,
+            **kwargs,
+        )
         if drops:
             return cp.drop_keys(df, found)
         return cp.finish_pairs(found, _pairs_meta(df, on))
@@ -310,6 +318,8 @@ def _search(df: Any, on: str, p: Plan, drops: bool) -> Any:
     found = shuffled.map_partitions(
         cp.search_blocks,
         p.threshold,
+        p.layout.dtype,
+        p.layout.dim,
         drops=drops,
         tile_bytes=tile,
         meta=found_meta,

@@ -18,12 +18,12 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import torch
 
 from dask_cosim import backends, partition
 from dask_cosim import clustered_kernels as ck
 from dask_cosim import search_kernels as sk
-from dask_cosim.io.layouts import vectors_to_arrow
 
 __all__ = [
     "Layout",
@@ -44,6 +44,38 @@ __all__ = [
 
 POS_BITS = 40
 VEC = "_vec"  # the vector column of routed frames (no user column name can clash)
+
+
+def encode_rows(raw: torch.Tensor) -> pd.arrays.ArrowExtensionArray:
+    """(n, D) CPU rows -> one Arrow large_binary value per row (their bytes, no copy).
+
+    Not a fixed_size_list: dask's p2p shuffle rebuilds dtypes from their names, and
+    pandas cannot parse a parametrised Arrow type's name back."""
+    flat = np.ascontiguousarray(raw.numpy()).reshape(-1)
+    width = raw.shape[1] * raw.element_size()
+    offsets = pa.py_buffer(np.arange(len(raw) + 1, dtype=np.int64) * width)
+    data = pa.py_buffer(flat.view(np.uint8))
+    values = pa.Array.from_buffers(pa.large_binary(), len(raw), [None, offsets, data])
+    return pd.arrays.ArrowExtensionArray(values)
+
+
+def decode_rows(column: pd.Series, dtype: str, dim: int) -> torch.Tensor:
+    """:func:`encode_rows` back: (n, D) rows of ``dtype`` (one copy, into a tensor)."""
+    out = np.empty((len(column), dim), dtype=dtype)
+    width = dim * out.itemsize
+    row = 0
+    values = pa.array(column.array)
+    for chunk in values.chunks if isinstance(values, pa.ChunkedArray) else [values]:
+        offsets = np.frombuffer(chunk.buffers()[1], np.int64)[
+            chunk.offset : chunk.offset + len(chunk) + 1
+        ]
+        if len(chunk) and not (np.diff(offsets) == width).all():
+            raise ValueError(f"routed rows of {dim} x {dtype} values expected")
+        start = int(offsets[0]) if len(chunk) else 0
+        data = np.frombuffer(chunk.buffers()[2], np.uint8, len(chunk) * width, start)
+        out[row : row + len(chunk)] = data.view(dtype).reshape(len(chunk), dim)
+        row += len(chunk)
+    return torch.from_numpy(out)
 
 
 def row_keys(part: int, n: int) -> np.ndarray:
@@ -255,7 +287,7 @@ def route_partition(
     raw = prep.raw[torch.from_numpy(src).to(prep.raw.device)]
     raw = raw.to(getattr(torch, layout.dtype)).cpu()
     return pd.DataFrame(
-        {"_block": blocks, "_role": roles, "_key": keys[rows], VEC: vectors_to_arrow(raw)},
+        {"_block": blocks, "_role": roles, "_key": keys[rows], VEC: encode_rows(raw)},
         index=_labels(df)[src],
     )
 
@@ -268,7 +300,7 @@ def route_meta(index: pd.Index, dtype: str, dim: int) -> pd.DataFrame:
             "_block": np.zeros(0, np.int64),
             "_role": np.zeros(0, np.int8),
             "_key": np.zeros(0, np.int64),
-            VEC: vectors_to_arrow(empty),
+            VEC: encode_rows(empty),
         },
         index=index[:0],
     )
@@ -277,13 +309,16 @@ def route_meta(index: pd.Index, dtype: str, dim: int) -> pd.DataFrame:
 def search_blocks(
     df: pd.DataFrame,
     threshold: float,
+    dtype: str,
+    dim: int,
     *,
     drops: bool,
     eps: float,
     device: str,
     tile_bytes: int,
 ) -> pd.DataFrame:
-    """Every pair scoring at least ``threshold`` in each block of a shuffled partition.
+    """Every pair scoring at least ``threshold`` in each block of a shuffled partition
+    (its rows of ``dim`` values of ``dtype``).
 
     ``drops`` False: "_lkey", "_rkey" (frame-order keys, the earlier row first), "left",
     "right" (labels) and "score" (float64).  ``drops`` True: "_key", the later row of
@@ -295,7 +330,8 @@ def search_blocks(
     df = df.iloc[order]
     block, role = block_all[order], role_all[order]
     keys_np = df["_key"].to_numpy()
-    prep = _prepared(df, VEC, eps, device)
+    x = decode_rows(df[VEC], dtype, dim)
+    prep = sk.prepare(x, eps=eps, device=partition.resolve_device(device, x.device))
     key = torch.from_numpy(keys_np.copy()).to(prep.unit.device)
     starts = np.flatnonzero(np.r_[True, block[1:] != block[:-1]])[: len(block)]
     stops = np.r_[starts[1:], len(block)][: len(starts)]
