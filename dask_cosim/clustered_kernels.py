@@ -14,10 +14,10 @@ direction does), so by the triangle inequality on the sphere
 
 Rounding, derived rather than guessed (u = 2**-24, float32's unit roundoff):
 
-- a direction row ``d`` (Prepared's unit row divided by its float64 norm, rounded to
-  float32) is within ``6u`` of ``x``: a unit row's values are within 2u of ``x``'s times
-  its length (1, or less for rows shorter than ``eps``: prepare rounds twice), the norm
-  divides that length out within 2u more, the rounding adds u (first order 5u);
+- a direction row ``d`` is within ``6u`` of ``x`` (:func:`directions`): a unit row's
+  values are within 2u of ``x``'s times its length (prepare rounds twice), and the length
+  is 1 but for rows shorter than ``eps``, which are divided by their float64 norm (2u
+  more) and rounded to float32 (u more: first order 5u);
 - a centroid ``m`` is a float32 unit vector, within ``u`` of its own direction ``z``;
 - a float32 product of D terms is within ``gamma_D = D*u' / (1 - D*u')`` of the exact sum of
   products of its inputs (any summation order, fused multiply-adds included), where u' is
@@ -89,20 +89,27 @@ def score_error(dim: int) -> float:
     return (dim + 16) * U64 * 2.0
 
 
-def directions(unit: torch.Tensor, chunk_rows: int = 65536) -> tuple[torch.Tensor, torch.Tensor]:
-    """Float32 directions of Prepared unit rows (each divided by its float64 norm), and
-    which rows have one.
+def directions(prep: sk.Prepared, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Float32 directions of prepared rows, and which rows have one.
 
-    Zero rows (zero vectors, invalid rows, float64 rows so short that their unit row
+    A row whose norm reaches ``eps`` has its unit row as direction (within 2u).  Only a
+    row whose every value is below ``eps`` can be shorter than ``eps`` (its unit row is
+    then shorter than 1): those few are divided by their float64 norm (within 5u).  Zero
+    rows (zero vectors, invalid rows, float64 rows so short that their unit row
     underflows) have none; with a threshold above 0 they match nothing.
     """
-    norm = torch.linalg.vector_norm(unit, dim=1, dtype=torch.float64)
-    has = norm > 0
-    d = torch.empty_like(unit)
-    safe = norm.clamp(min=1e-300)[:, None]
-    for r0 in range(0, len(unit), chunk_rows):
-        r1 = r0 + chunk_rows
-        d[r0:r1] = (unit[r0:r1].to(torch.float64) / safe[r0:r1]).to(torch.float32)
+    d, has = prep.unit, prep.valid.clone()
+    # prepare gives zero vectors a largest value of 1, as it does rows whose largest is 1.
+    ones = (has & (prep.inv == 1.0)).nonzero().squeeze(1)
+    if len(ones):
+        has[ones] = prep.unit[ones].abs().amax(dim=1) > 0
+    short = (has & (prep.inv > 1.0 / eps)).nonzero().squeeze(1) if eps > 0 else ones[:0]
+    if len(short):
+        rows = prep.unit[short].to(torch.float64)
+        norm = torch.linalg.vector_norm(rows, dim=1, keepdim=True)
+        d = d.clone()
+        d[short] = (rows / norm.clamp(min=1e-300)).to(torch.float32)
+        has[short] = norm[:, 0] > 0
     return d, has
 
 

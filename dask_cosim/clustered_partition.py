@@ -102,10 +102,10 @@ def _prepared(
     return sk.prepare(x, null, eps=eps, device=partition.resolve_device(device, x.device))
 
 
-def _usable(prep: sk.Prepared) -> tuple[torch.Tensor, torch.Tensor]:
+def _usable(prep: sk.Prepared, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Directions of the rows that can match (valid, non-zero), and their positions."""
-    d, has = ck.directions(prep.unit)
-    rows = (has & prep.valid).nonzero().squeeze(1)
+    d, has = ck.directions(prep, eps)
+    rows = has.nonzero().squeeze(1)
     return d[rows], rows
 
 
@@ -115,7 +115,7 @@ def sample_partition(
     """Directions (CPU float32) of a Bernoulli(``fraction``) sample of the partition's
     usable rows, the same for the same ``seed`` and partition number."""
     keep = np.random.default_rng([seed, part]).random(len(df)) < fraction
-    d, _ = _usable(_prepared(df, column, eps, device, np.flatnonzero(keep)))
+    d, _ = _usable(_prepared(df, column, eps, device, np.flatnonzero(keep)), eps)
     return d.cpu()
 
 
@@ -144,7 +144,7 @@ def stats_partition(
 ) -> Stats:
     """The sizes and radii of the clusters over one partition's rows."""
     prep = _prepared(df, column, eps, device)
-    d, _ = _usable(prep)
+    d, _ = _usable(prep, eps)
     delta = ck.product_error(prep.dim)
     counts, radius = ck.cluster_stats(d, centroids.to(d.device), delta, chunk_bytes)
     dtype = "float64" if prep.raw.dtype == torch.float64 else "float32"
@@ -267,7 +267,7 @@ def route_partition(
     indexed by the rows' labels.  Rows that cannot match are left out."""
     part = 0 if partition_info is None else int(partition_info["number"])
     prep = _prepared(df, column, eps, device)
-    d, usable = _usable(prep)
+    d, usable = _usable(prep, eps)
     if ck.product_error(prep.dim) > layout.delta:
         raise RuntimeError(
             f"torch's float32 matmul precision here is {torch.get_float32_matmul_precision()!r}, "

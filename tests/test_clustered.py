@@ -147,7 +147,7 @@ def test_score_error_bounds_the_float32_scores() -> None:
     x = x[np.isfinite(x).all(axis=1) & (np.abs(x).sum(axis=1) > 0)]
     x[:50] *= 1e-15  # far shorter than eps
     prep = sk.prepare(torch.from_numpy(x), eps=1e-8)
-    dirs, has = ck.directions(prep.unit)
+    dirs, has = ck.directions(prep, 1e-8)
     assert bool(has.all())
     cent = ck.kmeans(dirs, 20, iters=3, seed=0)
     s = (dirs @ cent.T).double()
@@ -165,7 +165,7 @@ def test_skip_rules_never_skip_a_match() -> None:
     x = adversarial(1500, d=16, seed=5)
     x = x[np.isfinite(x).all(axis=1) & (np.abs(x).sum(axis=1) > 0)]
     prep = sk.prepare(torch.from_numpy(x), eps=1e-8)
-    dirs, _ = ck.directions(prep.unit)
+    dirs, _ = ck.directions(prep, 1e-8)
     cent = ck.kmeans(dirs, 25, iters=2, seed=3)
     delta = ck.product_error(16)
     _, radius = ck.cluster_stats(dirs, cent, delta, 2**20)
