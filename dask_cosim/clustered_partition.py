@@ -449,9 +449,9 @@ def sample_matches(
     partition_info: dict[str, Any] | None = None,
 ) -> tuple[pd.DataFrame, int]:
     """Exact matches of the sampled rows among one partition's rows ("_s": the sampled
-    row's position in the sample, "_key" and "label": the match's), decided as the all-pairs
-    search decides them (float64, the earlier row first); and how many of the
-    partition's rows carry a sampled row's label."""
+    row's position in the sample, "_key", "label" and "score": the match's), decided as
+    the all-pairs search decides them (float64, the earlier row first); and how many of
+    the partition's rows carry a sampled row's label."""
     assert sample.prep is not None
     part = 0 if partition_info is None else int(partition_info["number"])
     prep = _prepared(df, column, eps, "cpu")
@@ -467,6 +467,11 @@ def sample_matches(
     keep = ((score >= threshold) & (ki != kj)).numpy()
     labels = _labels(df)
     found = pd.DataFrame(
-        {"_s": i.numpy()[keep], "_key": kj.numpy()[keep], "label": labels.take(j.numpy()[keep])}
+        {
+            "_s": i.numpy()[keep],
+            "_key": kj.numpy()[keep],
+            "label": labels.take(j.numpy()[keep]),
+            "score": score.numpy()[keep],
+        }
     )
     return found, int(labels.isin(sample.labels).sum())

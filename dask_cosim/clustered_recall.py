@@ -3,9 +3,15 @@
 A clustered run in exact mode (``n_probe=None``) finds every pair; with ``n_probe`` set it
 may miss some, and how many is measured here, never assumed: a random sample of rows is
 searched exactly against every row (the all-pairs kernels, float64 decisions, the
-earlier row first), and the pairs the run reported for those rows are compared with it.
-It costs ``sample_rows x rows`` pair scores: about 1/50 of the all-pairs search of one
-million rows for 10,000 sampled rows.
+earlier row first: :func:`sample_truth`), and the pairs the run reported for those rows
+are compared with it (:func:`neighbors_recall`, :func:`dedup_recall`).  The truth costs
+``sample_rows x rows`` pair scores (1/50 of the all-pairs search of a million rows for
+10,000 sampled rows); computed once at the lowest threshold, it serves every run and
+every higher threshold::
+
+    truth = sample_truth(df, "emb", 0.9, sample_rows=10_000)
+    pairs = clustered.neighbors(df, "emb", threshold=0.9, n_probe=2)
+    neighbors_recall(truth, pairs).recall
 
 Rows are matched by their index labels, so the sampled rows' labels must name one row
 each (``df.reset_index()`` first when labels repeat, as in Parquet folders read with
@@ -24,7 +30,7 @@ import pandas as pd
 from dask_cosim import backends, options
 from dask_cosim import clustered_partition as cp
 
-__all__ = ["Recall", "dedup_recall", "neighbors_recall"]
+__all__ = ["Recall", "Truth", "dedup_recall", "neighbors_recall", "sample_truth"]
 
 
 @dataclass
@@ -48,15 +54,39 @@ class Recall:
         return self.found / self.expected if self.expected else 1.0
 
 
-def _exact(
-    df: Any, on: str, threshold: float, sample_rows: int, seed: int
-) -> tuple[cp.Sample, pd.DataFrame]:
-    """A sample of the rows, and its exact matches among all rows."""
+@dataclass
+class Truth:
+    """Sampled rows (``labels``, frame-order ``keys``) and their exact matches among all
+    rows at ``threshold`` or above: ``matches`` has "_s" (the sampled row's position),
+    "_key", "label" and "score" (float64) of the match."""
+
+    threshold: float
+    labels: pd.Index
+    keys: np.ndarray
+    matches: pd.DataFrame
+
+    def at(self, threshold: float | None) -> pd.DataFrame:
+        if threshold is None or threshold == self.threshold:
+            return self.matches
+        if threshold < self.threshold:
+            raise ValueError(
+                f"threshold={threshold!r} is below the truth's {self.threshold!r}: compute "
+                "sample_truth at the lowest threshold you measure"
+            )
+        return self.matches[self.matches["score"].to_numpy() >= threshold]
+
+
+def sample_truth(
+    df: Any, on: str, threshold: float, *, sample_rows: int = 10_000, seed: int = 0
+) -> Truth:
+    """``sample_rows`` random rows of ``df`` and their exact matches among all rows
+    (computes now, on the active scheduler)."""
     meta = df._meta if dask.is_dask_collection(df) else df
     if on not in meta.columns:
         raise backends.column_not_found(on, meta.columns, "on: column")
     if isinstance(sample_rows, bool) or not isinstance(sample_rows, int) or sample_rows < 1:
         raise ValueError(f"sample_rows={sample_rows!r} must be an integer >= 1, e.g. 10_000")
+    threshold = float(threshold)
     eps = options.eps()
     tile = options.search_tile_bytes()["cpu"]
     lazy = dask.is_dask_collection(df)
@@ -91,56 +121,34 @@ def _exact(
             "matches rows by label, so labels must be unique: df.reset_index() first"
         )
     found = pd.concat([m for m, _ in matches], ignore_index=True)
-    return sample, found
+    return Truth(threshold, sample.labels, sample.keys, found)
 
 
-def _computed(obj: Any) -> Any:
-    return obj.compute() if dask.is_dask_collection(obj) else obj
-
-
-def neighbors_recall(
-    df: Any,
-    on: str,
-    threshold: float,
-    pairs: Any,
-    *,
-    sample_rows: int = 10_000,
-    seed: int = 0,
-) -> Recall:
-    """Recall of ``pairs`` (a ``neighbors(threshold=...)`` result of ``df``, lazy or
-    computed) on ``sample_rows`` random rows: the exact pairs that involve a sampled row,
-    and how many of them ``pairs`` holds."""
-    sample, exact = _exact(df, on, float(threshold), sample_rows, seed)
+def neighbors_recall(truth: Truth, pairs: Any, threshold: float | None = None) -> Recall:
+    """Recall of ``pairs`` (a ``neighbors(threshold=...)`` result, lazy or computed) on
+    the truth's sampled rows, at ``threshold`` (default: the truth's)."""
+    exact = truth.at(threshold)
     s = exact["_s"].to_numpy()
-    mine = sample.labels[s].tolist()
-    theirs = exact["label"].tolist()
-    first = (sample.keys[s] < exact["_key"].to_numpy()).tolist()
+    first = (truth.keys[s] < exact["_key"].to_numpy()).tolist()
+    mine, theirs = truth.labels[s].tolist(), exact["label"].tolist()
     expected = {(a, b) if f else (b, a) for a, b, f in zip(mine, theirs, first, strict=True)}
-    wanted = list(sample.labels)
+    wanted = list(truth.labels)
     touching = pairs[pairs["left"].isin(wanted) | pairs["right"].isin(wanted)]
-    got = _computed(touching)
+    got = touching.compute() if dask.is_dask_collection(touching) else touching
     reported = set(zip(got["left"].tolist(), got["right"].tolist(), strict=True))
-    return Recall(
-        len(sample.labels), len(expected), len(expected & reported), len(reported - expected)
-    )
+    found = len(expected & reported)
+    return Recall(len(wanted), len(expected), found, len(reported - expected))
 
 
-def dedup_recall(
-    df: Any,
-    on: str,
-    threshold: float,
-    kept: Any,
-    *,
-    sample_rows: int = 10_000,
-    seed: int = 0,
-) -> Recall:
-    """Recall of ``kept`` (a ``dedup`` result of ``df``, lazy or computed) on
-    ``sample_rows`` random rows: the sampled rows exact dedup drops (they have an earlier
-    match), and how many of them ``kept`` lacks."""
-    sample, exact = _exact(df, on, float(threshold), sample_rows, seed)
-    earlier = exact["_key"].to_numpy() < sample.keys[exact["_s"].to_numpy()]
-    must_drop = set(sample.labels[np.unique(exact["_s"].to_numpy()[earlier])])
-    wanted = list(sample.labels)
+def dedup_recall(truth: Truth, kept: Any, threshold: float | None = None) -> Recall:
+    """Recall of ``kept`` (a ``dedup`` result, lazy or computed) on the truth's sampled
+    rows, at ``threshold`` (default: the truth's): the sampled rows exact dedup drops
+    (they have an earlier match), and how many of them ``kept`` lacks."""
+    exact = truth.at(threshold)
+    s = exact["_s"].to_numpy()
+    earlier = exact["_key"].to_numpy() < truth.keys[s]
+    must_drop = set(truth.labels[np.unique(s[earlier])])
+    wanted = list(truth.labels)
     if dask.is_dask_collection(kept):
         still = kept.map_partitions(
             lambda part: part.index[part.index.isin(wanted)].to_series(),

@@ -215,7 +215,8 @@ def test_n_probe_recall_against_a_brute_force_count() -> None:
     exact_pairs = set(zip(exact["left"], exact["right"], strict=True))
     found = set(zip(got["left"], got["right"], strict=True))
     assert found < exact_pairs  # n_probe=1 misses some here, and reports no false pair
-    rec = clustered_recall.neighbors_recall(pdf, "emb", threshold, got, sample_rows=700, seed=1)
+    truth = clustered_recall.sample_truth(pdf, "emb", 0.7, sample_rows=700, seed=1)
+    rec = clustered_recall.neighbors_recall(truth, got, threshold)
     sampled = set(pdf.index[np.sort(np.random.default_rng(1).choice(4000, 700, replace=False))])
     touching = {p for p in exact_pairs if p[0] in sampled or p[1] in sampled}
     assert rec.rows == 700
@@ -229,7 +230,7 @@ def test_n_probe_recall_against_a_brute_force_count() -> None:
     drops = set(pdf.index) - set(want.index)
     missed = set(kept.index) - set(want.index)
     assert missed and set(want.index) <= set(kept.index)
-    rec = clustered_recall.dedup_recall(pdf, "emb", threshold, kept, sample_rows=700, seed=1)
+    rec = clustered_recall.dedup_recall(truth, kept, threshold)
     assert rec.expected == len(drops & sampled)
     assert rec.found == len((drops - missed) & sampled)
     assert rec.extra == 0
@@ -240,14 +241,17 @@ def test_recall_of_the_exact_mode_is_one_and_labels_must_be_unique() -> None:
     ddf = to_dask(pdf, 3)
     with dask.config.set(scheduler="sync"):
         lazy = clustered.neighbors(ddf, "emb", threshold=0.9)
-        rec = clustered_recall.neighbors_recall(ddf, "emb", 0.9, lazy, sample_rows=400)
+        truth = clustered_recall.sample_truth(ddf, "emb", 0.9, sample_rows=400)
+        rec = clustered_recall.neighbors_recall(truth, lazy)
         assert rec.expected > 10 and rec.recall == 1.0 and rec.extra == 0
         kept = clustered.dedup(ddf, "emb", 0.9)
-        rec = clustered_recall.dedup_recall(ddf, "emb", 0.9, kept, sample_rows=400)
+        rec = clustered_recall.dedup_recall(truth, kept)
         assert rec.expected > 5 and rec.recall == 1.0 and rec.extra == 0
+        with pytest.raises(ValueError, match=r"below the truth's 0\.9"):
+            clustered_recall.dedup_recall(truth, kept, 0.8)
         repeated = to_dask(pdf.set_index(pdf["id"] % 500), 3)
         with pytest.raises(ValueError, match=r"labels must be unique: df\.reset_index"):
-            clustered_recall.neighbors_recall(repeated, "emb", 0.9, lazy, sample_rows=400)
+            clustered_recall.sample_truth(repeated, "emb", 0.9, sample_rows=400)
 
 
 # --------------------------------------------------------------------------- errors, edges
