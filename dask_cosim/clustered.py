@@ -26,6 +26,7 @@ can be ruled out; recall below 1, measured by :mod:`dask_cosim.clustered_recall`
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,6 +48,10 @@ ITERS = 10
 BLOCK_BYTES = 256 * 2**20
 SAMPLE_PER_CLUSTER = 64
 MIN_SAMPLE = 10_000
+# Rows of the sample the plan routes to estimate each cluster's probes (for block sizes).
+PROBE_SAMPLE = 20_000
+# The exact mode warns when it expects each row to be copied to more blocks than this.
+EXACT_COPIES_WARNING = 8
 
 
 def default_clusters(rows: int) -> int:
@@ -126,6 +131,13 @@ def _sample(*parts: torch.Tensor) -> torch.Tensor:
     return torch.cat(parts)
 
 
+def _head(sample: torch.Tensor, rows: int) -> torch.Tensor:
+    """At most ``rows`` rows of ``sample``, spread over it (its order follows partitions)."""
+    if len(sample) <= rows:
+        return sample
+    return sample[torch.linspace(0, len(sample) - 1, rows).long()]
+
+
 def _kmeans(sample: torch.Tensor, k: int, iters: int, seed: int, device: str) -> torch.Tensor:
     if len(sample) == 0:  # no usable row: any centroid will do
         one = torch.zeros((1, sample.shape[1]), dtype=torch.float32)
@@ -196,7 +208,12 @@ def plan(
             for i, p in enumerate(parts)
         ]
     )
+    # Two computations, so that no partition waits in memory for k-means to finish.
     centroids = call(_kmeans)(sample, k, iters, seed, device)
+    probe_sample = call(_head)(sample, PROBE_SAMPLE)
+    seen = call(len)(sample)
+    if lazy:
+        centroids, probe_sample, seen = dask.compute(centroids, probe_sample, seen)
     stats = _tree(
         call,
         cp.merge_stats,
@@ -205,11 +222,18 @@ def plan(
             for p in parts
         ],
     )
-    probes = call(_probes)(sample, centroids, stats, threshold, n_probe, chunk)
-    seen = call(len)(sample)
     if lazy:
-        centroids, stats, probes, seen = dask.compute(centroids, stats, probes, seen)
-    scale = stats.rows / max(seen, 1)
+        (stats,) = dask.compute(stats)
+    probes = _probes(probe_sample, centroids, stats, threshold, n_probe, chunk)
+    scale = stats.rows / max(len(probe_sample), 1)
+    if n_probe is None and probes.sum() * scale > EXACT_COPIES_WARNING * stats.rows:
+        warnings.warn(
+            f"method='clustered' at threshold={threshold!r}: the skip rule rules out few "
+            f"clusters here, so each row goes to about {probes.sum() * scale / stats.rows:.0f} "
+            "blocks besides its own (memory and shuffle grow with that); n_probe=2 bounds "
+            "it (measure the recall with dask_cosim.clustered_recall)",
+            stacklevel=3,
+        )
     return _layout(
         centroids, stats, threshold, n_probe, probes * scale, seen, block_bytes,
         df.npartitions if lazy else 1,
