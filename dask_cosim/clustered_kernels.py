@@ -227,9 +227,10 @@ def route(
 
     ``n_probe`` None (exact): every such cluster numbered above the home (a pair across
     clusters a < b is then probed from a: both rules hold both ways, so probing from both
-    sides would find it twice).  An int: at most the ``n_probe`` such clusters most
-    similar to the row, on both sides (faster; pairs whose clusters were both left out
-    are missed, which the recall measures).
+    sides would find it twice).  An int: at most the ``n_probe`` such clusters whose
+    bisector with the home is nearest to the row (where a match across the boundary is
+    likeliest), on both sides: faster; a pair is missed when neither row probed the
+    other's cluster, which the recall measures.
     """
     k = len(centroids)
     home = torch.empty(len(d), dtype=torch.int64, device=d.device)
@@ -246,16 +247,18 @@ def route(
         homes, which = torch.unique(h, return_inverse=True)
         gram = (centroids[homes] @ centroids.T)[which]
         norm = gram.mul_(-2.0).add_(2.0 + 2.0 * delta).clamp_(min=0.0).sqrt_()
+        gap = s.gather(1, h[:, None]) - s
+        # The distance from the row to the bisector with b, for ranking the probes.
+        near = gap / norm.clamp(min=1e-6) if n_probe is not None and n_probe < k else None
         bar = norm.mul_(far * (1.0 + 2.0**-18)).add_(4.0 * delta + 2.0**-18)
-        cand &= (s.gather(1, h[:, None]) - s) <= bar
+        cand &= gap <= bar
         if n_probe is None:
             cand &= ids[None, :] > h[:, None]
         else:
             cand[torch.arange(len(s), device=d.device), h] = False
-            if n_probe < k:
-                keep = torch.topk(s.masked_fill(~cand, -math.inf), n_probe, dim=1).indices
-                top = torch.zeros_like(cand).scatter_(1, keep, True)
-                cand &= top
+            if near is not None:
+                keep = torch.topk(near.masked_fill_(~cand, math.inf), n_probe, largest=False)
+                cand &= torch.zeros_like(cand).scatter_(1, keep.indices, True)
         r, c = cand.nonzero(as_tuple=True)
         rows_out.append(r + r0)
         clusters_out.append(c)
