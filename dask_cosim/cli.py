@@ -150,10 +150,10 @@ def main() -> None:
 
 
 def _memory_limit(ctx: click.Context, param: click.Parameter, value: str) -> str:
-    from dask_cosim.cluster import check_size
+    from dask_cosim import options
 
     try:
-        check_size("memory_limit", value, "4GiB")
+        options.memory_size("memory_limit", value, "4GiB")
     except ValueError:
         raise click.BadParameter(
             f"{value!r} is not a size; give e.g. 4GiB, a fraction of the memory like 0.5, or auto"
@@ -388,7 +388,7 @@ def _numpy_pairs(source: Path, col_a: str, col_b: str) -> pd.DataFrame:
     import numpy as np
     import pandas as pd
 
-    from dask_cosim import backends
+    from dask_cosim import errors
     from dask_cosim.io import vectors_to_arrow
 
     # allow_pickle=False: an object array would unpickle, i.e. run code from the file.
@@ -404,7 +404,7 @@ def _numpy_pairs(source: Path, col_a: str, col_b: str) -> pd.DataFrame:
         with np.load(source, allow_pickle=False) as arrays:
             missing = [c for c in (col_a, col_b) if c not in arrays]
             if missing:
-                hint = backends.did_you_mean(missing[0], arrays)
+                hint = errors.did_you_mean(missing[0], arrays)
                 raise InputError(
                     f"{str(source)!r} has no arrays {missing!r}{hint or ';'} it has "
                     f"{sorted(arrays)!r} (name them with --a/--b)"
@@ -558,11 +558,11 @@ def _search_cluster_options(command: F) -> F:
 
 def _check_columns(df: Any, columns: Sequence[str], what: str) -> None:
     """InputError naming the first of ``columns`` not in ``df``, with a did-you-mean."""
-    from dask_cosim import backends
+    from dask_cosim import errors
 
     missing = [c for c in columns if c not in df.columns]
     if missing:
-        raise InputError(backends.column_not_found(missing[0], df.columns, what).args[0])
+        raise InputError(errors.column_not_found(missing[0], df.columns, what).args[0])
 
 
 def _search_run(
@@ -657,8 +657,8 @@ def topk(
         from dask_cosim import search
 
         # Checked from the metadata now; the data is read once the cluster runs.
-        search._check_column(df._meta, on, "on")
-        search._check_column(queries._meta, column, "query_on")
+        search.check_column(df, on, "on")
+        search.check_column(queries, column, "query_on")
         _check_columns(df, keep, "--keep column")
         return lambda: df.cosim.topk(queries[column].compute(), on, k, columns=list(keep))
 

@@ -15,6 +15,8 @@ import dask
 import numpy as np
 import pandas as pd
 
+from dask_cosim import backends
+
 __all__ = ["Summary", "summarize"]
 
 # Statistics before the histogram counts in a partial result (a float64 Series: counts
@@ -167,8 +169,7 @@ def _edges(bins: Any, span: Any) -> np.ndarray:
 
 def _partial(s: Any, edges: np.ndarray) -> pd.Series:
     """One partition's rows, nulls, sum, min, max and bin counts."""
-    if not isinstance(s, pd.Series):
-        s = s.to_pandas()  # cudf: one float per row, cheap to bring to the host
+    s = backends.to_pandas(s)  # cudf: one float per row, cheap to bring to the host
     values = s.to_numpy(dtype=np.float64, na_value=np.nan)
     valid = values[~np.isnan(values)]
     counts = np.histogram(valid, bins=edges)[0] if len(valid) else np.zeros(len(edges) - 1)

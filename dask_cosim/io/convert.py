@@ -114,7 +114,7 @@ def _not_pandas_message(obj: Any) -> str:
         return text + "; it is a dask collection already: use it as it is (df.cosim.pairwise)"
     if isinstance(obj, pd.Series):
         return text + "; pass a frame, e.g. from_pandas(series.to_frame())"
-    if type(obj).__module__.startswith("cudf"):
+    if backends.is_device_frame(obj):
         return text + "; for a cudf frame use dask_cudf.from_cudf(gdf, npartitions=...)"
     return text
 

@@ -11,8 +11,9 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from dask_cosim import backends, options
+from dask_cosim import backends, errors, options
 from dask_cosim.backends import arrow_vector_types
+from dask_cosim.io import cudf_parquet
 from dask_cosim.io.convert import TARGET_PARTITION_BYTES
 from dask_cosim.io.files import parquet_files
 from dask_cosim.io.layouts import binary_layout, binary_vectors, restore_vectors
@@ -127,11 +128,7 @@ def _read_files(
     if columns is not None:
         missing = [c for c in columns if c not in schema.names]
         if missing:
-            hint = backends.did_you_mean(missing[0], schema.names)
-            raise KeyError(
-                f"columns {missing!r} not found in {files[0]!r}{hint or ';'} available: "
-                f"{schema.names!r}"
-            )
+            raise errors.column_not_found(missing, schema.names, "columns", where=files[0])
     # The meta comes from the schema alone: no data is read to build the graph.
     empty = _projected(schema, columns).empty_table()
     meta = backends.frame_from_arrow(restore_vectors(empty), backend)
@@ -169,11 +166,13 @@ def _read_schema(file: str, fs: pafs.FileSystem) -> pa.Schema:
     except pa.ArrowInvalid as err:
         if "magic bytes" not in str(err):
             raise
-        raise ValueError(
-            f"{file!r} is not a Parquet file ({err}); read_parquet reads Parquet files or "
-            "folders holding only Parquet files. `dask-cosim convert` turns pandas pickles "
-            "and .npy/.npz files into Parquet; CSV needs its vector cells parsed into "
-            "numbers first (pandas), then dask_cosim.to_parquet"
+        raise errors.not_parquet(
+            file,
+            str(err),
+            "read_parquet reads Parquet files or folders holding only Parquet files",
+            "`dask-cosim convert` turns pandas pickles and .npy/.npz files into Parquet; CSV "
+            "needs its vector cells parsed into numbers first (pandas), then "
+            "dask_cosim.to_parquet",
         ) from None
 
 
@@ -257,7 +256,7 @@ def _read_piece(
     """
     file, row_groups = piece
     if backend == "cudf" and gpu_reads(fs, filters):
-        return backends.cudf_read_parquet(
+        return cudf_parquet.read_files(
             [file] if isinstance(file, str) else list(file),
             row_groups=row_groups,
             columns=columns,
