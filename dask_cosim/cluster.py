@@ -1,4 +1,5 @@
-"""``local_cluster()``: every GPU with dask-cuda when there are GPUs, else every CPU core.
+"""``local_cluster()``: every GPU with dask-cuda when there are GPUs, else every CPU core;
+``describe(client)``: the cluster a client computes on, in one line.
 
 All GPU specifics of cluster set-up live here.  Nothing in this module touches CUDA in the
 client process: GPUs are counted through NVML (dask-cuda's helper), so workers are the
@@ -18,13 +19,21 @@ from typing import Any
 import dask.config
 from dask.system import CPU_COUNT
 from dask.typing import no_default
+from dask.utils import format_bytes
 from distributed import Client, LocalCluster, Nanny, Worker
 from distributed.diagnostics.plugin import WorkerPlugin
 from distributed.security import Security
 
 from dask_cosim import errors, options
 
-__all__ = ["ClusterClient", "TorchThreads", "gpu_count", "local_cluster", "torch_threads"]
+__all__ = [
+    "ClusterClient",
+    "TorchThreads",
+    "describe",
+    "gpu_count",
+    "local_cluster",
+    "torch_threads",
+]
 
 _LOCAL_HOSTS = ("127.0.0.1", "localhost")
 
@@ -183,6 +192,17 @@ def local_cluster(
     except BaseException:
         cluster.close()
         raise
+
+
+def describe(client: Client) -> str:
+    """ "2 workers of 4.00 GiB, dashboard http://...": the cluster a client computes on."""
+    workers = client.scheduler_info()["workers"].values()
+    limits = {w.get("memory_limit") for w in workers}
+    memory = ""
+    if len(limits) == 1 and (limit := limits.pop()):
+        memory = f" of {format_bytes(limit)}"
+    count = f"{len(workers):,} worker{'' if len(workers) == 1 else 's'}"
+    return f"{count}{memory}, dashboard {client.dashboard_link}"
 
 
 class TorchThreads(WorkerPlugin):
