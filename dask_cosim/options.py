@@ -1,11 +1,13 @@
-"""The ``cosim`` options: their defaults (``cosim.yaml``), and one check per option.
+"""The ``cosim`` options and the arguments users give: one check (and one error text) each.
 
-Every option is read through ``dask.config`` under the ``cosim`` namespace, so it can be
-set per block (``with dask.config.set({"cosim.eps": 1e-6}): ...``), in a YAML file in
+The defaults are in ``cosim.yaml`` alone (described by ``cosim-schema.yaml``).  Every
+option is read through ``dask.config`` under the ``cosim`` namespace, so it can be set per
+block (``with dask.config.set({"cosim.eps": 1e-6}): ...``), in a YAML file in
 ``~/.config/dask/`` or through ``DASK_COSIM__EPS``-style environment variables.  The
 functions below take the value a caller was given (None: use the config), check it and
-return it in the form the lower layers take as plain arguments; each option has exactly
-one error text.  The kernels read no config: only the layers above them call this module.
+return it in the form the lower layers take as plain arguments.  Arguments that no config
+key holds are checked here too: the searches' ``k`` and ``threshold``, worker counts and
+memory sizes.  The kernels read no config: only the layers above them call this module.
 """
 
 from __future__ import annotations

@@ -13,7 +13,8 @@ here, keyed on the type of its first argument (dask's ``Dispatch``):
 - ``boolean_mask(df, keep)``: the rows of ``df`` where the numpy bool array ``keep`` is True;
 - ``frame_like(pdf, like)``: the pandas frame ``pdf`` in the library of ``like``;
 - ``data_token(obj)``: a deterministic token of an eager frame's contents, for graph keys;
-- ``to_host_tensor(array)``: a 2-D array (numpy, cupy, torch, lists) as a CPU tensor;
+- ``to_host_tensor(array)``: an array (numpy, cupy, torch, lists: ``topk``'s queries) as a
+  CPU tensor;
 
 and :func:`frame_from_arrow`, which picks the library by name ("pandas" or "cudf", dask's
 ``dataframe.backend``) because a table read from a file has no library yet.  A partition

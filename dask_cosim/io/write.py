@@ -1,4 +1,5 @@
-"""Writing frames to a folder of Parquet files, atomically, with a manifest."""
+"""Writing frames to a folder of Parquet files, atomically, with a manifest (through pyarrow,
+or cudf's GPU writer in :mod:`.cudf_parquet` for cudf partitions bound for local files)."""
 
 from __future__ import annotations
 
