@@ -76,15 +76,15 @@ class _Builder:
             return dask.delayed(fn, pure=True, nout=nout)  # type: ignore[no-any-return]
         return fn
 
-    def value(self, obj: Any, name: str, token: str) -> Any:
+    def value(self, obj: Any, name: str, token: Callable[[Any], str] = tokenize) -> Any:
         """``obj`` as one key of the graph (sent once to each worker that needs it),
-        named ``name``-``token``; itself when eager."""
-        return dask.delayed(obj, name=f"{name}-{token}") if self.lazy else obj
+        named ``name``-``token(obj)``; itself when eager (and then not hashed)."""
+        return dask.delayed(obj, name=f"{name}-{token(obj)}") if self.lazy else obj
 
     def partitions(self, obj: Any) -> list[Any]:
         if dask.is_dask_collection(obj):
             return list(obj.to_delayed())
-        return [self.value(obj, "cosim-frame", backends.data_token(obj))]
+        return [self.value(obj, "cosim-frame", backends.data_token)]
 
     def tree(self, items: list[Any], combine: Callable[..., Any], split_every: int) -> Any:
         step = self(combine)
@@ -236,7 +236,7 @@ def topk(
     _check_dims(spec, f"column {on!r}", query.prep.dim, "the queries")
     score_dtype = sp.score_dtype(spec, backends.VectorSpec(None, _numpy_dtype(query)))
     build = _Builder(dask.is_dask_collection(df))
-    q = build.value(query, "cosim-queries", tokenize(query))
+    q = build.value(query, "cosim-queries")
     pair = build(sp.join_pair_topk)
     pieces = [
         pair(q, r, k_value, None, opts.tile_bytes) for r in _sides(build, df, on, opts, columns)
