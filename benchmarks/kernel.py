@@ -34,7 +34,10 @@ import numpy as np
 import torch
 
 from benchmarks.harness import load_text
-from dask_cosim import kernels
+from dask_cosim import kernels, options
+
+# The kernels take their options as arguments: the configured ones, as the accessor.
+EPS, CHUNK_BYTES = options.eps(), options.chunk_bytes()
 
 BUSY = "import time\nend = time.time() + 600\nwhile time.time() < end: pass\n"
 
@@ -90,14 +93,15 @@ def first_call_in_fresh_worker(dim: int, cold: bool) -> dict[str, float]:
         import numpy as np
         import torch
 
-        from dask_cosim import kernels
+        from dask_cosim import kernels, options
 
         rng = np.random.default_rng(0)
         a = torch.from_numpy(rng.standard_normal((rows, dim), dtype=np.float32))
+        args = {"eps": options.eps(), "chunk_bytes": options.chunk_bytes()}
         t0 = time.perf_counter()
-        kernels.pairwise_cosine(a, a)
+        kernels.pairwise_cosine(a, a, **args)
         t1 = time.perf_counter()
-        kernels.pairwise_cosine(a, a)
+        kernels.pairwise_cosine(a, a, **args)
         t2 = time.perf_counter()
         return {"first": t1 - t0, "second": t2 - t1}
 
@@ -132,8 +136,12 @@ def main(rows: int, dim: int, repeat: int, with_contention: bool, first_call: bo
     cases: dict[str, Callable[[], object]] = {
         "floor: numpy sum of a and b (1 core)": lambda: (a.sum(), b.sum()),
         "floor: torch sum of a and b (all cores)": lambda: (ta.sum(), tb.sum()),
-        f"ours: pairwise_cosine, fused ({fused})": lambda: kernels.pairwise_cosine(ta, tb),
-        "ours: pairwise_cosine, torch kernel": lambda: kernels.pairwise_cosine(ta, tb, fused=False),
+        f"ours: pairwise_cosine, fused ({fused})": lambda: kernels.pairwise_cosine(
+            ta, tb, eps=EPS, chunk_bytes=CHUNK_BYTES
+        ),
+        "ours: pairwise_cosine, torch kernel": lambda: kernels.pairwise_cosine(
+            ta, tb, fused=False, eps=EPS, chunk_bytes=CHUNK_BYTES
+        ),
         "peer: F.cosine_similarity": lambda: torch.nn.functional.cosine_similarity(ta, tb),
         "peer: numpy einsum / norms": lambda: (
             np.einsum("ij,ij->i", a, b) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
@@ -156,8 +164,12 @@ def main(rows: int, dim: int, repeat: int, with_contention: bool, first_call: bo
 
     if with_contention:
         kernel_cases = {
-            f"fused ({fused})": lambda: kernels.pairwise_cosine(ta, tb),
-            "torch kernel": lambda: kernels.pairwise_cosine(ta, tb, fused=False),
+            f"fused ({fused})": lambda: kernels.pairwise_cosine(
+                ta, tb, eps=EPS, chunk_bytes=CHUNK_BYTES
+            ),
+            "torch kernel": lambda: kernels.pairwise_cosine(
+                ta, tb, fused=False, eps=EPS, chunk_bytes=CHUNK_BYTES
+            ),
             "torch floor": lambda: (ta.sum(), tb.sum()),
         }
         print("\ncontention: a second process spinning on one core (best of each, same rounds)")

@@ -43,8 +43,11 @@ import torch
 import dask_cosim
 from benchmarks.harness import RESULTS, Row, plot, print_table, summarize, time_rows, write_results
 from benchmarks.peers import Case, file_peers, in_memory_peers
-from dask_cosim import io, kernels
+from dask_cosim import io, kernels, options
 from dask_cosim.datasets import pair_arrays
+
+# The kernels take their options as arguments: the configured ones, as the accessor.
+EPS, CHUNK_BYTES = options.eps(), options.chunk_bytes()
 
 A, B = "embeds_a", "embeds_b"
 
@@ -112,7 +115,7 @@ def our_rows(
         Row(
             Case(
                 "ours: kernel",
-                lambda: kernels.pairwise_cosine(ta, tb).numpy(),
+                lambda: kernels.pairwise_cosine(ta, tb, eps=EPS, chunk_bytes=CHUNK_BYTES).numpy(),
                 n,
                 f"fused: {kernels.fused_kernel_for(ta, tb) or 'none, torch kernel'}",
             ),
@@ -122,7 +125,9 @@ def our_rows(
         Row(
             Case(
                 "ours: kernel, torch fallback",
-                lambda: kernels.pairwise_cosine(ta, tb, fused=False).numpy(),
+                lambda: kernels.pairwise_cosine(
+                    ta, tb, fused=False, eps=EPS, chunk_bytes=CHUNK_BYTES
+                ).numpy(),
                 n,
                 "fused=False: the chunked torch kernel",
             ),
@@ -245,7 +250,7 @@ def _copy_case(name: str, tensors: list[torch.Tensor], rows: int, note: str) -> 
 
 def _kernel_case(name: str, x: torch.Tensor, y: torch.Tensor, fused: bool | None) -> Case:
     def kernel() -> torch.Tensor:
-        res = kernels.pairwise_cosine(x, y, fused=fused)
+        res = kernels.pairwise_cosine(x, y, fused=fused, eps=EPS, chunk_bytes=CHUNK_BYTES)
         _sync()
         return res  # checked on the host by the harness, outside the timing
 
@@ -340,7 +345,7 @@ def host_to_device_rows(a: np.ndarray, b: np.ndarray, keep: list[torch.Tensor]) 
         _sync()
 
     def kernel_from_host() -> torch.Tensor:
-        res = kernels.pairwise_cosine(ta, tb, device="cuda")
+        res = kernels.pairwise_cosine(ta, tb, device="cuda", eps=EPS, chunk_bytes=CHUNK_BYTES)
         _sync()
         return res
 

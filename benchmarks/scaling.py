@@ -27,14 +27,19 @@ from distributed import wait
 import dask_cosim
 from benchmarks.harness import RESULTS, median_seconds, write_results
 from benchmarks.pairwise import make_pairs, write_our_layout
-from dask_cosim import kernels
+from dask_cosim import kernels, options
+
+# The kernels take their options as arguments: the configured ones, as the accessor.
+EPS, CHUNK_BYTES = options.eps(), options.chunk_bytes()
 
 
 def measure(rows: int, dim: int, repeat: int, tmp: Path) -> dict[str, float]:
     """ns per pair: kernel in-process; dask over persisted partitions; dask from Parquet."""
     a, b = make_pairs(rows, dim, "float32")
     ta, tb = torch.from_numpy(a), torch.from_numpy(b)
-    kernel = median_seconds(lambda: kernels.pairwise_cosine(ta, tb), repeat)
+    kernel = median_seconds(
+        lambda: kernels.pairwise_cosine(ta, tb, eps=EPS, chunk_bytes=CHUNK_BYTES), repeat
+    )
     folder = tmp / f"{rows}x{dim}"
     write_our_layout(a, b, folder, max(4, round(a.nbytes * 2 / 2**27)))
 

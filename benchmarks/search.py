@@ -274,7 +274,7 @@ def peak_memory(nq: int, nr: int, d: int) -> dict[str, Any]:
     code = textwrap.dedent(
         f"""
         import threading, time, torch, pandas as pd
-        from dask_cosim import search
+        from dask_cosim import search_partition as search
         def rss():
             with open("/proc/self/statm") as f:
                 return int(f.read().split()[1]) * 4096
@@ -293,7 +293,7 @@ def peak_memory(nq: int, nr: int, d: int) -> dict[str, Any]:
         t = threading.Thread(target=sample)
         t.start()
         search.join_pair_topk(q, r, 10, None, tiles)
-        search.join_pair_threshold(q, r, 0.5, tiles)
+        search.pair_threshold(q, r, 0.5, tiles)
         done[0] = True
         t.join()
         print(base, peak[0] - base)

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from dask_cosim import backends, kernels, options
+from dask_cosim import backends, errors, kernels, options
 from dask_cosim.options import DEVICE_HELP, torch_dtype
 
 __all__ = ["default_result_dtype", "pairwise_partition", "resolve_device"]
@@ -66,7 +66,7 @@ def pairwise_partition(
     df : pandas.DataFrame or cudf.DataFrame
         One partition.
     a, b : str
-        Embedding columns (see :data:`dask_cosim.backends.ACCEPTED`).
+        Embedding columns (see :data:`dask_cosim.errors.ACCEPTED`).
     eps : float, default config ``cosim.eps``
         Lower bound on each vector's norm (see :func:`dask_cosim.kernels.pairwise_cosine`).
     dtype : {None, "float32", "float64"}, default None
@@ -99,10 +99,7 @@ def pairwise_partition(
         both = _valid_positions(null, n)
         if len(both):
             label = backends.row_label(df.index, int(both[0]))
-            raise ValueError(
-                f"row {label!r}: column {a!r} has {va.dim} values and column {b!r} has "
-                f"{vb.dim}; both columns need vectors of the same length"
-            )
+            raise errors.dims_differ(f"column {a!r}", va.dim, f"column {b!r}", vb.dim, label)
         # Not one row has both vectors: every result is null.
         return backends.make_result(df[a], result, null, name)
 

@@ -15,7 +15,10 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dask_cosim import kernels
+from dask_cosim import kernels, options
+
+# The kernels take their options as arguments: the configured defaults (cosim.yaml).
+EPS, CHUNK_BYTES = options.eps(), options.chunk_bytes()
 
 KERNELS = [pytest.param(False, id="torch"), pytest.param("numba", id="numba")]
 
@@ -56,11 +59,11 @@ def test_the_extremes_of_float64(fused: bool | str) -> None:
         [[-big] * 3, [3e200, 4e200, 0.0], [1.0, 0.0, 0.0], [big, 0.0, 0.0], [5e-324, 0, 0]],
         dtype=torch.float64,
     )
-    res = kernels.pairwise_cosine(a, b, fused=fused)
+    res = kernels.pairwise_cosine(a, b, fused=fused, eps=EPS, chunk_bytes=CHUNK_BYTES)
     assert res.tolist()[:4] == pytest.approx([-1.0, 1.0, 1.0, 2**-0.5], abs=1e-15)
     # The smallest subnormal is far below eps: (a / eps) . (b / eps) = 2.5e-631, i.e. 0.
     assert res[4].item() == 0.0
-    zero_eps = kernels.pairwise_cosine(a, b, eps=0.0, fused=fused)
+    zero_eps = kernels.pairwise_cosine(a, b, eps=0.0, fused=fused, chunk_bytes=CHUNK_BYTES)
     assert zero_eps.tolist() == pytest.approx([-1.0, 1.0, 1.0, 2**-0.5, 1.0], abs=1e-15)
 
 
@@ -69,7 +72,7 @@ def test_the_extremes_of_float32(fused: bool | str) -> None:
     big = 3e38
     a = torch.tensor([[big] * 3, [3e30, 4e30, 0.0], [1e30, 0.0, 0.0], [1e-40, 1e-40, 0]])
     b = torch.tensor([[-big] * 3, [3e30, 4e30, 0.0], [1.0, 0.0, 0.0], [1e-40, 0.0, 0]])
-    res = kernels.pairwise_cosine(a, b, eps=0.0, fused=fused)
+    res = kernels.pairwise_cosine(a, b, eps=0.0, fused=fused, chunk_bytes=CHUNK_BYTES)
     assert res.dtype == torch.float32
     assert res.tolist() == pytest.approx([-1.0, 1.0, 1.0, 2**-0.5], abs=1e-7)
 
@@ -99,7 +102,7 @@ def extreme_pairs(draw: st.DrawFn, dtype: type) -> tuple[np.ndarray, np.ndarray]
 
 def _check(a: np.ndarray, b: np.ndarray, eps: float, fused: bool | None, atol: float) -> None:
     res = kernels.pairwise_cosine(
-        torch.from_numpy(a), torch.from_numpy(b), eps=eps, fused=fused
+        torch.from_numpy(a), torch.from_numpy(b), eps=eps, fused=fused, chunk_bytes=CHUNK_BYTES
     ).numpy()
     ref = exact_reference(a, b, eps)
     np.testing.assert_array_equal(np.isnan(res), np.isnan(ref))  # zero rows when eps = 0
