@@ -19,8 +19,7 @@ import pytest
 import torch
 
 from dask_cosim import kernels
-from tests.helpers import random_pairs, reference
-from tests.test_kernels_numerics import exact_reference
+from tests.helpers import exact_reference, random_pairs, reference
 
 ROOT = Path(__file__).resolve().parent.parent
 needs_triton = pytest.mark.skipif(
