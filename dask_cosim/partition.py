@@ -16,7 +16,27 @@ import torch
 from dask_cosim import backends, errors, kernels, options
 from dask_cosim.options import DEVICE_HELP, torch_dtype
 
-__all__ = ["default_result_dtype", "pairwise_partition", "resolve_device"]
+__all__ = ["default_result_dtype", "pairwise_cosine", "pairwise_partition", "resolve_device"]
+
+
+def pairwise_cosine(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    *,
+    eps: float | None = None,
+    chunk_bytes: Any = None,
+    **kwargs: Any,
+) -> torch.Tensor:
+    """res[i] = cos(a[i], b[i]) for two (N, D) tensors, with the configured options.
+
+    :func:`dask_cosim.kernels.pairwise_cosine` (which reads no configuration) with ``eps``
+    and ``chunk_bytes`` taken from config ``cosim.eps`` and ``cosim.chunk-bytes`` when not
+    given; every other keyword (``device``, ``dtype``, ``fused``, ``chunk_rows``) is passed
+    on as it is.  This is ``dask_cosim.pairwise_cosine``.
+    """
+    return kernels.pairwise_cosine(
+        a, b, eps=options.eps(eps), chunk_bytes=options.chunk_bytes(chunk_bytes), **kwargs
+    )
 
 
 def default_result_dtype(input_dtypes: list[Any]) -> torch.dtype:

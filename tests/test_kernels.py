@@ -207,6 +207,21 @@ def test_kernels_read_no_configuration() -> None:
     assert with_eps_1[0].item() == pytest.approx(1e-9)
 
 
+def test_top_level_pairwise_cosine_takes_the_configured_options() -> None:
+    """``dask_cosim.pairwise_cosine`` is the kernel with eps and chunk_bytes from the
+    config when not given (the kernel itself has no defaults)."""
+    import dask_cosim
+
+    a = torch.tensor([[1e-9, 0.0], [1.0, 1.0]])
+    b = torch.tensor([[1.0, 0.0], [1.0, 0.0]])
+    assert dask_cosim.pairwise_cosine(a, b).tolist() == pytest.approx([0.1, 2**-0.5])
+    with dask.config.set({"cosim.eps": 1.0}):
+        assert dask_cosim.pairwise_cosine(a, b)[0].item() == pytest.approx(1e-9)
+    assert dask_cosim.pairwise_cosine(a, b, eps=1.0)[0].item() == pytest.approx(1e-9)
+    with pytest.raises(ValueError, match="eps"):
+        dask_cosim.pairwise_cosine(a, b, eps=-1.0)
+
+
 def test_does_not_materialise_whole_partition(monkeypatch: pytest.MonkeyPatch) -> None:
     """The kernel never calls F.cosine_similarity (N x D temporaries): every product it
     forms is at most one chunk, written into one buffer allocated once."""

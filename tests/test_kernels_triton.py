@@ -19,8 +19,7 @@ import pytest
 import torch
 
 from dask_cosim import kernels, options
-from tests.helpers import random_pairs, reference
-from tests.test_kernels_numerics import exact_reference
+from tests.helpers import exact_reference, random_pairs, reference
 
 # The kernels take their options as arguments: the configured defaults (cosim.yaml).
 EPS, CHUNK_BYTES = options.eps(), options.chunk_bytes()

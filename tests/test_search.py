@@ -17,8 +17,7 @@ import torch
 from distributed import Client
 
 import dask_cosim
-from tests.helpers import FORMATS, as_column, no_computes
-from tests.test_search_kernels import brute
+from tests.helpers import FORMATS, as_column, brute, no_computes
 
 N, D = 97, 12
 
