@@ -133,6 +133,24 @@ def test_host_rows_reach_the_gpu_through_pinned_staging(dtype: type) -> None:
     assert sum(to_device.values()) - pinned < 0.01 * (a.nbytes + b.nbytes), copies
 
 
+@pytest.mark.parametrize("fused", [None, False])
+def test_the_staged_loop_never_waits_for_the_device(fused: bool | None) -> None:
+    """Host copies overlap transfers and kernels only if nothing in the loop waits for the
+    device: torch's sync debug mode raises on every implicit synchronisation (a copy from
+    pageable memory, a read of a device value) while the chunks are queued."""
+    a, b = random_pairs(10_000, 300)
+    ta, tb = torch.from_numpy(a), torch.from_numpy(b)
+    target = torch.device("cuda", torch.cuda.current_device())
+    kernels.pairwise_cosine(ta[:10], tb[:10], device=target, eps=EPS, chunk_bytes=CHUNK_BYTES)
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        res, redo = kernels._staged([(ta, tb)], EPS, target, torch.float32, fused, 700, CHUNK_BYTES)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert not bool(redo.any())
+    np.testing.assert_allclose(res.cpu().numpy(), reference(a, b), atol=1e-6)
+
+
 def test_staged_chunks_are_the_host_rows() -> None:
     """The staging pipeline alone: landing buffers reused two chunks later (each chunk's
     work queued before the next but one is asked for), and rows copied into place; a block
