@@ -215,11 +215,11 @@ def fused_kernel_for(
     """The fused kernel :func:`pairwise_cosine` runs on this input, or None for torch's.
 
     "numba" on the CPU for C-contiguous float32 or float64 inputs of one dtype, when
-    numba imports; "triton" on CUDA for float16, bfloat16, float32 or float64 inputs
-    already on the device with unit column stride, when triton imports (it ships with
-    the CUDA builds of torch).  Anything else (integers, mixed dtypes, strided views, a
-    host tensor computed on a GPU, which is bound by the copy anyway) runs the torch
-    kernel.
+    numba imports; "triton" on CUDA for float16, bfloat16, float32 or float64 inputs on
+    the device with unit column stride, or on the host (they reach the GPU as staged,
+    contiguous chunks), when triton imports (it ships with the CUDA builds of torch).
+    Anything else (integers, mixed dtypes on the CPU, strided views on a device) runs the
+    torch kernel.
     """
     return _fused_kernel_why(a, b, _resolve(torch.device(device) if device else a.device))[0]
 
