@@ -108,7 +108,7 @@ def _persisted(client: Any, rows: int, dim: int, part_rows: int, first_seed: int
     specs = [
         (first_seed + i, min(part_rows, rows - s)) for i, s in enumerate(range(0, rows, part_rows))
     ]
-    meta = _device_pairs(0, 0, dim)
+    meta = _device_pairs(0, 1, dim).iloc[:0]  # a list column of no rows, from a real one
     df = dd.from_map(lambda spec: _device_pairs(spec[0], spec[1], dim), specs, meta=meta,
                      enforce_metadata=False, label="generated-pairs")  # fmt: skip
     df = df.persist()
