@@ -1,0 +1,248 @@
+"""Exact search in two passes: low-precision candidates, then float64 decisions.
+
+Pure torch plus the fused Triton kernel; any device, no dataframes, no config.  The
+same contracts as :func:`dask_cosim.search_kernels.threshold_pairs` and
+:func:`~dask_cosim.search_kernels.topk` (float64 decisions, ties by position), for sides
+that also carry a low-precision copy (:class:`~dask_cosim.search_precision.LowRows`):
+
+1. the first pass (``engine`` "triton": the fused kernel, :mod:`dask_cosim._search_triton`;
+   "torch": tiles of :func:`~dask_cosim.search_precision.low_scores`, the CPU path)
+   emits every pair whose low-precision score s_hat is within its bound E of the
+   threshold, or of a floor below the row's k-th float64 score;
+2. the candidates that can still matter are re-scored in float64
+   (:func:`~dask_cosim.search_kernels.rescore`) and decided there.
+
+Exactness: a pair with float64 score c >= t has s_hat >= c - E >= t - E, so it is a
+candidate; a pair among a row's k best has c >= c_k >= floor, so s_hat + E >= floor.
+With ``exact=False`` (the "fast" policy) the first pass alone decides, on s_hat: the
+result is then within E of the exact one (scores and boundary decisions).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dask_cosim import search_kernels as sk
+from dask_cosim import search_precision as sp
+
+__all__ = ["seed_floor", "threshold_pairs", "topk"]
+
+_NEG_INF = float("-inf")
+_CHUNK_BYTES = 64 * 2**20
+
+
+def _engine(engine: str, device: torch.device) -> str:
+    if engine == "auto":
+        return "triton" if device.type == "cuda" else "torch"
+    if engine not in ("torch", "triton"):
+        raise ValueError(f"engine={engine!r}; use 'auto', 'torch' or 'triton'")
+    return engine
+
+
+def _without_bound(x: sp.LowRows) -> sp.LowRows:
+    """``x`` with a zero bound (E = tau): the first pass then selects on s_hat alone."""
+    zero = torch.zeros_like(x.err)
+    return sp.LowRows(x.low, x.weight, x.rho, zero, x.nu, zero, x.valid, x.kind)
+
+
+def _masks(
+    a0: int, a1: int, b0: int, b1: int, a: sp.LowRows, b: sp.LowRows, mode: str | None, diag: int
+) -> torch.Tensor:
+    ok = a.valid[a0:a1, None] & b.valid[None, b0:b1]
+    if mode is not None:
+        dev = ok.device
+        pos = torch.arange(a0, a1, device=dev)[:, None] + diag
+        cols = torch.arange(b0, b1, device=dev)[None, :]
+        ok &= (cols > pos) if mode == "upper" else (cols != pos)
+    return ok
+
+
+def _torch_candidates(
+    a: sp.LowRows,
+    b: sp.LowRows,
+    bar: torch.Tensor,
+    *,
+    k: int,
+    mode: str | None,
+    diag: int,
+    tile: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The first pass in torch tiles of ``tile`` x ``tile``: (i, j, s_hat, floor)."""
+    floor = bar.to(torch.float32).clone()
+    out: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+    for a0 in range(0, len(a), tile):
+        a1 = min(len(a), a0 + tile)
+        ta = a.take(torch.arange(a0, a1, device=a.low.device))
+        for b0 in range(0, len(b), tile):
+            b1 = min(len(b), b0 + tile)
+            if mode == "upper" and b1 <= a0 + diag + 1:
+                continue  # wholly on or below the diagonal
+            tb = b.take(torch.arange(b0, b1, device=b.low.device))
+            s = sp.low_scores(ta, tb)
+            bound = sp.bound_matrix(ta, tb)
+            ok = _masks(a0, a1, b0, b1, a, b, mode, diag)
+            if k and b1 - b0 >= k:
+                # k distinct columns of this tile: their k-th best s_hat - E is a floor.
+                lb = torch.where(ok, s - bound, torch.full_like(s, _NEG_INF))
+                kth = torch.topk(lb, k, dim=1).values[:, k - 1]
+                torch.maximum(floor[a0:a1], kth, out=floor[a0:a1])
+            hit = ok & (s + bound >= floor[a0:a1, None])
+            ii, jj = hit.nonzero(as_tuple=True)
+            out.append((ii + a0, jj + b0, s[ii, jj]))
+    if not out:
+        none = torch.zeros(0, dtype=torch.int64, device=a.low.device)
+        return none, none.clone(), torch.zeros(0, device=a.low.device), floor
+    i, j, s = (torch.cat(t) for t in zip(*out))
+    return i, j, s, floor
+
+
+def _first_pass(
+    a: sp.LowRows,
+    b: sp.LowRows,
+    bar: torch.Tensor,
+    *,
+    k: int,
+    mode: str | None,
+    diag: int,
+    engine: str = "auto",
+    config: object | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    if _engine(engine, a.low.device) == "torch":
+        tile = 256 if config is None else int(config)  # type: ignore[call-overload]
+        return _torch_candidates(a, b, bar, k=k, mode=mode, diag=diag, tile=tile)
+    from dask_cosim import _search_triton as st
+
+    found = st.search_candidates(a, b, bar, k=k, mode=mode, diag=diag, config=config)  # type: ignore[arg-type]
+    floor = found.floor if found.floor is not None else bar
+    return found.i, found.j, found.s, floor
+
+
+def _unit64(p: sk.Prepared, rows: torch.Tensor) -> torch.Tensor:
+    """float64 unit rows, as :func:`~dask_cosim.search_kernels.rescore` computes them."""
+    return (p.raw[rows].to(torch.float64) * p.inv[rows, None]) * p.scale[rows, None]
+
+
+def seed_floor(
+    q: sk.Prepared,
+    r: sk.Prepared,
+    k: int,
+    *,
+    exclude_self: bool = False,
+    diag: int = 0,
+    sample: int = 2048,
+) -> torch.Tensor:
+    """A floor per row of ``q`` (float32, rounded down; -inf where unknown): the k-th
+    best float64 score over ``sample`` evenly spaced rows of ``r``, less its rounding,
+    a lower bound of the row's k-th best score over all of ``r``."""
+    dev = q.unit.device
+    nq, nr = len(q), len(r)
+    floor = torch.full((nq,), _NEG_INF, dtype=torch.float64, device=dev)
+    cols = torch.linspace(0, max(nr - 1, 0), min(nr, sample), device=dev).round().long().unique()
+    if len(cols) < k or nq == 0:
+        return floor.to(torch.float32)
+    ur = _unit64(r, cols)
+    slack = (q.dim + 8) * 2.0**-51  # float64 product and normalisation, rounded up
+    step = max(1, _CHUNK_BYTES // (8 * max(len(cols), q.dim)))
+    for s in range(0, nq, step):
+        rows = torch.arange(s, min(nq, s + step), device=dev)
+        c = torch.mm(_unit64(q, rows), ur.T) - slack
+        c.masked_fill_(~r.valid[cols][None, :], _NEG_INF)
+        if exclude_self:
+            c.masked_fill_(cols[None, :] == rows[:, None] + diag, _NEG_INF)
+        floor[rows] = torch.topk(c, k, dim=1).values[:, k - 1]
+    return sp.down32(floor)
+
+
+def _kth_per_row(n: int, i: torch.Tensor, v: torch.Tensor, k: int) -> torch.Tensor:
+    """The k-th largest of ``v`` among each row's entries (-inf with fewer than k)."""
+    out = torch.full((n,), _NEG_INF, dtype=v.dtype, device=v.device)
+    if len(i) == 0:
+        return out
+    o = torch.argsort(v, descending=True, stable=True)
+    o = o[torch.argsort(i[o], stable=True)]
+    ii = i[o]
+    rank = torch.arange(len(ii), device=ii.device) - torch.searchsorted(ii, ii)
+    at = rank == k - 1
+    out[ii[at]] = v[o][at]
+    return out
+
+
+def threshold_pairs(
+    q: sk.Prepared,
+    ql: sp.LowRows,
+    r: sk.Prepared,
+    rl: sp.LowRows,
+    threshold: float,
+    *,
+    mode: str | None = None,
+    diag: int = 0,
+    exact: bool = True,
+    exact_scores: bool = True,
+    engine: str = "auto",
+    config: object | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Every pair with float64 cos(q[i], r[j]) >= threshold: (i, j, score), unsorted.
+
+    ``mode`` "upper" keeps j > i + diag (each unordered pair of a self-join once),
+    "exclude_self" drops j == i + diag.  With ``exact_scores`` False, pairs certain to
+    pass (s_hat - E >= threshold) keep their low-precision score (within E of the exact
+    one).  ``exact`` False: the "fast" policy, s_hat >= threshold decides and s_hat is
+    reported.  ``config``: the kernel's :class:`~dask_cosim._search_triton.TileConfig`
+    (engine "triton") or the tile size (engine "torch").
+    """
+    a, b = (ql, rl) if exact else (_without_bound(ql), _without_bound(rl))
+    dev = ql.low.device
+    bar = sp.down32(torch.full((len(q),), float(threshold), dtype=torch.float64, device=dev))
+    i, j, s, _ = _first_pass(a, b, bar, k=0, mode=mode, diag=diag, engine=engine, config=config)
+    t = float(threshold)
+    if not exact:
+        keep = s >= t
+        return i[keep], j[keep], s[keep].to(torch.float64)
+    score = s.to(torch.float64)
+    if exact_scores:
+        unsure = torch.ones_like(i, dtype=torch.bool)
+    else:
+        unsure = score - sp.pair_bound(ql, i, rl, j) < t
+    score[unsure] = sk.rescore(q, i[unsure], r, j[unsure])
+    keep = score >= t
+    return i[keep], j[keep], score[keep]
+
+
+def topk(
+    q: sk.Prepared,
+    ql: sp.LowRows,
+    r: sk.Prepared,
+    rl: sp.LowRows,
+    k: int,
+    *,
+    exclude_self: bool = False,
+    diag: int = 0,
+    exact: bool = True,
+    engine: str = "auto",
+    config: object | None = None,
+    sample: int = 2048,
+) -> sk.TopK:
+    """For each row of ``q`` its ``k`` best rows of ``r`` (float64 scores, ties by
+    position; row i + diag of ``r`` excluded with ``exclude_self``).  ``exact`` False:
+    the "fast" policy, ranked on s_hat.  ``sample``: rows of ``r`` scored in float64 first
+    to seed each row's floor."""
+    a, b = (ql, rl) if exact else (_without_bound(ql), _without_bound(rl))
+    seed = (
+        seed_floor(q, r, k, exclude_self=exclude_self, diag=diag, sample=sample)
+        if exact
+        else torch.full((len(q),), _NEG_INF, device=ql.low.device)
+    )
+    mode = "exclude_self" if exclude_self else None
+    i, j, s, floor = _first_pass(
+        a, b, seed, k=k, mode=mode, diag=diag, engine=engine, config=config
+    )
+    if not exact:
+        return sk._top_of_pairs(len(q), i, j, s.to(torch.float64), k)
+    bound = sp.pair_bound(ql, i, rl, j)
+    s64 = s.to(torch.float64)
+    # The final floor: the best of the kernel's and the k-th best s_hat - E among the
+    # candidates themselves (distinct columns of one row).
+    floor64 = torch.maximum(floor.to(torch.float64), _kth_per_row(len(q), i, s64 - bound, k))
+    keep = s64 + bound >= floor64[i]
+    i, j = i[keep], j[keep]
+    return sk._top_of_pairs(len(q), i, j, sk.rescore(q, i, r, j), k)
