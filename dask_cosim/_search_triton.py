@@ -11,9 +11,10 @@ its bound).  The score matrix never goes to device memory; only the candidates
 - Top-k (``K`` > 0): ``bar`` is each row's running floor, a lower bound of its k-th
   best float64 score.  It starts from a seed, and rises as the program goes: each
   column of a tile falls into one of ``MB`` buckets (column position mod ``MB``), a
-  bucket keeps the best s_hat - E it has seen, and since buckets hold distinct columns, any
-  value at or below ``K`` of the bucket maxima is a valid floor (found by bisection,
-  with comparisons and counts only).
+  bucket keeps the best s_hat - E it has seen, and since buckets hold distinct columns,
+  any value at or below ``K`` of the bucket maxima is a valid floor (found by bisection,
+  with comparisons and counts only).  The programs that share a row block (one per
+  split of the columns) share its floors through an atomic max.
 - Self-joins: row i of a is column i + ``diag`` of b.  "upper" keeps j > i + diag and
   skips the column tiles wholly below the diagonal; "exclude_self" drops j == i + diag.
 
@@ -69,14 +70,20 @@ def _search_tiles(
     b_w, b_rho, b_err, b_ok,
     bar_ptr, resume_ptr,
     out_i, out_j, out_s, count_ptr, fail_ptr, capacity,
-    n_a, n_b, d, tiles_per_split, diag, tau,
+    n_a, n_b, d, n_m, n_splits, tiles_per_split, diag, tau,
     K: tl.constexpr, MB: tl.constexpr, RAISE_EVERY: tl.constexpr, ITERS: tl.constexpr,
     MODE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-    EVEN_K: tl.constexpr, UPCAST: tl.constexpr, TF32: tl.constexpr,
+    GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, UPCAST: tl.constexpr, TF32: tl.constexpr,
 ):  # fmt: skip
-    pid_m = tl.program_id(0)
-    split = tl.program_id(1)
-    prog = split * tl.num_programs(0) + pid_m
+    # Programs run roughly in id order: a wave of them takes GROUP_M row blocks times
+    # every split, so it reads GROUP_M blocks of a and one column tile per split, both
+    # small enough to stay in L2 while the whole wave uses them.
+    prog = tl.program_id(0)
+    per_group = GROUP_M * n_splits
+    first_m = (prog // per_group) * GROUP_M
+    group_m = tl.minimum(n_m - first_m, GROUP_M)
+    pid_m = first_m + (prog % per_group) % group_m
+    split = (prog % per_group) // group_m
     rows = pid_m * BM + tl.arange(0, BM)
     row_in = rows < n_a
     rows64 = rows.to(tl.int64)
@@ -84,10 +91,9 @@ def _search_tiles(
     ca = tl.load(a_coef + rows, mask=row_in, other=0.0)
     na = tl.load(a_nu + rows, mask=row_in, other=0.0)
     oka = row_in & (tl.load(a_ok + rows, mask=row_in, other=0) != 0)
-    bar_at = bar_ptr + rows
-    if K > 0:
-        bar_at += split * n_a  # one running floor per split and row
-    bar = tl.load(bar_at, mask=row_in, other=float("inf"))
+    # Threshold: the bar per row.  Top-k: the floor per row, shared by every program of
+    # the row block (each one's floor is valid for all: atomic max).
+    bar = tl.load(bar_ptr + rows, mask=row_in, other=float("inf"))
 
     n_tiles = tl.cdiv(n_b, BN)
     first = split * tiles_per_split
@@ -141,7 +147,9 @@ def _search_tiles(
                 M = tl.maximum(M, tl.max(tl.reshape(lb, [BM, BN // MB, MB]), axis=1))
             done += 1
             if (done <= RAISE_EVERY) | (done % RAISE_EVERY == 0):
-                bar = _raise_floor(M, bar, K, ITERS)
+                shared = tl.load(bar_ptr + rows, mask=row_in, other=float("inf"))
+                bar = _raise_floor(M, tl.maximum(bar, shared), K, ITERS)
+                tl.atomic_max(bar_ptr + rows, bar, mask=row_in)
         hit = ok & (s + bound >= bar[:, None])
         per_row = tl.sum(hit.to(tl.int32), axis=1)
         n_hit = tl.sum(per_row, axis=0)
@@ -166,13 +174,15 @@ def _search_tiles(
         tile += 1
     tl.store(resume_ptr + prog, stop)
     if K > 0:
-        tl.store(bar_at, bar, mask=row_in)
+        tl.atomic_max(bar_ptr + rows, bar, mask=row_in)
 
 
 @dataclass(frozen=True)
 class TileConfig:
     """Block shape and launch settings.  ``splits``: programs per row block, each
-    taking a contiguous share of the column tiles (None: enough to fill the device)."""
+    taking a contiguous share of the column tiles (None: ``group_m``, or more to fill
+    the device twice); ``group_m``: row blocks per group of programs (see the kernel);
+    ``raise_every``: tiles between two raises of a top-k floor."""
 
     bm: int = 128
     bn: int = 128
@@ -180,6 +190,7 @@ class TileConfig:
     num_warps: int = 8
     num_stages: int = 3
     splits: int | None = None
+    group_m: int = 16
     raise_every: int = 8
 
 
@@ -190,7 +201,7 @@ def config_for(kind: str, k: int = 0, device: torch.device | None = None) -> Til
     maxima in registers: 64 columns keep the pair within the register file.  On a CPU
     (the interpreter) small blocks keep the numpy work per program low."""
     if device is not None and device.type != "cuda":
-        return TileConfig(bm=32, bn=32, bk=32, num_warps=4, num_stages=1, splits=1)
+        return TileConfig(bm=32, bn=32, bk=32, num_warps=4, num_stages=1, splits=2, group_m=2)
     bk = 32 if kind == "tf32" else 64
     if k > 64:
         return TileConfig(bn=128, bk=bk, num_warps=8, num_stages=3)
@@ -252,13 +263,10 @@ def search_candidates(
     splits = config.splits
     if splits is None:
         sms = torch.cuda.get_device_properties(dev).multi_processor_count
-        splits = max(1, min(n_tiles, triton.cdiv(2 * sms, n_m)))
-    tiles_per_split = triton.cdiv(n_tiles, splits)
+        splits = max(config.group_m, triton.cdiv(2 * sms, n_m))
+    tiles_per_split = triton.cdiv(n_tiles, max(1, min(splits, n_tiles)))
     splits = triton.cdiv(n_tiles, tiles_per_split)
-    if k > 0:
-        state = bar.to(torch.float32).expand(splits, n_a).contiguous()
-    else:
-        state = bar.to(torch.float32).contiguous()
+    state = bar.to(torch.float32).clone()  # the kernel raises top-k floors in place
     resume = torch.zeros(splits * n_m, dtype=torch.int32, device=dev)
     capacity = capacity or max(config.bm * config.bn, 8 * n_a * max(1, k))
     ok_a, ok_b = a.valid.to(torch.int8), b.valid.to(torch.int8)
@@ -271,14 +279,15 @@ def search_candidates(
         out_s = torch.empty(capacity, dtype=torch.float32, device=dev)
         count = torch.zeros(1, dtype=torch.int64, device=dev)
         fail = torch.full((1,), 2**62, dtype=torch.int64, device=dev)
-        _search_tiles[(n_m, splits)](
+        _search_tiles[(n_m * splits,)](
             a.low, b.low, a.low.stride(0), b.low.stride(0),
             a.weight, a.coef, a.nu, ok_a, b.weight, b.rho, b.err, ok_b,
             state, resume, out_i, out_j, out_s, count, fail, capacity,
-            n_a, n_b, d, tiles_per_split, diag, TAU,
+            n_a, n_b, d, n_m, splits, tiles_per_split, diag, TAU,
             K=k, MB=_buckets(k, config.bn) if k else 16,
             RAISE_EVERY=config.raise_every, ITERS=_ITERS, MODE=MODES[mode],
-            BM=config.bm, BN=config.bn, BK=config.bk, EVEN_K=d % config.bk == 0,
+            BM=config.bm, BN=config.bn, BK=config.bk, GROUP_M=config.group_m,
+            EVEN_K=d % config.bk == 0,
             UPCAST=bf16 and _interpreting(), TF32=a.kind == "tf32",
             num_warps=config.num_warps, num_stages=config.num_stages,
         )  # fmt: skip
@@ -294,7 +303,7 @@ def search_candidates(
     i = torch.cat([p[0] for p in parts]).to(torch.int64)
     j = torch.cat([p[1] for p in parts]).to(torch.int64)
     s = torch.cat([p[2] for p in parts])
-    floor = state.amax(dim=0) if k > 0 else None
+    floor = state if k > 0 else None
     return Candidates(i, j, s, floor, launches)
 
 

@@ -184,11 +184,17 @@ def lower(
     ``(raw * inv) * scale``, exactly as the exact re-score computes it.  ``kind``:
     "float16", "bfloat16" or "tf32" (default: :func:`kind_for`).  Works in float64
     chunks of at most about ``chunk_bytes``.
+
+    A float16 ``raw`` with unit column stride is its own float16 copy (sigma = 1, no
+    memory): products of float16 values are exact in float32 (subnormals included) and
+    D of them, at most 65504^2 each, cannot overflow its sums.  Its invalid rows keep
+    whatever they hold; the kernels never use them.
     """
     kind = kind_for(raw.dtype, kind)
     n, d = raw.shape
     f64, dev = torch.float64, raw.device
-    low = torch.zeros((n, d), dtype=KINDS[kind], device=dev)
+    reuse = kind == "float16" and raw.dtype == torch.float16 and (n < 2 or raw.stride(1) == 1)
+    low = raw if reuse else torch.zeros((n, d), dtype=KINDS[kind], device=dev)
     weight, rho, err, nu = (torch.zeros(n, dtype=torch.float32, device=dev) for _ in range(4))
     step = max(1, chunk_bytes // max(1, 40 * d))
     for s in range(0, n, step):
@@ -199,12 +205,16 @@ def lower(
         top = x.abs().amax(dim=1) if d else torch.zeros(e - s, dtype=f64, device=dev)
         _, top_exp = torch.frexp(top)  # top = f 2^top_exp, f in [0.5, 1)
         shift = _TOP_EXPONENT - top_exp.to(torch.int64)
-        copy = _to_kind(_pow2(x, shift), kind)
+        if reuse:
+            shift.zero_()
+            copy = x
+        else:
+            copy = _to_kind(_pow2(x, shift), kind)
+            low[s:e] = copy
         # w = (inv scale) / sigma: inv 2^top_exp is in (1, 2], so no step overflows.
         w64 = _pow2((inv[s:e] * scale[s:e])[:, None], -shift).squeeze(1)
         w = torch.where(ok & torch.isfinite(w64), w64, torch.zeros_like(w64)).to(torch.float32)
         v = copy.to(f64) * w.to(f64)[:, None]
-        low[s:e] = copy
         weight[s:e] = w
         rho[s:e] = up32(torch.linalg.vector_norm(v, dim=1))
         err[s:e] = up32(torch.linalg.vector_norm(v - u, dim=1))

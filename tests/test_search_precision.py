@@ -230,6 +230,8 @@ def test_fp16_and_bf16_inputs_are_copied_exactly() -> None:
         assert torch.equal(low.low.float() / low.low.float().abs().amax(1, keepdim=True),
                            x.float() / x.float().abs().amax(1, keepdim=True))  # fmt: skip
         assert float(low.err.max()) <= 2.0**-23
+        # float16 is its own copy: no second N x D tensor.
+        assert (low.low.data_ptr() == x.data_ptr()) == (dtype == "float16")
 
 
 def test_extreme_magnitudes_neither_overflow_nor_underflow() -> None:

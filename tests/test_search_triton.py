@@ -57,7 +57,9 @@ def interpreter_checks() -> None:
     """Every check of tests/test_search_precision.py on the kernel, in the interpreter."""
     from dask_cosim import _search_triton as st
 
-    small = st.TileConfig(bm=32, bn=32, bk=32, num_warps=4, num_stages=1, splits=2, raise_every=2)
+    small = st.TileConfig(
+        bm=32, bn=32, bk=32, num_warps=4, num_stages=1, splits=2, group_m=2, raise_every=2
+    )
     run = {"engine": "triton", "config": small}
     for dim, dtype in ((1, "float32"), (7, "float16"), (300, "bfloat16"), (33, "float64")):
         x, null = adversarial_rows(72, dim, dtype, seed=dim)
