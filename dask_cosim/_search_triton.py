@@ -294,9 +294,12 @@ def search_candidates(
         launches += 1
         total, first_fail = int(count.item()), int(fail.item())
         kept = min(total, first_fail)
-        parts.append((out_i[:kept], out_j[:kept], out_s[:kept]))
         if first_fail > total:  # no reservation failed: every program finished
+            parts.append((out_i[:kept], out_j[:kept], out_s[:kept]))
             break
+        # Copies, so that this buffer can go before the next, larger one is allocated.
+        parts.append((out_i[:kept].clone(), out_j[:kept].clone(), out_s[:kept].clone()))
+        del out_i, out_j, out_s
         # The failed programs go on from their first unwritten tile, into a buffer at
         # least twice as large (and never smaller than one tile: progress each launch).
         capacity = max(2 * capacity, 2 * (total - kept), config.bm * config.bn)

@@ -92,8 +92,12 @@ class LowRows:
     def dim(self) -> int:
         return int(self.low.shape[1])
 
-    def take(self, rows: torch.Tensor) -> LowRows:
-        """The rows at positions ``rows`` (int64), in that order."""
+    def rows(self, start: int, stop: int) -> LowRows:
+        """Rows ``start:stop``, as views."""
+        return self.take(slice(start, stop))
+
+    def take(self, rows: torch.Tensor | slice) -> LowRows:
+        """The rows at positions ``rows`` (int64, or a slice), in that order."""
         return LowRows(
             self.low[rows],
             self.weight[rows],

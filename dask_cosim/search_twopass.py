@@ -20,6 +20,10 @@ result is then within E of the exact one (scores and boundary decisions).
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
+from typing import TypeVar
+
 import torch
 
 from dask_cosim import search_kernels as sk
@@ -28,6 +32,7 @@ from dask_cosim import search_precision as sp
 __all__ = ["seed_floor", "threshold_pairs", "topk"]
 
 _NEG_INF = float("-inf")
+T = TypeVar("T")
 _CHUNK_BYTES = 64 * 2**20
 
 
@@ -167,6 +172,43 @@ def _kth_per_row(n: int, i: torch.Tensor, v: torch.Tensor, k: int) -> torch.Tens
     return out
 
 
+# What an allocation on a full device raises (as in dask_cosim.kernels).
+_OUT_OF_MEMORY = (torch.cuda.OutOfMemoryError, MemoryError)
+
+
+def _prep_rows(p: sk.Prepared, a0: int, a1: int) -> sk.Prepared:
+    """Rows a0:a1 of ``p`` as views."""
+    return dataclasses.replace(
+        p,
+        unit=p.unit[a0:a1],
+        raw=p.raw[a0:a1],
+        inv=p.inv[a0:a1],
+        scale=p.scale[a0:a1],
+        valid=p.valid[a0:a1],
+    )
+
+
+def _by_row_blocks(n: int, rows: int | None, block: Callable[[int, int], T]) -> list[T]:
+    """``block(a0, a1)`` over consecutive row blocks of at most ``rows`` (None: all);
+    a block that runs the device out of memory is halved and done again, down to one
+    row (which raises)."""
+    out: list[T] = []
+    start, size = 0, max(1, min(n, rows or n))
+    while start < n:
+        stop = min(n, start + size)
+        try:
+            out.append(block(start, stop))
+        except _OUT_OF_MEMORY:
+            if size == 1:
+                raise
+            size //= 2
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+            continue
+        start = stop
+    return out
+
+
 def threshold_pairs(
     q: sk.Prepared,
     ql: sp.LowRows,
@@ -180,6 +222,7 @@ def threshold_pairs(
     exact_scores: bool = True,
     engine: str = "auto",
     config: object | None = None,
+    block_rows: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Every pair with float64 cos(q[i], r[j]) >= threshold: (i, j, score), unsorted.
 
@@ -188,24 +231,36 @@ def threshold_pairs(
     pass (s_hat - E >= threshold) keep their low-precision score (within E of the exact
     one).  ``exact`` False: the "fast" policy, s_hat >= threshold decides and s_hat is
     reported.  ``config``: the kernel's :class:`~dask_cosim._search_triton.TileConfig`
-    (engine "triton") or the tile size (engine "torch").
+    (engine "triton") or the tile size (engine "torch").  ``block_rows``: rows of ``q``
+    searched at a time (None: all; halved on out-of-memory).
     """
     a, b = (ql, rl) if exact else (_without_bound(ql), _without_bound(rl))
-    dev = ql.low.device
-    bar = sp.down32(torch.full((len(q),), float(threshold), dtype=torch.float64, device=dev))
-    i, j, s, _ = _first_pass(a, b, bar, k=0, mode=mode, diag=diag, engine=engine, config=config)
     t = float(threshold)
-    if not exact:
-        keep = s >= t
-        return i[keep], j[keep], s[keep].to(torch.float64)
-    score = s.to(torch.float64)
-    if exact_scores:
-        unsure = torch.ones_like(i, dtype=torch.bool)
-    else:
-        unsure = score - sp.pair_bound(ql, i, rl, j) < t
-    score[unsure] = sk.rescore(q, i[unsure], r, j[unsure])
-    keep = score >= t
-    return i[keep], j[keep], score[keep]
+
+    def block(a0: int, a1: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        qa = a.rows(a0, a1)
+        bar = torch.full((a1 - a0,), t, dtype=torch.float64, device=qa.low.device)
+        i, j, s, _ = _first_pass(
+            qa, b, sp.down32(bar), k=0, mode=mode, diag=diag + a0, engine=engine, config=config
+        )
+        if not exact:
+            keep = s >= t
+            return i[keep] + a0, j[keep], s[keep].to(torch.float64)
+        score = s.to(torch.float64)
+        if exact_scores:
+            unsure = torch.ones_like(i, dtype=torch.bool)
+        else:
+            unsure = score - sp.pair_bound(qa, i, rl, j) < t
+        score[unsure] = sk.rescore(_prep_rows(q, a0, a1), i[unsure], r, j[unsure])
+        keep = score >= t
+        return i[keep] + a0, j[keep], score[keep]
+
+    parts = _by_row_blocks(len(q), block_rows, block)
+    if not parts:
+        none = torch.zeros(0, dtype=torch.int64, device=ql.low.device)
+        return none, none.clone(), torch.zeros(0, dtype=torch.float64, device=ql.low.device)
+    i, j, score = (torch.cat(t) for t in zip(*parts))
+    return i, j, score
 
 
 def topk(
@@ -221,28 +276,42 @@ def topk(
     engine: str = "auto",
     config: object | None = None,
     sample: int = 2048,
+    block_rows: int | None = None,
 ) -> sk.TopK:
     """For each row of ``q`` its ``k`` best rows of ``r`` (float64 scores, ties by
     position; row i + diag of ``r`` excluded with ``exclude_self``).  ``exact`` False:
     the "fast" policy, ranked on s_hat.  ``sample``: rows of ``r`` scored in float64 first
-    to seed each row's floor."""
+    to seed each row's floor.  ``block_rows`` as for :func:`threshold_pairs`."""
     a, b = (ql, rl) if exact else (_without_bound(ql), _without_bound(rl))
-    seed = (
-        seed_floor(q, r, k, exclude_self=exclude_self, diag=diag, sample=sample)
-        if exact
-        else torch.full((len(q),), _NEG_INF, device=ql.low.device)
-    )
     mode = "exclude_self" if exclude_self else None
-    i, j, s, floor = _first_pass(
-        a, b, seed, k=k, mode=mode, diag=diag, engine=engine, config=config
-    )
-    if not exact:
-        return sk._top_of_pairs(len(q), i, j, s.to(torch.float64), k)
-    bound = sp.pair_bound(ql, i, rl, j)
-    s64 = s.to(torch.float64)
-    # The final floor: the best of the kernel's and the k-th best s_hat - E among the
-    # candidates themselves (distinct columns of one row).
-    floor64 = torch.maximum(floor.to(torch.float64), _kth_per_row(len(q), i, s64 - bound, k))
-    keep = s64 + bound >= floor64[i]
-    i, j = i[keep], j[keep]
-    return sk._top_of_pairs(len(q), i, j, sk.rescore(q, i, r, j), k)
+
+    def block(a0: int, a1: int) -> sk.TopK:
+        qp, qa = _prep_rows(q, a0, a1), a.rows(a0, a1)
+        n = a1 - a0
+        seed = (
+            seed_floor(qp, r, k, exclude_self=exclude_self, diag=diag + a0, sample=sample)
+            if exact
+            else torch.full((n,), _NEG_INF, device=qa.low.device)
+        )
+        i, j, s, floor = _first_pass(
+            qa, b, seed, k=k, mode=mode, diag=diag + a0, engine=engine, config=config
+        )
+        if not exact:
+            return sk._top_of_pairs(n, i, j, s.to(torch.float64), k)
+        bound = sp.pair_bound(qa, i, rl, j)
+        s64 = s.to(torch.float64)
+        # The final floor: the best of the kernel's and the k-th best s_hat - E among the
+        # candidates themselves (distinct columns of one row).
+        floor64 = torch.maximum(floor.to(torch.float64), _kth_per_row(n, i, s64 - bound, k))
+        keep = s64 + bound >= floor64[i]
+        i, j = i[keep], j[keep]
+        return sk._top_of_pairs(n, i, j, sk.rescore(qp, i, r, j), k)
+
+    parts = _by_row_blocks(len(q), block_rows, block)
+    if not parts:
+        dev = ql.low.device
+        return sk.TopK(
+            torch.full((0, k), -1, dtype=torch.int64, device=dev),
+            torch.full((0, k), _NEG_INF, dtype=torch.float64, device=dev),
+        )
+    return sk.TopK(torch.cat([p.index for p in parts]), torch.cat([p.score for p in parts]))

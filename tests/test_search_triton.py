@@ -125,6 +125,28 @@ def test_overflow_relaunch_on_gpu() -> None:
 
 
 @pytest.mark.gpu
+def test_search_halves_row_blocks_on_a_full_gpu() -> None:
+    """A real out-of-memory: the GPU is filled until 256 MiB are left; a top-k of 100
+    over 20,000 rows (millions of candidates before the floors rise, their buffer and
+    sorts: far more than 256 MiB at once) halves its row blocks until each fits, and the
+    answer stays the float64 one."""
+    from dask_cosim import search_kernels as sk
+    from dask_cosim import search_twopass as tp
+
+    x = torch.randn(20_000, 64, device="cuda").to(torch.float16)
+    p, low = sides(x, None)
+    want, _ = sk.topk(p, p, 100, tile_bytes=2**28, same=True)
+    free, _ = torch.cuda.mem_get_info()
+    filler = torch.empty(max(0, free - 256 * 2**20), dtype=torch.uint8, device="cuda")
+    try:
+        got = tp.topk(p, low, p, low, 100, exclude_self=True)
+    finally:
+        del filler
+        torch.cuda.empty_cache()
+    assert torch.equal(got.index, want.index) and torch.equal(got.score, want.score)
+
+
+@pytest.mark.gpu
 def test_torch_reduced_precision_settings_change_nothing() -> None:
     from dask_cosim import _search_triton as st
 
