@@ -29,7 +29,7 @@ import torch
 from dask_cosim import search_kernels as sk
 from dask_cosim import search_precision as sp
 
-__all__ = ["seed_floor", "threshold_pairs", "topk"]
+__all__ = ["matched_columns", "seed_floor", "threshold_pairs", "topk"]
 
 _NEG_INF = float("-inf")
 T = TypeVar("T")
@@ -261,6 +261,50 @@ def threshold_pairs(
         return none, none.clone(), torch.zeros(0, dtype=torch.float64, device=ql.low.device)
     i, j, score = (torch.cat(t) for t in zip(*parts))
     return i, j, score
+
+
+def matched_columns(
+    q: sk.Prepared,
+    ql: sp.LowRows,
+    r: sk.Prepared,
+    rl: sp.LowRows,
+    threshold: float,
+    *,
+    mode: str | None = None,
+    diag: int = 0,
+    exact: bool = True,
+    engine: str = "auto",
+    config: object | None = None,
+    block_rows: int | None = None,
+) -> torch.Tensor:
+    """The positions j of ``r`` (sorted, unique) that some row of ``q`` matches with a
+    float64 score >= threshold (``mode`` and ``diag`` as for :func:`threshold_pairs`):
+    what ``dedup`` drops.  Only what can change a column's fate is re-scored: a pair with
+    s_hat - E >= threshold decides without float64, and the unsure pairs of a column
+    already decided are skipped."""
+    a, b = (ql, rl) if exact else (_without_bound(ql), _without_bound(rl))
+    t = float(threshold)
+    dev = rl.low.device
+    hit = torch.zeros(len(r), dtype=torch.bool, device=dev)
+
+    def block(a0: int, a1: int) -> None:
+        qa = a.rows(a0, a1)
+        bar = sp.down32(torch.full((a1 - a0,), t, dtype=torch.float64, device=dev))
+        i, j, s, _ = _first_pass(
+            qa, b, bar, k=0, mode=mode, diag=diag + a0, engine=engine, config=config
+        )
+        s64 = s.to(torch.float64)
+        if not exact:
+            hit[j[s64 >= t]] = True
+            return
+        hit[j[s64 - sp.pair_bound(qa, i, rl, j) >= t]] = True
+        unsure = ~hit[j]
+        i, j = i[unsure], j[unsure]
+        passed = sk.rescore(_prep_rows(q, a0, a1), i, r, j) >= t
+        hit[j[passed]] = True
+
+    _by_row_blocks(len(q), block_rows, block)
+    return hit.nonzero().squeeze(1)
 
 
 def topk(

@@ -168,6 +168,9 @@ def check_threshold(
     # Scores of certain pairs may stay low-precision: the set does not change.
     i, j, _ = tp.threshold_pairs(p, low, p, low, t, mode="upper", exact_scores=False, **run)
     assert set(zip(i.tolist(), j.tolist())) == expected_pairs(c, t, "upper")
+    # dedup's rows: those with an earlier row at or above the threshold.
+    dropped = tp.matched_columns(p, low, p, low, t, mode="upper", **run)
+    assert dropped.tolist() == sorted({j for _, j in expected_pairs(c, t, "upper")})
 
 
 def check_topk(x: torch.Tensor, null: torch.Tensor | None, ks, kind: str | None, **run) -> None:
