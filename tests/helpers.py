@@ -1,10 +1,14 @@
-"""What the tests share: the float64 reference of the numerics policy, pairs and frames in
-every accepted input format, and schedulers that count or forbid computations."""
+"""What the tests share: the references of the numerics policy (``reference`` in float64,
+``exact_reference`` in exact arithmetic, ``brute`` for every pair of two sets of rows),
+pairs and frames in every accepted input format, and schedulers that count or forbid
+computations.  Every test module takes them from here, none from another test module."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from fractions import Fraction
 from typing import Any
 
 import dask
@@ -29,6 +33,51 @@ def reference(
     res[bad] = np.nan
     res[list(null)] = np.nan
     return np.clip(res, -1, 1)
+
+
+def exact_cosine(x: np.ndarray, y: np.ndarray, eps: float = 1e-8) -> float:
+    """(x / max(|x|, eps)) . (y / max(|y|, eps)) for one pair of rows, exactly."""
+    if not (np.isfinite(x).all() and np.isfinite(y).all()):
+        return math.nan
+    fx = [Fraction(float(v)) for v in x]
+    fy = [Fraction(float(v)) for v in y]
+    dot = sum((p * q for p, q in zip(fx, fy)), Fraction(0))
+    xx = sum((p * p for p in fx), Fraction(0))
+    yy = sum((q * q for q in fy), Fraction(0))
+    if xx == 0 or yy == 0:
+        return 0.0 if eps > 0 else math.nan  # 0 / eps, or 0 / 0
+    # cos^2 = dot^2 / (xx yy), times (|x| / eps)^2 where |x| < eps, likewise for y.
+    sq = dot * dot / (xx * yy)
+    e2 = Fraction(eps) ** 2
+    if xx < e2:
+        sq *= xx / e2
+    if yy < e2:
+        sq *= yy / e2
+    return math.sqrt(float(sq)) * (-1.0 if dot < 0 else 1.0)
+
+
+def exact_reference(a: np.ndarray, b: np.ndarray, eps: float = 1e-8) -> np.ndarray:
+    return np.array([exact_cosine(x, y, eps) for x, y in zip(a, b)])
+
+
+def brute(x: np.ndarray, y: np.ndarray, eps: float = 1e-8) -> np.ndarray:
+    """The numerics policy in float64, element by element (no BLAS: duplicate vectors get
+    bit-identical scores); rows with NaN/inf score -inf (they never match)."""
+    x = x.astype(np.float64)
+    y = y.astype(np.float64)
+    with np.errstate(all="ignore"):
+        mx = np.where(np.isfinite(x).all(1), np.abs(x).max(1, initial=0), 1.0)
+        my = np.where(np.isfinite(y).all(1), np.abs(y).max(1, initial=0), 1.0)
+        mx[mx == 0] = 1
+        my[my == 0] = 1
+        xs, ys = x / mx[:, None], y / my[:, None]
+        nx = np.maximum(np.sqrt((xs * xs).sum(1)) * mx, eps)
+        ny = np.maximum(np.sqrt((ys * ys).sum(1)) * my, eps)
+        s = (xs[:, None, :] * ys[None, :, :]).sum(-1) * (mx / nx)[:, None] * (my / ny)[None, :]
+    s = np.clip(s, -1, 1)
+    s[~np.isfinite(x).all(1)] = -np.inf
+    s[:, ~np.isfinite(y).all(1)] = -np.inf
+    return s
 
 
 def random_pairs(

@@ -210,10 +210,10 @@ def test_gpu_writer_moves_each_byte_to_the_host_once(tmp_path: Path, layout: str
 def test_wide_binary_vectors_are_written_through_pyarrow(tmp_path: Path) -> None:
     """libcudf keeps a FIXED_LEN_BYTE_ARRAY's width in 8 bits: 300 float32 (1,200 bytes)
     go through pyarrow, and the files read back whole, by pyarrow and by cudf."""
-    from dask_cosim import backends
+    from dask_cosim.io import cudf_parquet
 
     a, b = random_pairs(5_000, 300)
-    assert 300 * 4 > backends.CUDF_WRITER_MAX_BINARY_WIDTH
+    assert 300 * 4 > cudf_parquet.MAX_BINARY_WIDTH
     dask_cosim.to_parquet(_device_pairs(a, b, 2), tmp_path / "out", layout="binary")
     schema = pq.read_schema(next((tmp_path / "out").glob("*.parquet")))
     assert schema.field("embeds_a").type.byte_width == 1200
@@ -229,14 +229,14 @@ def test_binary_bytes_become_lists_without_a_copy() -> None:
     import cupy
     import pylibcudf as plc
 
-    from dask_cosim import backends
+    from dask_cosim.io import cudf_parquet
 
     values = cupy.arange(12, dtype=cupy.float32)
     strings = plc.Column(
         plc.DataType(plc.TypeId.STRING), 3, plc.gpumemoryview(values.view(cupy.uint8)),
         None, 0, 0, [plc.Column.from_array(cupy.arange(4, dtype=cupy.int32) * 16)],
     )  # fmt: skip
-    lists = backends._cudf_bytes_to_lists(strings, "v", 4, "float32")
+    lists = cudf_parquet._bytes_to_lists(strings, "v", 4, "float32")
     series = cudf.Series.from_pylibcudf(lists)
     assert series.to_arrow().to_pylist() == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
     assert series.list.leaves.values.data.ptr == values.data.ptr

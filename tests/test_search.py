@@ -17,8 +17,7 @@ import torch
 from distributed import Client
 
 import dask_cosim
-from tests.helpers import FORMATS, as_column, no_computes
-from tests.test_search_kernels import brute
+from tests.helpers import FORMATS, as_column, brute, no_computes
 
 N, D = 97, 12
 
@@ -330,7 +329,7 @@ def test_peak_memory_of_a_pair_task_is_bounded_by_the_tile() -> None:
     code = textwrap.dedent(
         """
         import resource, torch, pandas as pd
-        from dask_cosim import search
+        from dask_cosim import search_partition as search
         torch.manual_seed(0)
         def side(n):
             prep = search.sk.prepare(torch.randn(n, 16), eps=1e-8)
@@ -340,7 +339,7 @@ def test_peak_memory_of_a_pair_task_is_bounded_by_the_tile() -> None:
         search.join_pair_topk(q, r, 10, None, tiles)  # warm up the allocator and BLAS
         before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         out = search.join_pair_topk(q, r, 10, None, tiles)
-        search.join_pair_threshold(q, r, 0.8, tiles)
+        search.pair_threshold(q, r, 0.8, tiles)
         after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         assert len(out) == 10000
         print(before, after, (after - before) * 1024)
