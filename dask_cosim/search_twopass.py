@@ -29,7 +29,16 @@ import torch
 from dask_cosim import search_kernels as sk
 from dask_cosim import search_precision as sp
 
-__all__ = ["matched_columns", "seed_floor", "threshold_pairs", "topk"]
+__all__ = [
+    "lowered",
+    "matched_columns",
+    "prepare_lean",
+    "seed_floor",
+    "threshold_pairs",
+    "threshold_prepared",
+    "topk",
+    "topk_prepared",
+]
 
 _NEG_INF = float("-inf")
 T = TypeVar("T")
@@ -359,3 +368,76 @@ def topk(
             torch.full((0, k), _NEG_INF, dtype=torch.float64, device=dev),
         )
     return sk.TopK(torch.cat([p.index for p in parts]), torch.cat([p.score for p in parts]))
+
+
+# --------------------------------------------------------------------------- entry points
+# What search_kernels.topk and .threshold_pairs hand over to on CUDA.
+
+
+def lowered(p: sk.Prepared) -> sp.LowRows:
+    """``p``'s low-precision copy (:func:`~dask_cosim.search_precision.lower`), made once
+    and kept on ``p`` for as long as it lives: a prepared side serves many searches."""
+    low = p.__dict__.get("_lowered")
+    if low is None or low.low.device != p.raw.device:
+        low = sp.lower(p.raw, p.inv, p.scale, p.valid)
+        p.__dict__["_lowered"] = low
+    return low
+
+
+def topk_prepared(
+    q: sk.Prepared, r: sk.Prepared, k: int, *, same: bool, both: bool, exact: bool
+) -> tuple[sk.TopK, sk.TopK | None]:
+    """:func:`~dask_cosim.search_kernels.topk`'s contract in two passes (``both``: a
+    second search, the rows of ``r`` against ``q``)."""
+    ql, rl = lowered(q), lowered(r)
+    res = topk(q, ql, r, rl, k, exclude_self=same, exact=exact)
+    return res, (topk(r, rl, q, ql, k, exact=exact) if both else None)
+
+
+def threshold_prepared(
+    q: sk.Prepared,
+    r: sk.Prepared,
+    threshold: float,
+    *,
+    mode: str | None,
+    exact_scores: bool,
+    exact: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`~dask_cosim.search_kernels.threshold_pairs`'s contract in two passes."""
+    return threshold_pairs(
+        q, lowered(q), r, lowered(r), threshold, mode=mode, exact=exact, exact_scores=exact_scores
+    )
+
+
+def prepare_lean(
+    x: torch.Tensor,
+    null: torch.Tensor | None = None,
+    *,
+    eps: float,
+    device: torch.device | str | None = None,
+    chunk_rows: int = 2**20,
+) -> sk.Prepared:
+    """:func:`~dask_cosim.search_kernels.prepare` without the float32 unit rows, which
+    only the float32 path reads: ``unit`` is a zero-stride placeholder of their shape
+    (no memory; 30 GB saved at 10M x 768).  Prepared ``chunk_rows`` at a time."""
+    target = torch.device(device) if device is not None else x.device
+    raw = x.to(target)
+    if not raw.is_floating_point():
+        raw = raw.to(torch.float64)
+    n, d = raw.shape
+    if null is not None:
+        null = torch.as_tensor(null, device=target)
+    parts = [
+        sk.prepare(
+            raw[s : s + chunk_rows], None if null is None else null[s : s + chunk_rows], eps=eps
+        )
+        for s in range(0, n, chunk_rows)
+    ] or [sk.prepare(raw, null, eps=eps)]
+    unit = torch.zeros((), dtype=torch.float32, device=target).expand(n, d)
+    return sk.Prepared(
+        unit,
+        raw,
+        torch.cat([p.inv for p in parts]),
+        torch.cat([p.scale for p in parts]),
+        torch.cat([p.valid for p in parts]),
+    )
