@@ -396,7 +396,8 @@ def test_cudf_frames_give_the_pandas_answer() -> None:
     ddf = dask_cudf.from_cudf(gdf, npartitions=3)
     want = pdf.cosim.neighbors("emb", k=3)
     got = ddf.cosim.neighbors("emb", k=3).compute()
-    pd.testing.assert_frame_equal(got.reset_index(drop=True), want)
+    assert isinstance(got, cudf.DataFrame)  # cudf in, cudf out
+    pd.testing.assert_frame_equal(got.to_pandas().reset_index(drop=True), want)
     kept = ddf.cosim.dedup("emb", 0.6).compute()
     assert kept["id"].to_pandas().tolist() == pdf.cosim.dedup("emb", 0.6)["id"].tolist()
     hits = gdf.cosim.topk(x[:2], "emb", k=2, columns=["id"])
