@@ -341,3 +341,32 @@ def test_two_pass_equals_float64_on_any_rows(rows: np.ndarray, k: int, data) -> 
     res = tp.topk(p, low, p, low, k, exclude_self=True, engine="torch", config=8)
     want = expected_topk(c, k, exclude_self=True)
     assert torch.equal(res.index, want.index) and torch.equal(res.score, want.score)
+
+
+def test_handover_entry_points_on_lean_sides() -> None:
+    # What search_kernels hands over to on CUDA, here on the CPU (torch engine): sides
+    # prepared without unit rows, in chunks, give the float32 path's answers.
+    x, null = adversarial_rows(80, 20, "float32", seed=12, target=0.7)
+    y, _ = adversarial_rows(50, 20, "float16", seed=13, target=0.7)
+    full = sk.prepare(x, null, eps=EPS)
+    lean = tp.prepare_lean(x, null, eps=EPS, chunk_rows=7)
+    assert lean.unit.shape == full.unit.shape and lean.unit.stride() == (0, 0)
+    for name in ("inv", "scale", "valid"):
+        assert torch.equal(getattr(lean, name), getattr(full, name)), name
+    other, other_lean = sk.prepare(y, eps=EPS), tp.prepare_lean(y, eps=EPS)
+    for same, both, r, r_lean in ((True, False, full, lean), (False, True, other, other_lean)):
+        want = sk.topk(full, r, 6, tile_bytes=4096, same=same, both=both)
+        got = tp.topk_prepared(lean, r_lean, 6, same=same, both=both, exact=True)
+        for g, w in zip(got, want):
+            if w is None:
+                assert g is None
+                continue
+            assert g is not None
+            assert torch.equal(g.index, w.index) and torch.equal(g.score, w.score)
+    assert tp.lowered(lean) is tp.lowered(lean)  # made once per side
+    c = all_scores(full, full)
+    t = float(c[0, 9])
+    for mode in ("upper", None):
+        i, j, s = tp.threshold_prepared(lean, lean, t, mode=mode, exact_scores=True, exact=True)
+        assert set(zip(i.tolist(), j.tolist())) == expected_pairs(c, t, mode)
+        assert torch.equal(s, c[i, j])
