@@ -72,15 +72,9 @@ def _masks(
 
 
 def _torch_candidates(
-    a: sp.LowRows,
-    b: sp.LowRows,
-    bar: torch.Tensor,
-    *,
-    k: int,
-    mode: str | None,
-    diag: int,
+    a: sp.LowRows, b: sp.LowRows, bar: torch.Tensor, *, k: int, mode: str | None, diag: int,
     tile: int,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
     """The first pass in torch tiles of ``tile`` x ``tile``: (i, j, s_hat, floor)."""
     floor = bar.to(torch.float32).clone()
     out: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
@@ -243,15 +237,10 @@ def threshold_pairs(
     (engine "triton") or the tile size (engine "torch").  ``block_rows``: rows of ``q``
     searched at a time (None: all; halved on out-of-memory).
     """
-    a, b = (ql, rl) if exact else (_without_bound(ql), _without_bound(rl))
     t = float(threshold)
 
-    def block(a0: int, a1: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        qa = a.rows(a0, a1)
-        bar = torch.full((a1 - a0,), t, dtype=torch.float64, device=qa.low.device)
-        i, j, s, _ = _first_pass(
-            qa, b, sp.down32(bar), k=0, mode=mode, diag=diag + a0, engine=engine, config=config
-        )
+    def decide(a0: int, qp: sk.Prepared, qa: sp.LowRows, i: torch.Tensor, j: torch.Tensor,
+               s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
         if not exact:
             keep = s >= t
             return i[keep] + a0, j[keep], s[keep].to(torch.float64)
@@ -260,11 +249,12 @@ def threshold_pairs(
             unsure = torch.ones_like(i, dtype=torch.bool)
         else:
             unsure = score - sp.pair_bound(qa, i, rl, j) < t
-        score[unsure] = sk.rescore(_prep_rows(q, a0, a1), i[unsure], r, j[unsure])
+        score[unsure] = sk.rescore(qp, i[unsure], r, j[unsure])
         keep = score >= t
         return i[keep] + a0, j[keep], score[keep]
 
-    parts = _by_row_blocks(len(q), block_rows, block)
+    opts = _ThresholdRun(t, mode, diag, exact, engine, config, block_rows)
+    parts = _threshold_blocks(q, ql, rl, opts, decide)
     if not parts:
         none = torch.zeros(0, dtype=torch.int64, device=ql.low.device)
         return none, none.clone(), torch.zeros(0, dtype=torch.float64, device=ql.low.device)
@@ -272,47 +262,61 @@ def threshold_pairs(
     return i, j, score
 
 
-def matched_columns(
+@dataclasses.dataclass(frozen=True)
+class _ThresholdRun:
+    threshold: float
+    mode: str | None
+    diag: int
+    exact: bool
+    engine: str
+    config: object | None
+    block_rows: int | None
+
+
+def _threshold_blocks(
     q: sk.Prepared,
     ql: sp.LowRows,
-    r: sk.Prepared,
     rl: sp.LowRows,
-    threshold: float,
-    *,
-    mode: str | None = None,
-    diag: int = 0,
-    exact: bool = True,
-    engine: str = "auto",
-    config: object | None = None,
-    block_rows: int | None = None,
-) -> torch.Tensor:
+    run: _ThresholdRun,
+    decide: Callable[..., T],
+) -> list[T]:
+    """The first pass of a threshold search over blocks of ``q``'s rows (halved on
+    out-of-memory); ``decide(first row, q block, its low rows, i, j, s_hat)`` turns each
+    block's candidates (``i`` counted from the block's first row) into its answer."""
+    a, b = (ql, rl) if run.exact else (_without_bound(ql), _without_bound(rl))
+
+    def block(a0: int, a1: int) -> T:
+        qa = a.rows(a0, a1)
+        bar = torch.full((a1 - a0,), run.threshold, dtype=torch.float64, device=qa.low.device)
+        i, j, s, _ = _first_pass(
+            qa, b, sp.down32(bar), k=0, mode=run.mode, diag=run.diag + a0, engine=run.engine,
+            config=run.config,
+        )  # fmt: skip
+        return decide(a0, _prep_rows(q, a0, a1), ql.rows(a0, a1), i, j, s)
+
+    return _by_row_blocks(len(q), run.block_rows, block)
+
+
+def matched_columns(
+    q: sk.Prepared, ql: sp.LowRows, r: sk.Prepared, rl: sp.LowRows, threshold: float, *,
+    mode: str | None = None, diag: int = 0, engine: str = "auto", config: object | None = None,
+) -> torch.Tensor:  # fmt: skip
     """The positions j of ``r`` (sorted, unique) that some row of ``q`` matches with a
-    float64 score >= threshold (``mode`` and ``diag`` as for :func:`threshold_pairs`):
+    float64 score >= threshold (``mode`` and the rest as for :func:`threshold_pairs`):
     what ``dedup`` drops.  Only what can change a column's fate is re-scored: a pair with
     s_hat - E >= threshold decides without float64, and the unsure pairs of a column
     already decided are skipped."""
-    a, b = (ql, rl) if exact else (_without_bound(ql), _without_bound(rl))
     t = float(threshold)
-    dev = rl.low.device
-    hit = torch.zeros(len(r), dtype=torch.bool, device=dev)
+    hit = torch.zeros(len(r), dtype=torch.bool, device=rl.low.device)
 
-    def block(a0: int, a1: int) -> None:
-        qa = a.rows(a0, a1)
-        bar = sp.down32(torch.full((a1 - a0,), t, dtype=torch.float64, device=dev))
-        i, j, s, _ = _first_pass(
-            qa, b, bar, k=0, mode=mode, diag=diag + a0, engine=engine, config=config
-        )
-        s64 = s.to(torch.float64)
-        if not exact:
-            hit[j[s64 >= t]] = True
-            return
-        hit[j[s64 - sp.pair_bound(qa, i, rl, j) >= t]] = True
+    def decide(_: int, qp: sk.Prepared, qa: sp.LowRows, i: torch.Tensor, j: torch.Tensor,
+               s: torch.Tensor) -> None:  # fmt: skip
+        hit[j[s.to(torch.float64) - sp.pair_bound(qa, i, rl, j) >= t]] = True
         unsure = ~hit[j]
         i, j = i[unsure], j[unsure]
-        passed = sk.rescore(_prep_rows(q, a0, a1), i, r, j) >= t
-        hit[j[passed]] = True
+        hit[j[sk.rescore(qp, i, r, j) >= t]] = True
 
-    _by_row_blocks(len(q), block_rows, block)
+    _threshold_blocks(q, ql, rl, _ThresholdRun(t, mode, diag, True, engine, config, None), decide)
     return hit.nonzero().squeeze(1)
 
 

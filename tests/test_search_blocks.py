@@ -12,7 +12,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tests.test_search import frame, to_dask, vectors
+from tests.helpers import device_to_host_bytes, to_dask
+from tests.helpers import search_frame as frame
+from tests.helpers import search_vectors as vectors
 
 SEARCHES = {
     "join_k": lambda df, other: df.cosim.join(other, "emb", k=4),
@@ -136,8 +138,6 @@ def test_cudf_in_cudf_out() -> None:
 def test_cudf_search_makes_no_host_round_trip(tmp_path: Path, search: str) -> None:
     """What comes back to the host from a search of a cudf frame is its results (and a
     few counts), never the vectors or score tiles: under 1% of the vector bytes."""
-    from tests.test_gpu_io import _device_to_host_bytes
-
     x = vectors(60_000, d=256, seed=10)
     x[1000:1300] = x[:300] + 1e-3  # some near-duplicates, so results are not empty
     gdf = _device_frame(x, 2)
@@ -152,7 +152,7 @@ def test_cudf_search_makes_no_host_round_trip(tmp_path: Path, search: str) -> No
                 SEARCHES[search](gdf, gdf).compute()
 
     run()
-    copies, nbytes = _device_to_host_bytes(run, tmp_path)
+    copies, nbytes = device_to_host_bytes(run, tmp_path)
     print(f"{search}: {copies} device-to-host copies, {nbytes} bytes")
     assert nbytes < 0.01 * x.nbytes, (copies, nbytes)
 

@@ -10,47 +10,24 @@ from __future__ import annotations
 
 import importlib.util
 import math
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-from tests.test_search_precision import (
+from tests.helpers import (
     adversarial_rows,
     check_bound,
+    check_overflow,
     check_threshold,
     check_topk,
-    sides,
+    low_sides,
+    run_in_triton_interpreter,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
 needs_triton = pytest.mark.skipif(
     importlib.util.find_spec("triton") is None,
     reason="triton is not installed (pip install triton; it ships with CUDA builds of torch)",
 )
-
-
-def check_overflow(device: str, config) -> None:
-    """A buffer far too small: the kernel is launched again from where each program
-    stopped, and the candidates are exactly those of one launch with room to spare."""
-    from dask_cosim import _search_triton as st
-
-    x, null = adversarial_rows(80, 40, "float32", seed=11)
-    _, low = sides(x.to(device), null.to(device))
-    bar = torch.full((len(low),), 0.05, device=device)
-    for k, mode in ((0, "upper"), (4, "exclude_self")):
-        roomy = st.search_candidates(low, low, bar, k=k, mode=mode, config=config, capacity=10**6)
-        tight = st.search_candidates(low, low, bar, k=k, mode=mode, config=config, capacity=7)
-        assert roomy.launches == 1 and tight.launches >= 2, (roomy.launches, tight.launches)
-        pairs = set(zip(tight.i.tolist(), tight.j.tolist()))
-        assert len(pairs) == len(tight.i), "a pair was written twice"
-        if k == 0:  # the threshold's candidates do not depend on the order of tiles
-            assert pairs == set(zip(roomy.i.tolist(), roomy.j.tolist()))
-            want = dict(zip(zip(roomy.i.tolist(), roomy.j.tolist()), roomy.s.tolist()))
-            assert all(want[p] == s for p, s in zip(zip(tight.i.tolist(), tight.j.tolist()), tight.s.tolist()))  # fmt: skip
 
 
 def interpreter_checks() -> None:
@@ -75,13 +52,9 @@ def interpreter_checks() -> None:
 
 @needs_triton
 def test_search_kernel_in_the_interpreter() -> None:
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    code = "from tests.test_search_triton import interpreter_checks as c; c()"
-    proc = subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
-        timeout=300,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-6000:]
+    run_in_triton_interpreter(
+        "from tests.test_search_triton import interpreter_checks; interpreter_checks()"
+    )
 
 
 # --------------------------------------------------------------------------- GPU
@@ -134,7 +107,7 @@ def test_search_halves_row_blocks_on_a_full_gpu() -> None:
     from dask_cosim import search_twopass as tp
 
     x = torch.randn(20_000, 64, device="cuda").to(torch.float16)
-    p, low = sides(x, None)
+    p, low = low_sides(x, None)
     want, _ = sk.topk(p, p, 100, tile_bytes=2**28, same=True)
     free, _ = torch.cuda.mem_get_info()
     filler = torch.empty(max(0, free - 256 * 2**20), dtype=torch.uint8, device="cuda")
@@ -151,7 +124,7 @@ def test_torch_reduced_precision_settings_change_nothing() -> None:
     from dask_cosim import _search_triton as st
 
     x, null = adversarial_rows(2000, 768, "float16", seed=9)
-    _, low = sides(x.to("cuda"), null.to("cuda"))
+    _, low = low_sides(x.to("cuda"), null.to("cuda"))
     bar = torch.full((len(low),), -math.inf, device="cuda")
     flags = torch.backends.cuda.matmul
     saved = (flags.allow_fp16_reduced_precision_reduction, flags.allow_bf16_reduced_precision_reduction, flags.allow_tf32)  # fmt: skip
