@@ -49,11 +49,11 @@ QUICK = {
     "scale_rows": 500_000,
 }
 SMOKE = {
-    "topk": [(3000, 32, 5)],
-    "queries": 64,
-    "threshold": [(2000, 32)],
+    "topk": [(1500, 16, 5)],
+    "queries": 40,
+    "threshold": [(1200, 16)],
     "thresholds": (0.9,),
-    "scale_rows": 3000,
+    "scale_rows": 2000,
 }
 SLOW_SHARE = 0.1  # the float32 contenders answer a tenth of the work (scaled up)
 

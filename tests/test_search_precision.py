@@ -42,8 +42,10 @@ def test_bound_holds_on_adversarial_rows(dim: int, dtype: str) -> None:
         check_bound(x, null, kind, engine="torch")
 
 
-@pytest.mark.parametrize("dim", [1, 7, 300, 768])
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
+@pytest.mark.parametrize(
+    ("dim", "dtype"),
+    [(d, t) for d in (1, 7, 300) for t in DTYPES] + [(768, "float16"), (768, "float32")],
+)
 def test_threshold_equals_float64(dim: int, dtype: str) -> None:
     x, null = adversarial_rows(96 if dim < 768 else 64, dim, dtype, seed=dim + 1)
     check_threshold(x, null, None, None, engine="torch", config=40)
