@@ -197,16 +197,19 @@ class TileConfig:
 def config_for(kind: str, k: int = 0, device: torch.device | None = None) -> TileConfig:
     """Hopper-sized blocks: 128 x 128 float32 accumulators over 8 warps (two warpgroups
     of wgmma), K steps of 64 16-bit values (128 bytes a row) three stages deep; TF32
-    takes K steps of 32 (the same bytes).  Top-k keeps a second 128 x MB array of bucket
-    maxima in registers: 64 columns keep the pair within the register file.  On a CPU
-    (the interpreter) small blocks keep the numpy work per program low."""
+    takes K steps of 32 (the same bytes).  Top-k keeps a second array, the bucket
+    maxima, in registers beside the accumulators: 128 x 64 tiles for k <= 64 (at most 64
+    buckets), 64 x 128 beyond (128 buckets), so that the two stay within the register
+    file.  Until a GPU run's sweep (``benchmarks/search_gpu.py``) confirms them these are
+    educated guesses.  On a CPU (the interpreter) small blocks keep the numpy work per
+    program low."""
     if device is not None and device.type != "cuda":
         return TileConfig(bm=32, bn=32, bk=32, num_warps=4, num_stages=1, splits=2, group_m=2)
     bk = 32 if kind == "tf32" else 64
     if k > 64:
-        return TileConfig(bn=128, bk=bk, num_warps=8, num_stages=3)
+        return TileConfig(bm=64, bn=128, bk=bk)
     if k > 0:
-        return TileConfig(bn=64, bk=bk, num_warps=8, num_stages=3)
+        return TileConfig(bm=128, bn=64, bk=bk)
     return TileConfig(bk=bk)
 
 

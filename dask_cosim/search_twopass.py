@@ -120,7 +120,10 @@ def _first_pass(
         return _torch_candidates(a, b, bar, k=k, mode=mode, diag=diag, tile=tile)
     from dask_cosim import _search_triton as st
 
-    found = st.search_candidates(a, b, bar, k=k, mode=mode, diag=diag, config=config)  # type: ignore[arg-type]
+    cfg = config or st.config_for(a.kind, k, a.low.device)
+    if k > cfg.bn:  # type: ignore[attr-defined]
+        k = 0  # more than one tile's buckets: the bar (the seed floor) alone selects
+    found = st.search_candidates(a, b, bar, k=k, mode=mode, diag=diag, config=cfg)  # type: ignore[arg-type]
     floor = found.floor if found.floor is not None else bar
     return found.i, found.j, found.s, floor
 
@@ -332,13 +335,15 @@ def topk(
     exact: bool = True,
     engine: str = "auto",
     config: object | None = None,
-    sample: int = 2048,
+    sample: int | None = None,
     block_rows: int | None = None,
 ) -> sk.TopK:
     """For each row of ``q`` its ``k`` best rows of ``r`` (float64 scores, ties by
     position; row i + diag of ``r`` excluded with ``exclude_self``).  ``exact`` False:
     the "fast" policy, ranked on s_hat.  ``sample``: rows of ``r`` scored in float64 first
-    to seed each row's floor.  ``block_rows`` as for :func:`threshold_pairs`."""
+    to seed each row's floor (default: max(2048, 64 k)).  ``block_rows`` as for
+    :func:`threshold_pairs`."""
+    sample = sample or max(2048, 64 * k)
     a, b = (ql, rl) if exact else (_without_bound(ql), _without_bound(rl))
     mode = "exclude_self" if exclude_self else None
 
