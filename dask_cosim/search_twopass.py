@@ -46,17 +46,14 @@ _CHUNK_BYTES = 64 * 2**20
 
 
 def _engine(engine: str, device: torch.device) -> str:
-    if engine == "auto":
-        return "triton" if device.type == "cuda" else "torch"
-    if engine not in ("torch", "triton"):
+    if engine not in ("auto", "torch", "triton"):
         raise ValueError(f"engine={engine!r}; use 'auto', 'torch' or 'triton'")
-    return engine
+    return engine if engine != "auto" else "triton" if device.type == "cuda" else "torch"
 
 
 def _without_bound(x: sp.LowRows) -> sp.LowRows:
     """``x`` with a zero bound (E = tau): the first pass then selects on s_hat alone."""
-    zero = torch.zeros_like(x.err)
-    return sp.LowRows(x.low, x.weight, x.rho, zero, x.nu, zero, x.valid, x.kind)
+    return dataclasses.replace(x, err=torch.zeros_like(x.err), coef=torch.zeros_like(x.coef))
 
 
 def _masks(
