@@ -1,7 +1,8 @@
 """Similarity search on dataframes, the graph: top-k, joins, neighbours and dedup.
 
-One task per partition normalises its vectors once (:func:`_sides`), one task per pair of
-partitions reduces their tiles, and the results of one left partition are merged by a
+One task per block of consecutive partitions (a partition, unless there are more than
+``cosim.search.max-blocks``) normalises its vectors once (:func:`_sides`), one task per
+pair of blocks reduces their tiles, and the results of one left block are merged by a
 tree of tasks (``cosim.search.split-every`` at a time), never by a groupby over lists.
 The per-partition functions are in :mod:`dask_cosim.search_partition` (dask-free); on
 eager pandas/cudf frames they run directly, without dask.
@@ -35,6 +36,8 @@ class _Options:
     device: str
     tile_bytes: dict[str, int]
     split_every: int
+    precision: str
+    max_blocks: int
 
 
 def _options() -> _Options:
@@ -43,6 +46,8 @@ def _options() -> _Options:
         device=options.device(),
         tile_bytes=options.search_tile_bytes(),
         split_every=options.search_split_every(),
+        precision=options.search_precision(),
+        max_blocks=options.search_max_blocks(),
     )
 
 
@@ -98,16 +103,31 @@ class _Builder:
         return dd.from_delayed(outs, meta=meta, divisions=divisions, verify_meta=False)
 
 
+def _block_bounds(n: int, max_blocks: int) -> list[tuple[int, int]]:
+    """Consecutive partitions [a, b) searched together: one each, unless there are more
+    than ``max_blocks`` (the pair tasks grow as their square)."""
+    cuts = np.linspace(0, n, min(n, max_blocks) + 1).round().astype(int)
+    return list(zip(cuts[:-1].tolist(), cuts[1:].tolist()))
+
+
 def _sides(
     build: _Builder, df: Any, on: str, opts: _Options, payload: Sequence[Any] = ()
 ) -> list[Any]:
-    """One normalised side per partition of ``df[on]`` (carrying the ``payload`` columns)."""
+    """One normalised side per block of ``df[on]`` (carrying the ``payload`` columns)."""
     prep = build(sp.prepare_side)
     keep = [on, *[c for c in payload if c != on]]
-    return [
-        prep(p, on, i, eps=opts.eps, device=opts.device, payload=list(payload) or None)
-        for i, p in enumerate(build.partitions(df[keep]))
+    parts = build.partitions(df[keep])
+    blocks = [
+        parts[a] if b == a + 1 else build(sp.concat_frames)(*parts[a:b])
+        for a, b in _block_bounds(len(parts), opts.max_blocks)
     ]
+    return [
+        prep(
+            p, on, i, eps=opts.eps, device=opts.device, payload=list(payload) or None,
+            precision=opts.precision,
+        )
+        for i, p in enumerate(blocks)
+    ]  # fmt: skip
 
 
 def _combine(k: int | None) -> Callable[..., Any]:
@@ -132,7 +152,8 @@ def join(
     _check_dims(spec_l, f"left column {on!r}", spec_r.dim, f"right column {right_on!r}")
     opts = _options()
     score_dtype = sp.score_dtype(spec_l, spec_r)
-    meta = sp.result_meta(_meta_of(left).index, _meta_of(right).index, score_dtype, k is not None)
+    like = _meta_of(left)
+    meta = sp.result_meta(like.index, _meta_of(right).index, score_dtype, k is not None)
     # float64 results get float64 scores for every pair; float32 ones keep the tile's.
     exact = score_dtype == np.float64
     build = _Builder(dask.is_dask_collection(left) or dask.is_dask_collection(right))
@@ -141,15 +162,17 @@ def join(
     for lside in _sides(build, left, on, opts):
         if k is not None:
             pair = build(sp.join_pair_topk)
-            pieces = [pair(lside, r, k, threshold, opts.tile_bytes) for r in rsides]
+            pieces = [pair(lside, r, k, threshold, opts.tile_bytes, opts.precision) for r in rsides]
         else:
             pair = build(sp.pair_threshold)
             pieces = [
-                pair(lside, r, threshold, opts.tile_bytes, exact_scores=exact) for r in rsides
-            ]
+                pair(lside, r, threshold, opts.tile_bytes, exact_scores=exact,
+                     precision=opts.precision)
+                for r in rsides
+            ]  # fmt: skip
         merged = build.tree(pieces, _combine(k), opts.split_every)
-        outs.append(build(sp.finish_pairs)(merged, meta, k is not None))
-    return build.collect(outs, meta)
+        outs.append(build(sp.finish_pairs)(merged, meta, k is not None, like))
+    return build.collect(outs, backends.frame_like(meta, like))
 
 
 def neighbors(df: Any, on: str, *, k: int | None = None, threshold: float | None = None) -> Any:
@@ -157,8 +180,8 @@ def neighbors(df: Any, on: str, *, k: int | None = None, threshold: float | None
     k, threshold = options.k_or_threshold(k, threshold)
     spec = check_column(df, on)
     opts = _options()
-    index = _meta_of(df).index
-    meta = sp.result_meta(index, index, sp.score_dtype(spec), k is not None)
+    like = _meta_of(df)
+    meta = sp.result_meta(like.index, like.index, sp.score_dtype(spec), k is not None)
     exact = meta["score"].dtype == np.float64
     build = _Builder(dask.is_dask_collection(df))
     sides = _sides(build, df, on, opts)
@@ -170,20 +193,22 @@ def neighbors(df: Any, on: str, *, k: int | None = None, threshold: float | None
             other = sides[j] if j > i else None
             if k is not None:
                 pair = build(sp.self_pair_topk, nout=2)
-                a, b = pair(sides[i], other, k, threshold, opts.tile_bytes)
+                a, b = pair(sides[i], other, k, threshold, opts.tile_bytes, opts.precision)
                 pieces[i].append(a)
                 if j > i:
                     pieces[j].append(b)
             else:
                 pair = build(sp.pair_threshold)
                 pieces[i].append(
-                    pair(sides[i], other, threshold, opts.tile_bytes, exact_scores=exact)
-                )
+                    pair(sides[i], other, threshold, opts.tile_bytes, exact_scores=exact,
+                         precision=opts.precision)
+                )  # fmt: skip
+    finish = build(sp.finish_pairs)
     outs = [
-        build(sp.finish_pairs)(build.tree(p, _combine(k), opts.split_every), meta, k is not None)
+        finish(build.tree(p, _combine(k), opts.split_every), meta, k is not None, like)
         for p in pieces
     ]
-    return build.collect(outs, meta)
+    return build.collect(outs, backends.frame_like(meta, like))
 
 
 def dedup(df: Any, on: str, threshold: float) -> Any:
@@ -194,17 +219,21 @@ def dedup(df: Any, on: str, threshold: float) -> Any:
     build = _Builder(dask.is_dask_collection(df))
     sides = _sides(build, df, on, opts)
     pair = build(sp.pair_threshold)
+    frames = build.partitions(df)
+    lengths = [build(len)(f) for f in frames] if len(frames) > len(sides) else None
     outs = []
-    for j, frame in enumerate(build.partitions(df)):
-        # Rows of partition j with an earlier row (in partition i <= j) scoring enough.
+    for j, (a, b) in enumerate(_block_bounds(len(frames), opts.max_blocks)):
+        # Rows of block j with an earlier row (in block i <= j) scoring enough.
         drops = [
             pair(sides[i], sides[j] if i < j else None, threshold_value, opts.tile_bytes,
-                 positions=True)
+                 positions=True, precision=opts.precision)
             for i in range(j + 1)
         ]  # fmt: skip
-        outs.append(
-            build(sp.drop_rows)(frame, build.tree(drops, sp.union_positions, opts.split_every))
-        )
+        dropped = build.tree(drops, sp.union_positions, opts.split_every)
+        for m in range(a, b):
+            # The block's positions, shifted to partition m's own rows.
+            before = lengths[a:m] if lengths is not None else []
+            outs.append(build(sp.drop_rows)(frames[m], dropped, *before))
     divisions = df.divisions if dask.is_dask_collection(df) else None
     return build.collect(outs, _meta_of(df), divisions)
 
@@ -239,7 +268,8 @@ def topk(
     q = build.value(query, "cosim-queries")
     pair = build(sp.join_pair_topk)
     pieces = [
-        pair(q, r, k_value, None, opts.tile_bytes) for r in _sides(build, df, on, opts, columns)
+        pair(q, r, k_value, None, opts.tile_bytes, opts.precision)
+        for r in _sides(build, df, on, opts, columns)
     ]
     merged = build.tree(pieces, _combine(k_value), opts.split_every)
     result = build(sp.finish_topk)(merged, _meta_of(df), columns, score_dtype)
