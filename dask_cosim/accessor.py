@@ -52,7 +52,11 @@ class CosimAccessor:
             None: float64 when both columns are float64 (known from the metadata), else
             float32.  Accumulation is float32 at least (fp16/bf16 are upcast).
         device : {"auto", "cpu", "cuda", "cuda:N"}, default config ``cosim.device``
-            "auto" computes on the worker's GPU when it has one, else on the CPU.
+            "auto" computes each partition where it finishes first
+            (:mod:`dask_cosim.placement`): cudf partitions on their GPU, pandas
+            partitions on the CPU unless only the torch kernel applies to them and the
+            worker has a GPU.  "cuda" moves pandas partitions to the GPU through pinned
+            staging buffers.
         name : hashable, default "cos"
             Name of the result Series.
 

@@ -26,6 +26,8 @@ from dataclasses import dataclass
 
 import torch
 
+from dask_cosim import staging
+
 __all__ = ["Prepared", "TopK", "margin", "prepare", "rescore", "threshold_pairs", "topk"]
 
 _NEG_INF = float("-inf")
@@ -56,15 +58,18 @@ class Prepared:
         return int(self.unit.shape[1])
 
     def to(self, device: torch.device) -> Prepared:
-        """This side on ``device`` (itself when it is there already)."""
+        """This side on ``device`` (itself when it is there already); from the host to a
+        GPU through pinned staging buffers (:mod:`dask_cosim.staging`)."""
         if self.unit.device == device:
             return self
+        staged = self.unit.device.type == "cpu" and device.type == "cuda"
+        fields = (self.unit, self.raw, self.inv, self.scale, self.valid)
+        # A placeholder without memory (a lean side's expanded unit rows) is not staged.
         return Prepared(
-            self.unit.to(device),
-            self.raw.to(device),
-            self.inv.to(device),
-            self.scale.to(device),
-            self.valid.to(device),
+            *(
+                staging.to_device([t], device) if staged and t.is_contiguous() else t.to(device)
+                for t in fields
+            )
         )
 
     def take(self, rows: torch.Tensor) -> Prepared:

@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from dask_cosim import backends, errors, partition, search_twopass
+from dask_cosim import backends, errors, partition, search_twopass, staging
 from dask_cosim import search_kernels as sk
 
 __all__ = [
@@ -94,8 +94,13 @@ def prepare_side(
     path reads, are not kept (:func:`~dask_cosim.search_twopass.prepare_lean`).
     """
     v = backends.to_vectors(df[column], column)
-    x = v.blocks[0] if len(v.blocks) == 1 else torch.cat(v.blocks)
-    target = partition.resolve_device(device, x.device)
+    data_device = v.blocks[0].device if v.blocks else torch.device("cpu")
+    target = partition.resolve_device(device, data_device, work="products")
+    if target.type == "cuda" and data_device.type == "cpu" and v.blocks:
+        # Matrix products are worth the trip: through pinned staging, not a pageable copy.
+        x = staging.to_device(v.blocks, target)
+    else:
+        x = v.blocks[0] if len(v.blocks) == 1 else torch.cat(v.blocks)
     null = v.null
     if null is not None and not isinstance(null, torch.Tensor):
         null = torch.from_numpy(np.asarray(null))

@@ -137,9 +137,10 @@ def _read_files(
     meta = backends.frame_from_arrow(restore_vectors(empty), backend)
     divisions = manifest.get("divisions") if manifest else None
     binary = binary_vectors(schema)
-    pieces: list[tuple[Any, list[int] | None]] = []
+    pieces: list[tuple[Any, ...]] = []
     if backend == "cudf" and filters is None and gpu_reads(fs, filters):
-        pieces, divisions = _gpu_pieces(fs, files, sizes, divisions)
+        ranges = cudf_parquet.manifest_ranges(schema, manifest)
+        pieces, divisions = _gpu_pieces(fs, files, sizes, divisions, ranges)
     else:
         for file, size in zip(files, sizes):
             pieces += _split(fs, file) if size > _SPLIT_FILE_BYTES else [(file, None)]
@@ -180,30 +181,40 @@ def _read_schema(file: str, fs: pafs.FileSystem) -> pa.Schema:
 
 
 def _gpu_pieces(
-    fs: pafs.FileSystem, files: list[str], sizes: list[int], divisions: list[Any] | None
-) -> tuple[list[tuple[Any, list[int] | None]], list[Any] | None]:
+    fs: pafs.FileSystem,
+    files: list[str],
+    sizes: list[int],
+    divisions: list[Any] | None,
+    ranges: cudf_parquet.Ranges | None = None,
+) -> tuple[list[tuple[Any, ...]], list[Any] | None]:
     """Partitions for cudf's reader: consecutive whole files together up to about
     ``cosim.read.gpu-partition-bytes`` (a tuple of files), larger files split by row groups
     to about that size; the divisions (one per file, from the manifest) kept at the
-    partitions' boundaries."""
+    partitions' boundaries.  Where ``ranges`` gives each file's RangeIndex (our manifest),
+    a piece of several files carries theirs, so that no worker reads the footers again."""
     limit = options.gpu_partition_bytes()
     if not all(sizes):  # our folders list their files without sizes: ask the filesystem
         sizes = [info.size for info in fs.get_file_info(files)]
-    pieces: list[tuple[Any, list[int] | None]] = []
+    pieces: list[tuple[Any, ...]] = []
     starts: list[int] = []  # the first file of each partition
-    group: list[str] = []
+    group: list[int] = []
     group_bytes = 0
 
     def close_group() -> None:
         nonlocal group, group_bytes
-        if group:
-            pieces.append((group[0] if len(group) == 1 else tuple(group), None))
+        if len(group) == 1:
+            pieces.append((files[group[0]], None))
+        elif group:
+            piece: tuple[Any, ...] = (tuple(files[i] for i in group), None)
+            if ranges is not None:
+                piece += ((ranges[0], [ranges[1][i] for i in group]),)
+            pieces.append(piece)
         group, group_bytes = [], 0
 
-    for i, (file, size) in enumerate(zip(files, sizes)):
+    for i, size in enumerate(sizes):
         if size > limit:
             close_group()
-            split = _split(fs, file, limit)
+            split = _split(fs, files[i], limit)
             starts += [i] * len(split)
             pieces += split
             continue
@@ -211,7 +222,7 @@ def _gpu_pieces(
             close_group()
         if not group:
             starts.append(i)
-        group.append(file)
+        group.append(i)
         group_bytes += size
     close_group()
     if divisions is None or len(divisions) != len(files) + 1 or len(set(starts)) != len(starts):
@@ -241,7 +252,7 @@ def _split(
 
 
 def _read_piece(
-    piece: tuple[Any, list[int] | None],
+    piece: tuple[Any, ...],
     fs: pafs.FileSystem,
     columns: list[str] | None = None,
     filters: Any = None,
@@ -254,10 +265,11 @@ def _read_piece(
 
     ``columns`` is filled in by dask's column projection.  With the cudf backend, local
     files are decoded on the GPU by cudf's reader, several at a time where the piece is a
-    tuple of files (``binary_vectors``: the columns of our binary layout, as (D, dtype));
-    other files by pyarrow, then copied to the GPU.
+    tuple of files (``binary_vectors``: the columns of our binary layout, as (D, dtype);
+    a third item of the piece, their RangeIndexes); other files by pyarrow, then copied
+    to the GPU.
     """
-    file, row_groups = piece
+    file, row_groups, *ranges = piece
     if backend == "cudf" and gpu_reads(fs, filters):
         return cudf_parquet.read_files(
             [file] if isinstance(file, str) else list(file),
@@ -265,6 +277,7 @@ def _read_piece(
             columns=columns,
             filters=filters,
             vectors=binary_vectors or {},
+            ranges=ranges[0] if ranges else None,
         )
     # Local files: memory-mapped or through a 1 MiB buffer (see _memory_map); pyarrow maps
     # only when given no filesystem.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -137,3 +138,59 @@ def test_gpu_pieces_read_small_files_together() -> None:
     with dask.config.set({"cosim.read.gpu-partition-bytes": "1GiB"}):
         pieces, divisions = _gpu_pieces(pafs.LocalFileSystem(), files, [100] * 5, None)
     assert pieces == [(tuple(files), None)] and divisions is None
+
+
+@pytest.mark.parametrize("index", ["range", "stepped", "column"])
+def test_gpu_reads_take_the_files_ranges_from_the_manifest(tmp_path: Path, index: str) -> None:
+    """Files read together on the GPU each need their RangeIndex: our manifest gives the
+    same ranges the footers hold, so workers read no footer again; an index stored as a
+    column (or no manifest) gives none."""
+    import pyarrow.fs as pafs
+
+    from dask_cosim.io import cudf_parquet
+    from dask_cosim.io.files import parquet_files
+    from dask_cosim.io.read import _gpu_pieces
+
+    a, b = random_pairs(100, 4)
+    pdf = pairs_frame(a, b, "fixed_size_list")
+    if index == "stepped":
+        pdf.index = pd.RangeIndex(10, 10 + 3 * len(pdf), 3, name="row")
+    elif index == "column":
+        pdf.index = pd.Index(np.arange(len(pdf)) * 2)
+    dask_cosim.to_parquet(dask_cosim.from_pandas(pdf, npartitions=4), tmp_path / "d")
+    found = parquet_files(tmp_path / "d")
+    assert found is not None
+    _, files, sizes, manifest = found  # sizes: none in our manifests (zeros)
+    schema = pq.read_schema(files[0])
+    from_manifest = cudf_parquet.manifest_ranges(schema, manifest)
+    assert from_manifest == cudf_parquet.footer_ranges(files)
+    assert cudf_parquet.manifest_ranges(schema, None) is None
+    if index == "column":
+        assert from_manifest is None
+        return
+    assert from_manifest is not None
+    name, ranges = from_manifest
+    assert name == pdf.index.name and len(ranges) == 4
+    start, stop, step = cudf_parquet.range_positions(ranges) or (0, 0, 0)
+    assert pd.RangeIndex(start, stop, step).equals(pdf.index)
+    assert cudf_parquet.range_positions([ranges[0], ranges[2]]) is None  # not in a row
+    largest = max(Path(f).stat().st_size for f in files)
+    with dask.config.set({"cosim.read.gpu-partition-bytes": 2 * largest + 1}):
+        pieces, _ = _gpu_pieces(pafs.LocalFileSystem(), files, sizes, None, from_manifest)
+    assert [p[0] for p in pieces] == [tuple(files[:2]), tuple(files[2:])]
+    assert [p[2] for p in pieces] == [(name, ranges[:2]), (name, ranges[2:])]
+
+
+def test_manifest_ranges_refuse_bounds_that_are_not_a_range() -> None:
+    """A file whose manifest bounds do not span its rows with the first file's step (its
+    index was not a RangeIndex) sends the reader back to the footers."""
+    from dask_cosim.io import cudf_parquet
+
+    meta = {"index_columns": [{"kind": "range", "name": None, "start": 0, "stop": 5, "step": 1}]}
+    schema = pa.schema([("x", pa.int64())], metadata={b"pandas": json.dumps(meta).encode()})
+    files = [{"path": "p0", "rows": 5, "index": [0, 4]}, {"path": "p1", "rows": 3, "index": [5, 9]}]
+    assert cudf_parquet.manifest_ranges(schema, {"files": files}) is None
+    files[1]["index"] = [5, 7]
+    assert cudf_parquet.manifest_ranges(schema, {"files": files}) == (None, [(0, 5, 1), (5, 3, 1)])
+    files[1]["index"] = None
+    assert cudf_parquet.manifest_ranges(schema, {"files": files}) is None
