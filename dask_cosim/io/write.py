@@ -7,9 +7,6 @@ import itertools
 import json
 import os
 import re
-import shutil
-import socket
-import uuid
 from collections.abc import Sequence
 from typing import Any
 
@@ -25,7 +22,7 @@ from dask.dataframe.dispatch import to_pyarrow_table_dispatch
 from dask_cosim import backends, errors
 from dask_cosim.io import cudf_parquet
 from dask_cosim.io.convert import from_pandas
-from dask_cosim.io.files import FORMAT_VERSION, MANIFEST, exists, filesystem
+from dask_cosim.io.files import FORMAT_VERSION, MANIFEST, exists, filesystem, new_staging
 from dask_cosim.io.layouts import (
     check_layout,
     encode_column,
@@ -144,11 +141,7 @@ def to_parquet(
     fs, root = filesystem(path)
     if exists(fs, root) and not overwrite:
         raise FileExistsError(f"{str(path)!r} exists; pass overwrite=True to replace it")
-    parent, name = root.rsplit("/", 1) if "/" in root else ("", root)
-    _remove_abandoned_staging(fs, parent, name)
-    # Host and pid in the name tell a later run whether the writer is still alive.
-    staging = f"{parent}/.{name}.cosim-{_HOST}-{os.getpid()}-{uuid.uuid4().hex[:12]}"
-    fs.create_dir(staging)
+    staging = new_staging(fs, root)
     written = df.map_partitions(
         _write_partition,
         fs,
@@ -191,40 +184,6 @@ def _compute_with_progress(commit: Any) -> Any:
 
     with ProgressBar():
         return commit.compute()
-
-
-_HOST = socket.gethostname().replace("/", "_")
-
-
-_STAGING = re.compile(r"\.cosim-(?P<host>.+)-(?P<pid>\d+)-[0-9a-f]{12}$")
-
-
-def _remove_abandoned_staging(fs: pafs.FileSystem, parent: str, name: str) -> None:
-    """Delete staging folders of earlier writes to ``name`` by processes of this host
-    that no longer exist (killed before they could clean up); others are left alone."""
-    if not isinstance(fs, pafs.LocalFileSystem):
-        return  # no way to tell whether a writer elsewhere is alive
-    try:
-        entries = os.listdir(parent or ".")
-    except OSError:
-        return
-    for entry in entries:
-        if not entry.startswith(f".{name}.cosim-"):
-            continue
-        found = _STAGING.search(entry)
-        if found is None or found["host"] != _HOST or _alive(int(found["pid"])):
-            continue
-        shutil.rmtree(os.path.join(parent, entry), ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's process
-        return True
-    return True
 
 
 # One row per partition written: file name, rows, JSON [min, max] of a sorted index (or
