@@ -108,8 +108,11 @@ def to_parquet(
     row_group_rows : int, optional
         Rows per Parquet row group; default pyarrow's (a whole partition up to 1Mi rows).
     write_index : bool, optional
-        As ``preserve_index`` in ``pyarrow.Table.from_pandas``: None stores a RangeIndex
-        as metadata and any other index as a column.
+        True stores the index as a column of every file, False stores none.  None (the
+        default): as True, except for the default index of a frame of one partition
+        (RangeIndex 0, 1, ..., n - 1, unnamed), which is not stored: every reader numbers
+        the rows of one file so.  A stored index reads back whole in pandas, dask, pyarrow
+        datasets and cudf (DuckDB, which has no index, sees a column).
     overwrite : bool, default False
         Replace an existing ``path`` (after the new folder is complete).
     compute : bool, default True
@@ -138,6 +141,12 @@ def to_parquet(
     missing = [c for c in vectors if c not in meta.columns]
     if missing:
         raise errors.column_not_found(missing, meta.columns, "vector columns")
+    if write_index is None and df.npartitions > 1:
+        # RangeIndex metadata describes one file: readers of a folder take the first
+        # file's (pandas, pyarrow datasets: the name lost; dask: a KeyError) or none.  As a
+        # column in every file, every reader restores the index, repeated labels included.
+        write_index = True
+    # None from here on: one partition, its index stored unless it is the default one.
     fs, root = filesystem(path)
     if exists(fs, root) and not overwrite:
         raise FileExistsError(f"{str(path)!r} exists; pass overwrite=True to replace it")
@@ -211,6 +220,8 @@ def _write_partition(
 ) -> pd.DataFrame:
     number = partition_info["number"] if partition_info else 0
     name = f"part.{number:05d}.parquet"
+    if write_index is None:
+        write_index = not _default_index(df.index)
     if _writes_on_gpu(df, fs, compression):
         schema = _file_schema(df, layout, vectors, write_index)
         if cudf_parquet.writer_takes(schema):
@@ -315,6 +326,16 @@ def _index_named_as_pyarrow(df: Any, preserve_index: bool | None) -> Any:
     return df
 
 
+def _default_index(index: Any) -> bool:
+    """Whether ``index`` is 0, 1, ..., n - 1, unnamed, as a RangeIndex (pandas or cudf)."""
+    return (
+        type(index).__name__ == "RangeIndex"
+        and index.name is None
+        and index.start == 0
+        and index.step == 1
+    )
+
+
 def _first_length(series: Any) -> int:
     """D of a variable-length list column: the length of its first non-null row (0 if
     none).  One scalar from the device."""
@@ -347,6 +368,8 @@ def _commit(
     for file, spec in zip(written["file"], written["vectors"]):
         for column, (dim, dtype) in json.loads(spec).items():
             first = vectors.setdefault(column, {"dim": dim, "dtype": dtype, "file": file})
+            if not first["dim"]:  # no rows, or only null ones, of a variable list: no D
+                first.update(dim=dim, dtype=dtype, file=file)
             if (first["dim"], first["dtype"]) != (dim, dtype) and dim:
                 raise ValueError(
                     f"column {column!r}: {file} holds {dim}-long {dtype} vectors but "
