@@ -8,13 +8,14 @@
   metadata.
 - :func:`read_parquet` (:mod:`.read`): our folders (any layout) zero-copy at pyarrow's
   speed; any other Parquet with list columns kept as Arrow lists (pandas) or cudf list
-  columns.  :func:`describe_parquet` says what a read would give, from the metadata;
+  columns, and files that store no index numbered across the read (:mod:`.positions`).
+  :func:`describe_parquet` says what a read would give, from the metadata;
   :func:`check_parquet_inputs` names a local file that is not Parquet and how to convert it.
 - :func:`numpy_pairs`, :func:`read_pickle` (:mod:`.convert`): .npy/.npz arrays and pandas
   pickles as frames, for ``dask-cosim convert``.
 - :mod:`.layouts`: the two ways a vector column is stored; :mod:`.files`: filesystems,
-  listing, globs and the manifest; :mod:`.cudf_parquet`: cudf's GPU reader and writer,
-  which the cudf backend of :mod:`.read` and :mod:`.write` use.
+  listing, globs, the manifest and staging folders; :mod:`.cudf_parquet`: cudf's GPU
+  reader and writer, which the cudf backend of :mod:`.read` and :mod:`.write` use.
 """
 
 from dask_cosim.backends import arrow_vector_types

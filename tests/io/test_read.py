@@ -15,7 +15,7 @@ import pytest
 
 import dask_cosim
 from dask_cosim import io
-from tests.helpers import pairs_frame, random_pairs, reference
+from tests.helpers import no_computes, pairs_frame, random_pairs, reference
 
 
 def test_read_parquet_reads_only_the_columns_used(tmp_path: Path) -> None:
@@ -137,3 +137,73 @@ def test_gpu_pieces_read_small_files_together() -> None:
     with dask.config.set({"cosim.read.gpu-partition-bytes": "1GiB"}):
         pieces, divisions = _gpu_pieces(pafs.LocalFileSystem(), files, [100] * 5, None)
     assert pieces == [(tuple(files), None)] and divisions is None
+
+
+# --------------------------------------------------------------------------- row numbering
+
+
+def plain_folder(folder: Path, sizes: list[int], row_group_size: int | None = None) -> Path:
+    """Files as plain pyarrow writes them (no pandas metadata): id and a vector column."""
+    folder.mkdir()
+    start = 0
+    for i, n in enumerate(sizes):
+        table = pa.table(
+            {"id": np.arange(start, start + n), "v": io.encode_vectors(np.ones((n, 3), "f4"))}
+        )
+        pq.write_table(table, folder / f"part-{i}.parquet", row_group_size=row_group_size)
+        start += n
+    return folder
+
+
+def test_files_without_an_index_are_numbered_across_the_read(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """Row i of the read is labelled i (what pd.read_parquet gives the folder), with known
+    divisions, from the footers alone; an empty file adds no partition."""
+    folder = plain_folder(tmp_path / "plain", [30, 0, 25, 45])
+    with no_computes():
+        df = dask_cosim.read_parquet(folder)
+    assert df.divisions == (0, 30, 55, 99)
+    got = df.compute()
+    pd.testing.assert_index_equal(got.index, pd.read_parquet(folder).index, exact="equiv")
+    assert (got.index == got["id"]).all()
+    assert (dask_cosim.read_parquet(folder, columns=["v"]).compute().index == got.index).all()
+    # Filters keep each row's label.
+    half = dask_cosim.read_parquet(folder, filters=[("id", ">=", 40)]).compute()
+    assert half.index.tolist() == half["id"].tolist() == list(range(40, 100))
+    # A big file split by row groups is numbered across its pieces.
+    monkeypatch.setattr(io.read, "_SPLIT_FILE_BYTES", 1)
+    monkeypatch.setattr(io.read, "TARGET_PARTITION_BYTES", 300)
+    big = dask_cosim.read_parquet(plain_folder(tmp_path / "big", [100], row_group_size=20))
+    assert big.npartitions > 1 and big.known_divisions
+    assert (big.compute().index == np.arange(100)).all()
+
+
+def test_a_stored_index_is_read_as_stored(tmp_path: Path) -> None:
+    pdf = pd.DataFrame({"id": np.arange(6), "x": np.arange(6.0)})
+    pdf.set_index(pd.Index([5, 3, 9, 1, 0, 2], name="key")).to_parquet(tmp_path / "cols.parquet")
+    assert dask_cosim.read_parquet(tmp_path / "cols.parquet").compute().index.tolist() == [
+        5, 3, 9, 1, 0, 2
+    ]  # fmt: skip
+    # One file with a RangeIndex in its metadata keeps it, as pandas does.
+    pdf.set_index(pd.RangeIndex(10, 22, 2, name="r")).to_parquet(tmp_path / "range.parquet")
+    got = dask_cosim.read_parquet(tmp_path / "range.parquet")
+    assert got.divisions == (10, 20)
+    pd.testing.assert_index_equal(got.compute().index, pd.RangeIndex(10, 22, 2, name="r"))
+    # Our folders written without an index are numbered too.
+    dask_cosim.to_parquet(dd.from_pandas(pdf, npartitions=3), tmp_path / "ours", write_index=False)
+    ours = dask_cosim.read_parquet(tmp_path / "ours")
+    assert ours.known_divisions and ours.compute().index.tolist() == list(range(6))
+
+
+@pytest.mark.gpu
+def test_cudf_reader_numbers_files_without_an_index(tmp_path: Path) -> None:
+    pytest.importorskip("cudf")
+    folder = plain_folder(tmp_path / "plain", [30, 0, 25, 45])
+    with dask.config.set({"dataframe.backend": "cudf"}):
+        df = dask_cosim.read_parquet(folder)
+        assert df.known_divisions
+        got = df.compute().to_pandas()
+        filtered = dask_cosim.read_parquet(folder, filters=[("id", ">=", 40)]).compute()
+    assert got.index.tolist() == got["id"].tolist() == list(range(100))
+    assert filtered.to_pandas().index.tolist() == list(range(40, 100))
