@@ -166,7 +166,7 @@ def stack_object_column(
     if isinstance(cells[0], str):
         # A text column, or vectors that became text: pandas before 3.0 keeps strings in
         # object columns, so this is where they are first seen.
-        raise errors.string_column(column, values.dtype)
+        raise errors.string_column(column, values.dtype, cells[0])
 
     dense = _stack_uniform(cells)
     if dense is None:
