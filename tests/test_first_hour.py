@@ -327,12 +327,10 @@ print(round(float(dask_cosim.from_pandas(df).cosim.pairwise("a", "b").compute().
 
 
 def test_lazy_names_are_the_public_ones() -> None:
-    from dask_cosim import io
 
     assert sorted(dask_cosim.__all__) == sorted(dask_cosim._LAZY)
     for name in dask_cosim.__all__:
         assert getattr(dask_cosim, name) is not None
-    assert cli._LAYOUTS == io.LAYOUTS
     with pytest.raises(AttributeError, match="module 'dask_cosim' has no attribute 'nothing'"):
         dask_cosim.nothing  # noqa: B018
 

@@ -91,7 +91,8 @@ def to_parquet(
     Parameters
     ----------
     df : dask DataFrame or pandas DataFrame
-        pandas frames go through :func:`from_pandas` first.
+        pandas frames go through :func:`from_pandas` first (``sort=False``: rows are
+        written in the frame's order).
     path : str or path-like
         The folder to create: a local path, or a URL pyarrow or fsspec knows.  The final
         rename is atomic on local disks; on object stores it is a copy.
@@ -129,7 +130,7 @@ def to_parquet(
     """
     check_layout(layout)
     if isinstance(df, pd.DataFrame):
-        df = from_pandas(df)
+        df = from_pandas(df, sort=False)  # the rows in the frame's order, not the index's
     if not isinstance(df, dd.DataFrame):
         raise TypeError(
             f"to_parquet expects a dask or pandas DataFrame, got {type(df).__name__}; "
@@ -170,7 +171,7 @@ def to_parquet(
         return commit
     try:
         if progress:
-            return _compute_with_progress(commit)
+            return compute_with_progress(commit)[0]
         return commit.compute()
     except BaseException:
         if exists(fs, staging):
@@ -178,21 +179,22 @@ def to_parquet(
         raise
 
 
-def _compute_with_progress(commit: Any) -> Any:
-    """``commit.compute()`` under the progress bar of the scheduler that will run it."""
+def compute_with_progress(*collections: Any) -> tuple[Any, ...]:
+    """``dask.compute(*collections)`` under the progress bar of the scheduler that will
+    run it: distributed's with an active Client, else dask's local ProgressBar."""
     from distributed import Client
     from distributed import progress as progress_bar
 
     # dask resolves an active distributed client to its bound ``get``.
     client = getattr(dask.base.get_scheduler(), "__self__", None)
     if isinstance(client, Client):
-        future = client.compute(commit)
-        progress_bar(future)
-        return future.result()
+        futures = client.compute(list(collections))
+        progress_bar(futures)
+        return tuple(client.gather(futures))
     from dask.diagnostics import ProgressBar
 
     with ProgressBar():
-        return commit.compute()
+        return dask.compute(*collections)
 
 
 # One row per partition written: file name, rows, JSON [min, max] of a sorted index (or
