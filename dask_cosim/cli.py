@@ -239,11 +239,17 @@ def demo(
 
 
 def _search(
-    build: Callable[[], Any], out: Output, cluster: Cluster, removed: str | None = None
+    build: Callable[[], Any],
+    out: Output,
+    cluster: Cluster,
+    *,
+    rows_of_input: bool = False,
+    removed: str | None = None,
 ) -> None:
     """Check OUTPUT (and REMOVED) and build the result (errors before a cluster starts),
     then compute and write it on the cluster; prints rows, time and the output paths.
-    ``build`` returns the result, or (kept rows, removed rows) with ``removed``."""
+    ``build`` returns the result, or (kept rows, removed rows) with ``removed``;
+    ``rows_of_input``: the result's rows are the input's (dedup), index included."""
     from dask_cosim import runs
 
     runs.check_output(out.output, out.overwrite)
@@ -252,9 +258,9 @@ def _search(
     result = build()
     # Search results are numbered per partition: their index says nothing, so it is not
     # written.  Dedup's kept rows keep the input's index.
-    jobs = [(result, out.output, False)]
+    jobs = [(result, out.output, rows_of_input)]
     if removed is not None:
-        jobs = [(result[0], out.output, True), (result[1], removed, False)]
+        jobs = [(result[0], out.output, rows_of_input), (result[1], removed, False)]
     with cluster.client():
         written = runs.write_all(jobs, overwrite=out.overwrite, progress=out.progress,
                                  layout=out.layout)  # fmt: skip
@@ -400,7 +406,8 @@ def dedup(
     if removed is None and columns:
         raise InputError("--columns names what --removed carries: give --removed PATH too")
     _search(lambda: df.cosim.dedup(on, threshold, return_removed=removed is not None,
-                                   columns=list(columns)), out, cluster, removed)  # fmt: skip
+                                   columns=list(columns)),
+            out, cluster, rows_of_input=True, removed=removed)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -151,6 +151,7 @@ def test_from_the_command_line(
     assert dict(zip(gone["right_id"], gone["left_id"])) == dropped_by_id(s, ids)
     left = pd.read_parquet(kept)
     assert sorted(left["id"]) == sorted(set(ids) - set(gone["right_id"]))
+    assert (ids[left.index] == left["id"]).all()  # the input's labels: row positions
     assert isinstance(left["embedding"].iloc[0], np.ndarray)  # list layout: real vectors
     read_everywhere(kept, left, ("embedding",))
 
