@@ -37,6 +37,8 @@ __all__ = [
     "memory_size",
     "positive_int",
     "search_k",
+    "search_max_blocks",
+    "search_precision",
     "search_split_every",
     "search_threshold",
     "search_tile_bytes",
@@ -133,6 +135,29 @@ def search_split_every(value: Any = None) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 2:
         raise ValueError(f"cosim.search.split-every={value!r} must be an integer >= 2")
     return value
+
+
+SEARCH_PRECISIONS = ("exact", "fp32", "fast")
+
+
+def search_precision(value: Any = None) -> str:
+    """Config ``cosim.search.precision``: "exact", "fp32" or "fast"."""
+    value = _given(value, "search.precision")
+    if value not in SEARCH_PRECISIONS:
+        raise ValueError(
+            f"cosim.search.precision={value!r}; use 'exact' (float64 decisions, the "
+            "default), 'fp32' (the same decisions from float32 tiles) or 'fast' "
+            "(float16 alone on GPUs, approximate)"
+        )
+    return str(value)
+
+
+def search_max_blocks(value: Any = None) -> int:
+    """Config ``cosim.search.max-blocks``: an int >= 1."""
+    value = _given(value, "search.max-blocks")
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ValueError(f"cosim.search.max-blocks={value!r} must be an integer >= 1, e.g. 64")
+    return int(value)
 
 
 def _device_sizes(value: Any, key: str, label: str) -> dict[str, int]:

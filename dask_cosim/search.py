@@ -1,7 +1,8 @@
 """Similarity search on dataframes, the graph: top-k, joins, neighbours and dedup.
 
-One task per partition normalises its vectors once (:func:`_sides`), one task per pair of
-partitions reduces their tiles, and the results of one left partition are merged by a
+One task per block of consecutive partitions (a partition, unless there are more than
+``cosim.search.max-blocks``) normalises its vectors once (:func:`_sides`), one task per
+pair of blocks reduces their tiles, and the results of one left block are merged by a
 tree of tasks (``cosim.search.split-every`` at a time), never by a groupby over lists.
 The per-partition functions are in :mod:`dask_cosim.search_partition` (dask-free); on
 eager pandas/cudf frames they run directly, without dask.
@@ -37,6 +38,8 @@ class _Options:
     device: str
     tile_bytes: dict[str, int]
     split_every: int
+    precision: str
+    max_blocks: int
 
 
 def _options() -> _Options:
@@ -45,6 +48,8 @@ def _options() -> _Options:
         device=options.device(),
         tile_bytes=options.search_tile_bytes(),
         split_every=options.search_split_every(),
+        precision=options.search_precision(),
+        max_blocks=options.search_max_blocks(),
     )
 
 
@@ -101,16 +106,31 @@ class _Builder:
         return dd.from_delayed(outs, meta=meta, divisions=divisions, verify_meta=False)
 
 
+def _block_bounds(n: int, max_blocks: int) -> list[tuple[int, int]]:
+    """Consecutive partitions [a, b) searched together: one each, unless there are more
+    than ``max_blocks`` (the pair tasks grow as their square)."""
+    cuts = np.linspace(0, n, min(n, max_blocks) + 1).round().astype(int)
+    return list(zip(cuts[:-1].tolist(), cuts[1:].tolist()))
+
+
 def _sides(
     build: _Builder, df: Any, on: str, opts: _Options, payload: Sequence[Any] = ()
 ) -> list[Any]:
-    """One normalised side per partition of ``df[on]`` (carrying the ``payload`` columns)."""
+    """One normalised side per block of ``df[on]`` (carrying the ``payload`` columns)."""
     prep = build(sp.prepare_side)
     keep = [on, *[c for c in payload if c != on]]
-    return [
-        prep(p, on, i, eps=opts.eps, device=opts.device, payload=list(payload) or None)
-        for i, p in enumerate(build.partitions(df[keep]))
+    parts = build.partitions(df[keep])
+    blocks = [
+        parts[a] if b == a + 1 else build(sp.concat_frames)(*parts[a:b])
+        for a, b in _block_bounds(len(parts), opts.max_blocks)
     ]
+    return [
+        prep(
+            p, on, i, eps=opts.eps, device=opts.device, payload=list(payload) or None,
+            precision=opts.precision,
+        )
+        for i, p in enumerate(blocks)
+    ]  # fmt: skip
 
 
 def _combine(k: int | None) -> Callable[..., Any]:
@@ -182,9 +202,9 @@ def join(
     )
     opts = _options()
     score_dtype = sp.score_dtype(spec_l, spec_r)
+    like = _meta_of(left)
     dtypes, carried = _pair_columns(left, lcols, right, rcols)
-    li, ri = _meta_of(left).index, _meta_of(right).index
-    meta = sp.result_meta(li, ri, score_dtype, k is not None, dtypes)
+    meta = sp.result_meta(like.index, _meta_of(right).index, score_dtype, k is not None, dtypes)
     # float64 results get float64 scores for every pair; float32 ones keep the tile's.
     exact = score_dtype == np.float64
     build = _Builder(dask.is_dask_collection(left) or dask.is_dask_collection(right))
@@ -193,15 +213,17 @@ def join(
     for lside in _sides(build, left, on, opts, lcols):
         if k is not None:
             pair = build(sp.join_pair_topk)
-            pieces = [pair(lside, r, k, threshold, opts.tile_bytes) for r in rsides]
+            pieces = [pair(lside, r, k, threshold, opts.tile_bytes, opts.precision) for r in rsides]
         else:
             pair = build(sp.pair_threshold)
             pieces = [
-                pair(lside, r, threshold, opts.tile_bytes, exact_scores=exact) for r in rsides
-            ]
+                pair(lside, r, threshold, opts.tile_bytes, exact_scores=exact,
+                     precision=opts.precision)
+                for r in rsides
+            ]  # fmt: skip
         merged = build.tree(pieces, _combine(k), opts.split_every)
-        outs.append(build(sp.finish_pairs)(merged, meta, k is not None, carried))
-    return build.collect(outs, meta)
+        outs.append(build(sp.finish_pairs)(merged, meta, k is not None, like, carried))
+    return build.collect(outs, backends.frame_like(meta, like))
 
 
 def neighbors(
@@ -218,9 +240,9 @@ def neighbors(
     cols = _carried(df, columns, "columns")
     _warn_if_labels_repeat([(df, "the frame", "'left' and 'right'")] * (not cols))
     opts = _options()
-    index = _meta_of(df).index
+    like = _meta_of(df)
     dtypes, carried = _pair_columns(df, cols, df, cols)
-    meta = sp.result_meta(index, index, sp.score_dtype(spec), k is not None, dtypes)
+    meta = sp.result_meta(like.index, like.index, sp.score_dtype(spec), k is not None, dtypes)
     exact = meta["score"].dtype == np.float64
     build = _Builder(dask.is_dask_collection(df))
     sides = _sides(build, df, on, opts, cols)
@@ -232,21 +254,22 @@ def neighbors(
             other = sides[j] if j > i else None
             if k is not None:
                 pair = build(sp.self_pair_topk, nout=2)
-                a, b = pair(sides[i], other, k, threshold, opts.tile_bytes)
+                a, b = pair(sides[i], other, k, threshold, opts.tile_bytes, opts.precision)
                 pieces[i].append(a)
                 if j > i:
                     pieces[j].append(b)
             else:
                 pair = build(sp.pair_threshold)
                 pieces[i].append(
-                    pair(sides[i], other, threshold, opts.tile_bytes, exact_scores=exact)
-                )
+                    pair(sides[i], other, threshold, opts.tile_bytes, exact_scores=exact,
+                         precision=opts.precision)
+                )  # fmt: skip
     finish = build(sp.finish_pairs)
     outs = [
-        finish(build.tree(p, _combine(k), opts.split_every), meta, k is not None, carried)
+        finish(build.tree(p, _combine(k), opts.split_every), meta, k is not None, like, carried)
         for p in pieces
     ]
-    return build.collect(outs, meta)
+    return build.collect(outs, backends.frame_like(meta, like))
 
 
 def dedup(
@@ -266,30 +289,38 @@ def dedup(
     opts = _options()
     build = _Builder(dask.is_dask_collection(df))
     sides = _sides(build, df, on, opts, cols)
-    divisions = df.divisions if dask.is_dask_collection(df) else None
+    frames = build.partitions(df)
+    lengths = [build(len)(f) for f in frames] if len(frames) > len(sides) else None
+    like = _meta_of(df)
     if return_removed:
         dtypes, carried = _pair_columns(df, cols, df, cols)
-        index = _meta_of(df).index
-        meta = sp.result_meta(index, index, sp.score_dtype(spec), False, dtypes)
-        pair = build(sd.earlier_matches)
+        meta = sp.result_meta(like.index, like.index, sp.score_dtype(spec), False, dtypes)
+        pair = functools.partial(build(sd.earlier_matches), precision=opts.precision)
+        combine: Callable[..., Any] = sd.best_matches
+        drop: Callable[..., Any] = sd.drop_matched
     else:
-        pair = functools.partial(build(sp.pair_threshold), positions=True)
+        pair = functools.partial(build(sp.pair_threshold), positions=True,
+                                 precision=opts.precision)  # fmt: skip
+        combine, drop = sp.union_positions, sp.drop_rows
     outs, removed = [], []
-    for j, frame in enumerate(build.partitions(df)):
-        # Rows of partition j with an earlier row (in partition i <= j) scoring enough.
+    for j, (a, b) in enumerate(_block_bounds(len(frames), opts.max_blocks)):
+        # Rows of block j with an earlier row (in block i <= j) scoring enough.
         found = [
             pair(sides[i], sides[j] if i < j else None, threshold_value, opts.tile_bytes)
             for i in range(j + 1)
         ]
-        if not return_removed:
-            drops = build.tree(found, sp.union_positions, opts.split_every)
-            outs.append(build(sp.drop_rows)(frame, drops))
-            continue
-        best = build.tree(found, sd.best_matches, opts.split_every)
-        outs.append(build(sd.drop_matched)(frame, best))
-        removed.append(build(sd.finish_removed)(best, meta, carried))
-    kept = build.collect(outs, _meta_of(df), divisions)
-    return (kept, build.collect(removed, meta)) if return_removed else kept
+        dropped = build.tree(found, combine, opts.split_every)
+        for m in range(a, b):
+            # The block's positions, shifted to partition m's own rows.
+            before = lengths[a:m] if lengths is not None else []
+            outs.append(build(drop)(frames[m], dropped, *before))
+        if return_removed:
+            removed.append(build(sd.finish_removed)(dropped, meta, carried, like))
+    divisions = df.divisions if dask.is_dask_collection(df) else None
+    kept = build.collect(outs, like, divisions)
+    if not return_removed:
+        return kept
+    return kept, build.collect(removed, backends.frame_like(meta, like))
 
 
 def groups(df: Any, on: str, threshold: float, *, name: str = "group") -> Any:
@@ -301,8 +332,9 @@ def groups(df: Any, on: str, threshold: float, *, name: str = "group") -> Any:
     opts = _options()
     build = _Builder(dask.is_dask_collection(df))
     sides = _sides(build, df, on, opts)
-    edge = build(sd.edge_keys)
+    frames = build.partitions(df)
     n = len(sides)
+    edge = functools.partial(build(sd.edge_keys), precision=opts.precision)
     edges = [
         edge(sides[i], sides[j] if j > i else None, threshold_value, opts.tile_bytes)
         for i in range(n)
@@ -312,8 +344,13 @@ def groups(df: Any, on: str, threshold: float, *, name: str = "group") -> Any:
     all_edges = build.tree(edges, sd.concat_edges, opts.split_every)
     # One task holds every edge: the components need the whole graph.
     found = build(sd.components, nout=n)(rows, all_edges)
-    parts = build.partitions(df)
-    outs = [build(sd.with_group)(parts[j], found[j], name) for j in range(n)]
+    lengths = [build(len)(f) for f in frames] if len(frames) > n else None
+    outs = []
+    for j, (a, b) in enumerate(_block_bounds(len(frames), opts.max_blocks)):
+        for m in range(a, b):
+            # The block's group ids, sliced to partition m's own rows.
+            before = lengths[a:m] if lengths is not None else []
+            outs.append(build(sd.with_group)(frames[m], found[j], name, *before))
     meta = _meta_of(df).iloc[:0].assign(**{name: np.zeros(0, dtype=np.int64)})
     divisions = df.divisions if dask.is_dask_collection(df) else None
     return build.collect(outs, meta, divisions)
@@ -350,7 +387,8 @@ def topk(
     q = build.value(query, "cosim-queries")
     pair = build(sp.join_pair_topk)
     pieces = [
-        pair(q, r, k_value, None, opts.tile_bytes) for r in _sides(build, df, on, opts, columns)
+        pair(q, r, k_value, None, opts.tile_bytes, opts.precision)
+        for r in _sides(build, df, on, opts, columns)
     ]
     merged = build.tree(pieces, _combine(k_value), opts.split_every)
     result = build(sp.finish_topk)(merged, _meta_of(df), columns, score_dtype)

@@ -1,8 +1,9 @@
 """What dedup removed, and groups of near-duplicates, one partition (or pair) at a time.
 
-Knows no dask: :mod:`dask_cosim.search` maps these functions.  Rows are named by their
-ordering key (partition number above :data:`~dask_cosim.search_partition.POS_BITS` bits
-of position: frame order), never by index labels, which may repeat.
+Knows no dask: :mod:`dask_cosim.search` maps these functions, one call per block of
+consecutive partitions (a partition, unless there are many).  Rows are named by their
+ordering key (block number above :data:`~dask_cosim.search_partition.POS_BITS` bits of
+position: frame order), never by index labels, which may repeat.
 
 - :func:`earlier_matches`: for each row of one partition, its best earlier row in another
   (or the same) partition, among those scoring at least the threshold;
@@ -11,7 +12,7 @@ of position: frame order), never by index labels, which may repeat.
   :func:`drop_matched` removes the matched rows from the partition.
 - :func:`edge_keys` and :func:`components`: the threshold graph's edges as pairs of keys,
   then its connected components (scipy, in one task), one array of group ids per
-  partition; :func:`with_group` puts a partition's array beside its rows.
+  block; :func:`with_group` puts a partition's share beside its rows.
 """
 
 from __future__ import annotations
@@ -47,12 +48,17 @@ def _with_left_keys(q: sp.Side, pairs: pd.DataFrame) -> pd.DataFrame:
 
 
 def earlier_matches(
-    q: sp.Side, r: sp.Side | None, threshold: float, tile_bytes: dict[str, int]
+    q: sp.Side,
+    r: sp.Side | None,
+    threshold: float,
+    tile_bytes: dict[str, int],
+    precision: str = "fp32",
 ) -> pd.DataFrame:
     """For each row of ``r`` (of ``q`` when ``r`` is None: then only earlier rows of
     ``q`` count) with a row of ``q`` scoring at least ``threshold``: the best such row
     (float64 score, ties to the earlier row), one pair per right row."""
-    pairs = sp.pair_threshold(q, r, threshold, tile_bytes, exact_scores=True)
+    pairs = sp.pair_threshold(q, r, threshold, tile_bytes, exact_scores=True,
+                              precision=precision)  # fmt: skip
     return best_matches(_with_left_keys(q, pairs))
 
 
@@ -68,22 +74,31 @@ def best_matches(*parts: pd.DataFrame) -> pd.DataFrame:
     return df[first].reset_index(drop=True)
 
 
-def finish_removed(best: pd.DataFrame, meta: pd.DataFrame, carried: dict[str, str]) -> Any:
-    """The removed rows of one partition, in frame order: ``left`` (the earlier row),
-    ``right`` (the removed row), ``score`` and the carried columns."""
-    return sp.pairs_result(best.sort_values("_key"), meta, False, carried)
+def finish_removed(
+    best: pd.DataFrame, meta: pd.DataFrame, carried: dict[str, str], like: Any = None
+) -> Any:
+    """The removed rows of one block, in frame order: ``left`` (the earlier row),
+    ``right`` (the removed row), ``score`` and the carried columns; in the library of
+    ``like`` (cudf for a cudf input), else pandas."""
+    return sp.pairs_result(best.sort_values("_key"), meta, False, like, carried)
 
 
-def drop_matched(df: Any, best: pd.DataFrame) -> Any:
-    """``df`` without its rows that have an earlier match in ``best``."""
-    return sp.drop_rows(df, np.sort(best["_key"].to_numpy() & _POSITION_MASK))
+def drop_matched(df: Any, best: pd.DataFrame, *before: int) -> Any:
+    """``df`` without its rows that have an earlier match in ``best``; ``before``: the
+    lengths of the partitions ahead of ``df`` in its block."""
+    return sp.drop_rows(df, np.sort(best["_key"].to_numpy() & _POSITION_MASK), *before)
 
 
 def edge_keys(
-    q: sp.Side, r: sp.Side | None, threshold: float, tile_bytes: dict[str, int]
+    q: sp.Side,
+    r: sp.Side | None,
+    threshold: float,
+    tile_bytes: dict[str, int],
+    precision: str = "fp32",
 ) -> np.ndarray:
     """The pairs scoring at least ``threshold`` as an (E, 2) array of ordering keys."""
-    pairs = _with_left_keys(q, sp.pair_threshold(q, r, threshold, tile_bytes))
+    pairs = sp.pair_threshold(q, r, threshold, tile_bytes, precision=precision)
+    pairs = _with_left_keys(q, pairs)
     return np.stack([pairs["_lkey"].to_numpy(np.int64), pairs["_key"].to_numpy(np.int64)], 1)
 
 
@@ -96,9 +111,9 @@ def side_rows(side: sp.Side) -> int:
 
 
 def components(rows: list[int], edges: np.ndarray) -> list[np.ndarray]:
-    """Connected components of the graph of ``edges`` over partitions of ``rows`` rows:
-    for each partition, each row's group id, the frame position (0-based, over all
-    partitions) of the group's first row.  A row without edges is its own group."""
+    """Connected components of the graph of ``edges`` over blocks of ``rows`` rows: for
+    each block, each row's group id, the frame position (0-based, over all blocks) of
+    the group's first row.  A row without edges is its own group."""
     from scipy.sparse import coo_matrix
     from scipy.sparse.csgraph import connected_components
 
@@ -115,7 +130,9 @@ def components(rows: list[int], edges: np.ndarray) -> list[np.ndarray]:
     return [group[a:b] for a, b in itertools.pairwise(offsets)]
 
 
-def with_group(df: Any, group: np.ndarray, name: str) -> Any:
-    """``df`` (pandas or cudf) with the column ``name`` holding ``group``, by position
-    (index labels may repeat)."""
-    return df.assign(**{name: group})
+def with_group(df: Any, group: np.ndarray, name: str, *before: int) -> Any:
+    """``df`` (pandas or cudf) with the column ``name`` holding its rows of ``group``
+    (its block's group ids; ``before``: the lengths of the partitions ahead of ``df`` in
+    the block), by position (index labels may repeat)."""
+    start = sum(before)
+    return df.assign(**{name: group[start : start + len(df)]})

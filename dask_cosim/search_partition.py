@@ -24,11 +24,12 @@ import numpy as np
 import pandas as pd
 import torch
 
-from dask_cosim import backends, errors, partition
+from dask_cosim import backends, errors, partition, search_twopass
 from dask_cosim import search_kernels as sk
 
 __all__ = [
     "Side",
+    "concat_frames",
     "concat_pairs",
     "drop_rows",
     "finish_pairs",
@@ -55,20 +56,23 @@ POS_BITS = _POS_BITS  # for search_dedup, which decodes keys
 class Side:
     """One partition's vectors, normalised (:class:`~dask_cosim.search_kernels.Prepared`),
     with its index labels, its partition number, the column name (for errors) and the
-    columns to carry into results (``payload``, or None)."""
+    columns to carry into results (``payload``, or None).  Labels and payload stay in the
+    partition's library (on the device for cudf): results take only their own rows."""
 
     prep: sk.Prepared
-    labels: pd.Index
+    labels: Any
     part: int
     column: str
-    payload: pd.DataFrame | None
+    payload: Any
 
     def __dask_tokenize__(self) -> tuple[Any, ...]:
         # dask would pickle the tensors (slow); their bytes say the same.  ``scale``
         # depends on eps, so two sides normalised with different eps differ.
         p = self.prep
         tensors = [_tensor_bytes(t) for t in (p.raw, p.scale, p.valid)]
-        return (*tensors, self.labels, self.part, self.column, self.payload)
+        carried = None if self.payload is None else backends.data_token(self.payload)
+        labels = backends.data_token(self.labels)
+        return (*tensors, labels, self.part, self.column, carried)
 
 
 def _tensor_bytes(t: torch.Tensor) -> tuple[str, tuple[int, ...], np.ndarray]:
@@ -84,10 +88,13 @@ def prepare_side(
     eps: float,
     device: str = "auto",
     payload: list[Any] | None = None,
+    precision: str = "fp32",
 ) -> Side:
     """Normalise one partition's ``column`` (any format :mod:`dask_cosim.backends` reads).
 
-    Null rows and rows holding NaN or inf never match; a zero row scores 0.0.
+    Null rows and rows holding NaN or inf never match; a zero row scores 0.0.  On CUDA
+    with ``precision`` "exact" or "fast" the float32 unit rows, which only the float32
+    path reads, are not kept (:func:`~dask_cosim.search_twopass.prepare_lean`).
     """
     v = backends.to_vectors(df[column], column)
     x = v.blocks[0] if len(v.blocks) == 1 else torch.cat(v.blocks)
@@ -95,14 +102,17 @@ def prepare_side(
     null = v.null
     if null is not None and not isinstance(null, torch.Tensor):
         null = torch.from_numpy(np.asarray(null))
-    prep = sk.prepare(x, null, eps=eps, device=target)
+    if precision != "fp32" and target.type == "cuda":
+        prep = search_twopass.prepare_lean(x, null, eps=eps, device=target)
+    else:
+        prep = sk.prepare(x, null, eps=eps, device=target)
     carried = None
     if payload:
-        carried = backends.to_pandas(df[payload])
+        carried = df[payload]
         # Positional names: a user column called "left" or "score" cannot collide with
         # the bookkeeping columns on the way to the result.
         carried.columns = [f"_p{n}" for n in range(len(payload))]
-    return Side(prep, backends.to_pandas(df.index), part, column, carried)
+    return Side(prep, df.index, part, column, carried)
 
 
 def query_side(queries: Any, eps: float) -> Side:
@@ -192,18 +202,18 @@ def _pairs_frame(
         {
             "_l": i_np.astype(np.int64),
             "_key": (np.int64(r.part) << _POS_BITS) + j_np.astype(np.int64),
-            "left": q.labels.take(i_np),
-            "right": r.labels.take(j_np),
+            "left": backends.take_to_pandas(q.labels, i_np),
+            "right": backends.take_to_pandas(r.labels, j_np),
             "score": s.cpu().numpy(),
         }
     )
     # The carried columns of each side: "_q0"... of the left rows, "_p0"... of the right.
     carried = [out]
     if q.payload is not None:
-        left = q.payload.iloc[i_np].reset_index(drop=True)
+        left = backends.take_to_pandas(q.payload, i_np).reset_index(drop=True)
         carried.append(left.set_axis([f"_q{n}" for n in range(left.shape[1])], axis=1))
     if r.payload is not None:
-        carried.append(r.payload.iloc[j_np].reset_index(drop=True))
+        carried.append(backends.take_to_pandas(r.payload, j_np).reset_index(drop=True))
     return pd.concat(carried, axis=1) if len(carried) > 1 else out
 
 
@@ -221,19 +231,31 @@ def _topk_frame(q: Side, r: Side, res: sk.TopK, threshold: float | None) -> pd.D
 
 
 def join_pair_topk(
-    q: Side, r: Side, k: int, threshold: float | None, tile_bytes: dict[str, int]
+    q: Side,
+    r: Side,
+    k: int,
+    threshold: float | None,
+    tile_bytes: dict[str, int],
+    precision: str = "fp32",
 ) -> pd.DataFrame:
-    """For each row of ``q`` its ``k`` best rows of ``r`` (at or above ``threshold``)."""
+    """For each row of ``q`` its ``k`` best rows of ``r`` (at or above ``threshold``);
+    ``precision``: how the exact answer is found (``cosim.search.precision``)."""
     sides = _aligned(q, r)
     if sides is None:
         return _empty_pairs(q, r)
     qp, rp = sides
-    res, _ = sk.topk(qp, rp, k, tile_bytes=_tile_bytes(tile_bytes, rp.unit.device))
+    budget = _tile_bytes(tile_bytes, rp.unit.device)
+    res, _ = sk.topk(qp, rp, k, tile_bytes=budget, precision=precision)
     return _topk_frame(q, r, res, threshold)
 
 
 def self_pair_topk(
-    a: Side, b: Side | None, k: int, threshold: float | None, tile_bytes: dict[str, int]
+    a: Side,
+    b: Side | None,
+    k: int,
+    threshold: float | None,
+    tile_bytes: dict[str, int],
+    precision: str = "fp32",
 ) -> tuple[pd.DataFrame, pd.DataFrame | None]:
     """One partition pair of a self-join: the best rows of ``b`` for each row of ``a``
     and of ``a`` for each row of ``b``, from the same tiles (``b`` None: ``a`` with
@@ -245,9 +267,9 @@ def self_pair_topk(
     ap, bp = sides
     budget = _tile_bytes(tile_bytes, bp.unit.device)
     if b is None:
-        res, _ = sk.topk(ap, bp, k, tile_bytes=budget, same=True)
+        res, _ = sk.topk(ap, bp, k, tile_bytes=budget, same=True, precision=precision)
         return _topk_frame(a, a, res, threshold), None
-    res_a, res_b = sk.topk(ap, bp, k, tile_bytes=budget, both=True)
+    res_a, res_b = sk.topk(ap, bp, k, tile_bytes=budget, both=True, precision=precision)
     assert res_b is not None
     return _topk_frame(a, b, res_a, threshold), _topk_frame(b, a, res_b, threshold)
 
@@ -260,6 +282,7 @@ def pair_threshold(
     *,
     exact_scores: bool = False,
     positions: bool = False,
+    precision: str = "fp32",
 ) -> Any:
     """Every pair (row of ``q``, row of ``r``) scoring at least ``threshold``.
 
@@ -267,7 +290,8 @@ def pair_threshold(
     order) on the left, no row with itself (a self-join's diagonal partition pair).
     Returns the pairs as a frame (float64 scores with ``exact_scores``, else float32 ones
     away from the threshold), or with ``positions`` only the sorted positions in ``r``
-    (``q`` when ``r`` is None) of the right rows: those dedup drops.
+    (``q`` when ``r`` is None) of the right rows: those dedup drops.  With ``precision``
+    "exact" on CUDA every reported score is the float64 one.
     """
     other = q if r is None else r
     sides = _aligned(q, other)
@@ -280,7 +304,9 @@ def pair_threshold(
         threshold,
         tile_bytes=_tile_bytes(tile_bytes, rp.unit.device),
         mode="upper" if r is None else None,
-        exact_scores=exact_scores and not positions,  # positions need only the pair set
+        # Positions need only the pair set; a float16 pass's score is no score to report.
+        exact_scores=(exact_scores or precision == "exact") and not positions,
+        precision=precision,
     )
     if positions:
         return np.unique(j.cpu().numpy())
@@ -294,13 +320,21 @@ def union_positions(*parts: np.ndarray) -> np.ndarray:
     return np.unique(np.concatenate(parts))
 
 
-def drop_rows(df: Any, positions: np.ndarray) -> Any:
-    """``df`` without the rows at ``positions``."""
+def drop_rows(df: Any, positions: np.ndarray, *before: int) -> Any:
+    """``df`` without the rows at ``positions``; ``before``: the lengths of the partitions
+    ahead of ``df`` in its block (``positions`` count from the block's first row)."""
+    start = sum(before)
+    positions = positions[(positions >= start) & (positions < start + len(df))] - start
     if len(positions) == 0:
         return df
     keep = np.ones(len(df), dtype=bool)
     keep[positions] = False
     return backends.boolean_mask(df, keep)
+
+
+def concat_frames(*parts: Any) -> Any:
+    """Consecutive partitions as one frame (a block of a search)."""
+    return backends.concat_frames(list(parts))
 
 
 def _sorted_pairs(df: pd.DataFrame, by_score: bool = True) -> pd.DataFrame:
@@ -330,17 +364,26 @@ def _ranks(groups: np.ndarray) -> np.ndarray:
 
 
 def finish_pairs(
-    merged: pd.DataFrame, meta: pd.DataFrame, rank: bool, carried: dict[str, str] | None = None
+    merged: pd.DataFrame,
+    meta: pd.DataFrame,
+    rank: bool,
+    like: Any = None,
+    carried: dict[str, str] | None = None,
 ) -> Any:
     """The result partition: sorted by left row, then rank (score descending, ties by
-    right row) with ``rank``, else by right row; ``carried`` maps the carried columns'
-    names in ``merged`` ("_q0", "_p0", ...) to theirs in the result."""
-    return pairs_result(_sorted_pairs(merged, by_score=rank), meta, rank, carried)
+    right row) with ``rank``, else by right row; in the library of ``like`` (cudf for a
+    cudf input), else pandas; ``carried`` maps the carried columns' names in ``merged``
+    ("_q0", "_p0", ...) to theirs in the result."""
+    return pairs_result(_sorted_pairs(merged, by_score=rank), meta, rank, like, carried)
 
 
 def pairs_result(
-    df: pd.DataFrame, meta: pd.DataFrame, rank: bool, carried: dict[str, str] | None = None
-) -> pd.DataFrame:
+    df: pd.DataFrame,
+    meta: pd.DataFrame,
+    rank: bool,
+    like: Any = None,
+    carried: dict[str, str] | None = None,
+) -> Any:
     """The sorted partial frame ``df`` as result rows (see :func:`finish_pairs`)."""
     out = pd.DataFrame(
         {
@@ -353,7 +396,8 @@ def pairs_result(
         out["rank"] = _ranks(df["_l"].to_numpy()).astype(np.int64)
     for inner, name in (carried or {}).items():
         out[name] = df[inner].array
-    return out.astype(meta.dtypes.to_dict())
+    out = out.astype(meta.dtypes.to_dict())
+    return out if like is None else backends.frame_like(out, like)
 
 
 def finish_topk(merged: pd.DataFrame, like: Any, columns: list[Any], score: np.dtype) -> Any:

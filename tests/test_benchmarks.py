@@ -88,3 +88,18 @@ def test_scaling_benchmark_runs(tmp_path: Path) -> None:
     )  # fmt: skip
     assert "ns per pair per 100 dims" in out
     assert json.loads((tmp_path / "scaling-smoke.json").read_text())["rows"][0]["rows"] == 2000
+
+
+def test_search_gpu_benchmark_smoke(tmp_path: Path) -> None:
+    """The GPU search benchmark's tiny mode (on the CPU here: the torch engine): every
+    case runs, every exact contender gives the float64 answer, the file is written."""
+    out = run_script(
+        "search_gpu", "--smoke", "--repeat", "1", "--quiet", "--name", "smoke",
+        "--out", str(tmp_path),
+    )  # fmt: skip
+    assert "ours: exact (float16 pass + float64)" in out and "NeMo-style" in out
+    result = json.loads((tmp_path / "smoke.json").read_text())
+    rows = [r for part in ("topk", "threshold") for case in result[part] for r in case["rows"]]
+    assert all(r["identical_to_float64"] for r in rows if r["exact"])
+    assert result["scale"]["dedup 0.95"]["result_rows"] > 0
+    assert (tmp_path / "smoke.png").stat().st_size > 0

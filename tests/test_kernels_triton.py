@@ -9,9 +9,6 @@ compiled kernel.
 from __future__ import annotations
 
 import importlib.util
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +16,7 @@ import pytest
 import torch
 
 from dask_cosim import kernels, options
-from tests.helpers import exact_reference, random_pairs, reference
+from tests.helpers import exact_reference, random_pairs, reference, run_in_triton_interpreter
 
 # The kernels take their options as arguments: the configured defaults (cosim.yaml).
 EPS, CHUNK_BYTES = options.eps(), options.chunk_bytes()
@@ -69,13 +66,8 @@ def check_against_reference(device: str) -> None:
 
 @needs_triton
 def test_triton_kernel_in_the_interpreter() -> None:
-    env = dict(os.environ, TRITON_INTERPRET="1")
     code = "from tests.test_kernels_triton import check_against_reference as c; c('cpu')"
-    proc = subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
-        timeout=240,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    run_in_triton_interpreter(code, timeout=240)
 
 
 @pytest.mark.gpu

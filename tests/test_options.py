@@ -60,6 +60,8 @@ def test_config_and_arguments() -> None:
         (options.search_k, 2.0, "k=2.0 must be an integer >= 1"),
         (options.search_threshold, 1.5, "threshold=1.5 must be a number in [-1, 1]"),
         (options.search_threshold, "high", "threshold='high' must be a number in [-1, 1]"),
+        (options.search_precision, "half", "cosim.search.precision='half'; use 'exact'"),
+        (options.search_max_blocks, 0, "cosim.search.max-blocks=0 must be an integer >= 1"),
         (lambda v: options.positive_int("workers", v, "workers=2"), 0, "workers=0 must be a"),
         (lambda v: options.memory_size("memory_limit", v, "4GiB"), "lots", "'lots' is not a size"),
     ],
@@ -90,6 +92,9 @@ def test_bad_config_is_reported_where_it_is_used() -> None:
 def test_search_options() -> None:
     assert options.search_tile_bytes() == {"cpu": 32 * 2**20, "cuda": 512 * 2**20}
     assert options.search_split_every() == 8
+    assert options.search_precision() == "exact" and options.search_max_blocks() == 64
+    with dask.config.set({"cosim.search.precision": "fast"}):
+        assert options.search_precision() == "fast"
     with dask.config.set({"cosim.search.tile-bytes": "1MiB"}):
         assert options.search_tile_bytes() == {"cpu": 2**20, "cuda": 2**20}
     with pytest.raises(ValueError, match=r"cosim\.search\.split-every=1 must be an integer >= 2"):

@@ -253,3 +253,21 @@ def open_docs(name: str) -> str:
     from pathlib import Path
 
     return (Path(dask_cosim.__file__).parents[1] / "docs" / name).read_text()
+
+
+def test_removed_rows_and_groups_over_blocks_of_partitions() -> None:
+    """More partitions than cosim.search.max-blocks: blocks of consecutive partitions are
+    searched together, and each partition gets its own rows back."""
+    x = vectors()
+    pdf = frame(x)
+    s = brute(x, x)
+    want = brute_removed(s)
+    with dask.config.set({"cosim.search.max-blocks": 2}):
+        df = repeating(pdf, parts=5)
+        kept, removed = df.cosim.dedup("emb", THR, return_removed=True, columns=["id"])
+        grouped = df.cosim.groups("emb", THR)
+        kept, removed, grouped = dask.compute(kept, removed, grouped, scheduler="sync")
+    assert removed["right_id"].tolist() == [10 * r + 1 for r in sorted(want)]
+    assert removed["left_id"].tolist() == [10 * want[r][0] + 1 for r in sorted(want)]
+    assert sorted(kept["id"]) == sorted(set(pdf["id"]) - set(removed["right_id"]))
+    assert grouped["group"].tolist() == union_find_groups(s).tolist()

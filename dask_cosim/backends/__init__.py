@@ -12,14 +12,17 @@ here, keyed on the type of its first argument (dask's ``Dispatch``):
 - ``to_pandas(obj)``: a frame, Series or index on the host, as pandas (pandas: itself);
 - ``is_device_frame(obj)``: whether ``obj`` is a frame, Series or index of a GPU library;
 - ``boolean_mask(df, keep)``: the rows of ``df`` where the numpy bool array ``keep`` is True;
+- ``take_to_pandas(obj, positions)``: the rows (or labels) of a frame or index at the numpy
+  ``positions``, as pandas: a device object gives only those rows to the host;
 - ``frame_like(pdf, like)``: the pandas frame ``pdf`` in the library of ``like``;
 - ``data_token(obj)``: a deterministic token of an eager frame's contents, for graph keys;
 - ``to_host_tensor(array)``: an array (numpy, cupy, torch, lists: ``topk``'s queries) as a
   CPU tensor;
 
-and :func:`frame_from_arrow`, which picks the library by name ("pandas" or "cudf", dask's
-``dataframe.backend``) because a table read from a file has no library yet.  A partition
-goes to Arrow through dask's own ``to_pyarrow_table_dispatch``.
+:func:`concat_frames` (dask's ``concat`` dispatch), and :func:`frame_from_arrow`, which
+picks the library by name ("pandas" or "cudf", dask's ``dataframe.backend``) because a
+table read from a file has no library yet.  A partition goes to Arrow through dask's own
+``to_pyarrow_table_dispatch``.
 
 pandas and numpy are registered by :mod:`.pandas` when this package is imported; cudf and
 cupy lazily (``register_lazy``), so :mod:`.cudf` is imported only when the user already
@@ -48,6 +51,7 @@ __all__ = [
     "arrow_vector_types",
     "boolean_mask",
     "column_spec",
+    "concat_frames",
     "data_token",
     "frame_from_arrow",
     "frame_like",
@@ -56,6 +60,7 @@ __all__ = [
     "make_result",
     "row_label",
     "stack_object_column",
+    "take_to_pandas",
     "to_host_tensor",
     "to_pandas",
     "to_vectors",
@@ -97,6 +102,7 @@ make_result: Dispatch = Dispatch("make_result")
 to_pandas: Dispatch = Dispatch("to_pandas")
 is_device_frame: Dispatch = Dispatch("is_device_frame")
 boolean_mask: Dispatch = Dispatch("boolean_mask")
+take_to_pandas: Dispatch = Dispatch("take_to_pandas")
 frame_like: Dispatch = Dispatch("frame_like")
 data_token: Dispatch = Dispatch("data_token")
 to_host_tensor: Dispatch = Dispatch("to_host_tensor")
@@ -187,6 +193,14 @@ def is_vector_series(obj: Any) -> bool:
     return True
 
 
+def concat_frames(frames: list[Any]) -> Any:
+    """Frames of one library, one after the other (dask's ``concat`` dispatch, which
+    pandas and cudf both register)."""
+    from dask.dataframe.dispatch import concat
+
+    return concat(frames)
+
+
 def row_label(index: Any, position: int) -> Any:
     """The index label at ``position``, as a plain Python value (for error messages;
     a device index is copied to the host, which only error paths do)."""
@@ -226,6 +240,7 @@ for _dispatch in (
     to_pandas,
     is_device_frame,
     boolean_mask,
+    take_to_pandas,
     frame_like,
     data_token,
 ):

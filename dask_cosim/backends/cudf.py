@@ -29,6 +29,7 @@ from dask_cosim.backends import (
     is_device_frame,
     make_result,
     row_label,
+    take_to_pandas,
     to_pandas,
     to_vectors,
     vector_spec,
@@ -176,6 +177,12 @@ def _cudf_is_device_frame(obj: Any) -> bool:
 @boolean_mask.register(cudf.DataFrame)
 def _cudf_boolean_mask(df: Any, keep: np.ndarray) -> Any:
     return df[cupy.asarray(keep)]  # cudf takes a device mask
+
+
+@take_to_pandas.register(_CUDF_OBJECTS)
+def _cudf_take(obj: Any, positions: np.ndarray) -> Any:
+    # Only the rows asked for leave the device.
+    return obj.take(cupy.asarray(positions)).to_pandas()
 
 
 @frame_like.register((cudf.DataFrame, cudf.Series))

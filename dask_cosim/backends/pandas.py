@@ -25,6 +25,7 @@ from dask_cosim.backends import (
     frame_like,
     make_result,
     row_label,
+    take_to_pandas,
     to_host_tensor,
     to_vectors,
     vector_spec,
@@ -327,6 +328,11 @@ def frame_from_arrow(table: pa.Table) -> pd.DataFrame:
 @boolean_mask.register(pd.DataFrame)
 def _pandas_boolean_mask(df: pd.DataFrame, keep: np.ndarray) -> pd.DataFrame:
     return df[keep]
+
+
+@take_to_pandas.register((pd.DataFrame, pd.Series, pd.Index))
+def _pandas_take(obj: Any, positions: np.ndarray) -> Any:
+    return obj.take(positions)
 
 
 @frame_like.register((pd.DataFrame, pd.Series))
