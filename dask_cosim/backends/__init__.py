@@ -5,7 +5,8 @@ here, keyed on the type of its first argument (dask's ``Dispatch``):
 
 - ``vector_spec(meta_series, column)``: what a (possibly empty) column holds, from its dtype
   alone, or a ``TypeError`` saying what is wrong and how to fix it (:func:`column_spec`
-  asks it about a frame's column, and tells text from vectors written as text);
+  asks it about a frame's column, and tells text from vectors written as text;
+  :func:`vector_columns` lists the columns it accepts);
 - ``to_vectors(series, column)``: the column's rows as (N, D) tensors, zero-copy where the
   layout allows;
 - ``make_result(like, values, null, name)``: a Series of the library of ``like``;
