@@ -334,7 +334,7 @@ def groups(df: Any, on: str, threshold: float, *, name: str = "group") -> Any:
     sides = _sides(build, df, on, opts)
     frames = build.partitions(df)
     n = len(sides)
-    edge = functools.partial(build(sd.edge_keys), precision=opts.precision)
+    edge = functools.partial(build(sd.earlier_matches), precision=opts.precision, edges=True)
     edges = [
         edge(sides[i], sides[j] if j > i else None, threshold_value, opts.tile_bytes)
         for i in range(n)

@@ -10,9 +10,9 @@ position: frame order), never by index labels, which may repeat.
   :func:`best_matches` keeps the best over several such frames; :func:`finish_removed`
   turns them into the rows of ``dedup(..., return_removed=True)``'s second frame, and
   :func:`drop_matched` removes the matched rows from the partition.
-- :func:`edge_keys` and :func:`components`: the threshold graph's edges as pairs of keys,
-  then its connected components (scipy, in one task), one array of group ids per
-  block; :func:`with_group` puts a partition's share beside its rows.
+- :func:`earlier_matches` with ``edges`` and :func:`components`: the threshold graph's
+  edges as pairs of keys, then its connected components (scipy, in one task), one array
+  of group ids per block; :func:`with_group` puts a partition's share beside its rows.
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ __all__ = [
     "concat_edges",
     "drop_matched",
     "earlier_matches",
-    "edge_keys",
     "finish_removed",
     "side_rows",
     "with_group",
@@ -40,26 +39,25 @@ __all__ = [
 _POSITION_MASK = (1 << sp.POS_BITS) - 1
 
 
-def _with_left_keys(q: sp.Side, pairs: pd.DataFrame) -> pd.DataFrame:
-    """``pairs`` (from :func:`~dask_cosim.search_partition.pair_threshold`) with the left
-    rows' ordering keys, ``_lkey``."""
-    pairs["_lkey"] = (np.int64(q.part) << sp.POS_BITS) + pairs["_l"].to_numpy(np.int64)
-    return pairs
-
-
 def earlier_matches(
     q: sp.Side,
     r: sp.Side | None,
     threshold: float,
     tile_bytes: dict[str, int],
     precision: str = "fp32",
-) -> pd.DataFrame:
+    *,
+    edges: bool = False,
+) -> Any:
     """For each row of ``r`` (of ``q`` when ``r`` is None: then only earlier rows of
     ``q`` count) with a row of ``q`` scoring at least ``threshold``: the best such row
-    (float64 score, ties to the earlier row), one pair per right row."""
-    pairs = sp.pair_threshold(q, r, threshold, tile_bytes, exact_scores=True,
+    (float64 score, ties to the earlier row), one pair per right row; with ``edges``
+    every such pair instead, as an (E, 2) array of the two rows' ordering keys."""
+    pairs = sp.pair_threshold(q, r, threshold, tile_bytes, exact_scores=not edges,
                               precision=precision)  # fmt: skip
-    return best_matches(_with_left_keys(q, pairs))
+    pairs["_lkey"] = (np.int64(q.part) << sp.POS_BITS) + pairs["_l"].to_numpy(np.int64)
+    if edges:
+        return pairs[["_lkey", "_key"]].to_numpy(np.int64).reshape(-1, 2)
+    return best_matches(pairs)
 
 
 def best_matches(*parts: pd.DataFrame) -> pd.DataFrame:
@@ -87,19 +85,6 @@ def drop_matched(df: Any, best: pd.DataFrame, *before: int) -> Any:
     """``df`` without its rows that have an earlier match in ``best``; ``before``: the
     lengths of the partitions ahead of ``df`` in its block."""
     return sp.drop_rows(df, np.sort(best["_key"].to_numpy() & _POSITION_MASK), *before)
-
-
-def edge_keys(
-    q: sp.Side,
-    r: sp.Side | None,
-    threshold: float,
-    tile_bytes: dict[str, int],
-    precision: str = "fp32",
-) -> np.ndarray:
-    """The pairs scoring at least ``threshold`` as an (E, 2) array of ordering keys."""
-    pairs = sp.pair_threshold(q, r, threshold, tile_bytes, precision=precision)
-    pairs = _with_left_keys(q, pairs)
-    return np.stack([pairs["_lkey"].to_numpy(np.int64), pairs["_key"].to_numpy(np.int64)], 1)
 
 
 def concat_edges(*parts: np.ndarray) -> np.ndarray:
