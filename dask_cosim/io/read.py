@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 
 from dask_cosim import backends, errors, options
 from dask_cosim.backends import arrow_vector_types
-from dask_cosim.io import cudf_parquet
+from dask_cosim.io import cudf_parquet, positions
 from dask_cosim.io.convert import TARGET_PARTITION_BYTES
 from dask_cosim.io.files import parquet_files
 from dask_cosim.io.layouts import binary_layout, binary_vectors, restore_vectors
@@ -34,6 +34,13 @@ def read_parquet(path: Any, columns: list[str] | None = None, **kwargs: Any) -> 
 
     A folder written by :func:`to_parquet` (any layout) has its vectors restored without
     a copy, and divisions from its manifest when the index was sorted.
+
+    Files that store no index (plain pyarrow, pandas with ``index=False``, Spark, DuckDB)
+    are numbered across the read: row ``i`` (files in order, then rows) is labelled
+    ``i``, as ``pandas.read_parquet`` labels a folder, with known divisions, from the
+    footers alone; rows a filter drops keep their numbers out of the sequence.  One file
+    whose pandas metadata holds a RangeIndex keeps it.  (dask's own reader numbers each
+    file from 0, so labels repeat across partitions.)
 
     Parameters
     ----------
@@ -144,9 +151,16 @@ def _read_files(
     else:
         for file, size in zip(files, sizes):
             pieces += _split(fs, file) if size > _SPLIT_FILE_BYTES else [(file, None)]
+    numbering = positions.numbering(schema, len(files), manifest)
+    firsts: list[positions.Numbering | None] = [None] * len(pieces)
+    if numbering is not None:
+        pieces, numbered, divisions = positions.numbered_pieces(fs, pieces, numbering)
+        firsts = list(numbered)
+        meta = positions.label_rows(meta, numbering)
     return dd.from_map(
         _read_piece,
         pieces,
+        firsts,
         fs=fs,
         columns=columns,
         filters=filters,
@@ -253,6 +267,7 @@ def _split(
 
 def _read_piece(
     piece: tuple[Any, ...],
+    first: positions.Numbering | None,
     fs: pafs.FileSystem,
     columns: list[str] | None = None,
     filters: Any = None,
@@ -266,12 +281,15 @@ def _read_piece(
     ``columns`` is filled in by dask's column projection.  With the cudf backend, local
     files are decoded on the GPU by cudf's reader, several at a time where the piece is a
     tuple of files (``binary_vectors``: the columns of our binary layout, as (D, dtype);
-    a third item of the piece, their RangeIndexes); other files by pyarrow, then copied
-    to the GPU.
+    a third item of the piece, their RangeIndexes from our manifest); other files by
+    pyarrow, then copied to the GPU.  ``first``: how the piece's first row
+    is labelled, for files that store no index (:mod:`.positions`); rows a filter drops
+    take their labels with them.
     """
     file, row_groups, *ranges = piece
-    if backend == "cudf" and gpu_reads(fs, filters):
-        return cudf_parquet.read_files(
+    # Labels that survive a filter need the rows before it: pyarrow's path, then.
+    if backend == "cudf" and gpu_reads(fs, filters) and (first is None or filters is None):
+        df = cudf_parquet.read_files(
             [file] if isinstance(file, str) else list(file),
             row_groups=row_groups,
             columns=columns,
@@ -279,6 +297,7 @@ def _read_piece(
             vectors=binary_vectors or {},
             ranges=ranges[0] if ranges else None,
         )
+        return df if first is None else positions.label_rows(df, first)
     # Local files: memory-mapped or through a 1 MiB buffer (see _memory_map); pyarrow maps
     # only when given no filesystem.
     where: dict[str, Any] = {"filesystem": fs}
@@ -296,8 +315,11 @@ def _read_piece(
             row_groups, columns=columns, use_pandas_metadata=True
         )
     if filters is not None:
+        if first is not None:
+            table = positions.with_positions(table, first)
         table = table.filter(pq.filters_to_expression(filters))
-    return backends.frame_from_arrow(restore_vectors(table), backend)
+    df = backends.frame_from_arrow(restore_vectors(table), backend)
+    return df if first is None else positions.label_rows(df, first)
 
 
 def gpu_reads(fs: pafs.FileSystem, filters: Any) -> bool:
