@@ -159,9 +159,7 @@ def test_gpu_reads_take_the_files_ranges_from_the_manifest(tmp_path: Path, index
         pdf.index = pd.RangeIndex(10, 10 + 3 * len(pdf), 3, name="row")
     elif index == "column":
         pdf.index = pd.Index(np.arange(len(pdf)) * 2)
-    dask_cosim.to_parquet(
-        dask_cosim.from_pandas(pdf, npartitions=4), tmp_path / "d", layout="list"
-    )
+    dask_cosim.to_parquet(dask_cosim.from_pandas(pdf, npartitions=4), tmp_path / "d", layout="list")
     found = parquet_files(tmp_path / "d")
     assert found is not None
     _, files, sizes, manifest = found  # sizes: none in our manifests (zeros)
