@@ -47,7 +47,8 @@ demo: $(VENV)/.installed-demo
 	$(PY) -m dask_cosim demo
 
 # The default benchmark: our pipeline, the floors and the peers side by side, one run;
-# prints the table and writes benchmarks/results/<name>.json and .png.
+# prints the table and writes benchmarks/results/<name>.json and .png.  On a CUDA machine,
+# python -m benchmarks.pairwise_gpu runs the same table plus the GPU rows.
 bench: $(VENV)/.installed
 	$(PY) -m benchmarks.pairwise
 
@@ -57,7 +58,12 @@ lint: $(VENV)/.installed
 	$(VENV)/bin/mypy dask_cosim
 
 # The documentation site: docs/ -> docs/_build/html, every warning an error, offline.
-$(VENV)/.docs-installed: $(VENV)/.installed pyproject.toml
+# The core (the API pages import dask_cosim) and the docs extra, not the dev extra: a stamp
+# of its own, as for the demo.
+$(VENV)/.docs-installed: pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH_SPEC)"
 	$(PY) -m pip install -q -e ".[docs]"
 	touch $@
 

@@ -37,7 +37,7 @@ import pandas as pd
 import torch
 from dask.base import tokenize
 
-from dask_cosim import backends, options, partition
+from dask_cosim import backends, errors, options, partition
 from dask_cosim import clustered_kernels as ck
 from dask_cosim import clustered_partition as cp
 
@@ -117,7 +117,7 @@ def _check_int(value: Any, name: str, low: int, example: str) -> int | None:
 
 def _check_column(meta: Any, on: Any) -> backends.VectorSpec:
     if on not in meta.columns:
-        raise backends.column_not_found(on, meta.columns, "on: column")
+        raise errors.column_not_found(on, meta.columns, "on: column")
     return backends.vector_spec(meta[on], on)
 
 

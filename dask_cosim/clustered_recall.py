@@ -27,8 +27,8 @@ import dask
 import numpy as np
 import pandas as pd
 
-from dask_cosim import backends, options
 from dask_cosim import clustered_partition as cp
+from dask_cosim import errors, options
 
 __all__ = ["Recall", "Truth", "dedup_recall", "neighbors_recall", "sample_truth"]
 
@@ -83,7 +83,7 @@ def sample_truth(
     (computes now, on the active scheduler)."""
     meta = df._meta if dask.is_dask_collection(df) else df
     if on not in meta.columns:
-        raise backends.column_not_found(on, meta.columns, "on: column")
+        raise errors.column_not_found(on, meta.columns, "on: column")
     if isinstance(sample_rows, bool) or not isinstance(sample_rows, int) or sample_rows < 1:
         raise ValueError(f"sample_rows={sample_rows!r} must be an integer >= 1, e.g. 10_000")
     threshold = float(threshold)

@@ -26,6 +26,8 @@ from dataclasses import dataclass
 
 import torch
 
+from dask_cosim import staging
+
 __all__ = ["Prepared", "TopK", "margin", "prepare", "rescore", "threshold_pairs", "topk"]
 
 _NEG_INF = float("-inf")
@@ -56,15 +58,18 @@ class Prepared:
         return int(self.unit.shape[1])
 
     def to(self, device: torch.device) -> Prepared:
-        """This side on ``device`` (itself when it is there already)."""
+        """This side on ``device`` (itself when it is there already); from the host to a
+        GPU through pinned staging buffers (:mod:`dask_cosim.staging`)."""
         if self.unit.device == device:
             return self
+        staged = self.unit.device.type == "cpu" and device.type == "cuda"
+        fields = (self.unit, self.raw, self.inv, self.scale, self.valid)
+        # A placeholder without memory (a lean side's expanded unit rows) is not staged.
         return Prepared(
-            self.unit.to(device),
-            self.raw.to(device),
-            self.inv.to(device),
-            self.scale.to(device),
-            self.valid.to(device),
+            *(
+                staging.to_device([t], device) if staged and t.is_contiguous() else t.to(device)
+                for t in fields
+            )
         )
 
     def take(self, rows: torch.Tensor) -> Prepared:
@@ -276,6 +281,7 @@ def topk(
     tile_bytes: int,
     same: bool = False,
     both: bool = False,
+    precision: str = "fp32",
 ) -> tuple[TopK, TopK | None]:
     """For each row of ``q`` its ``k`` best rows of ``r`` (and, with ``both``, for each row
     of ``r`` its ``k`` best rows of ``q``, from the same tiles).
@@ -292,12 +298,20 @@ def topk(
         ``q`` and ``r`` are the same rows: a row never matches itself.
     both : bool, default False
         Also reduce the columns (the self-join's off-diagonal partition pairs).
+    precision : {"fp32", "exact", "fast"}, default "fp32"
+        On CUDA, "exact" and "fast" hand over to :mod:`dask_cosim.search_twopass` (a
+        float16 first pass; "fast" ranks on it alone); elsewhere all three run this.
 
     Returns
     -------
     (TopK, TopK or None)
         Exact float64 results, ties broken by position.
     """
+    if precision != "fp32" and q.unit.device.type == "cuda":
+        from dask_cosim import search_twopass
+
+        exact = precision == "exact"
+        return search_twopass.topk_prepared(q, r, k, same=same, both=both, exact=exact)
     device = q.unit.device
     nq, nr = len(q), len(r)
     kk = k + max(k, 8)  # candidates kept per row: room below the k-th for near-ties
@@ -339,6 +353,7 @@ def threshold_pairs(
     row_pos: torch.Tensor | None = None,
     mode: str | None = None,
     exact_scores: bool = True,
+    precision: str = "fp32",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Every pair with float64 cos(q[i], r[j]) >= threshold: (i, j, score), unsorted.
 
@@ -348,8 +363,16 @@ def threshold_pairs(
     among the rows of ``r``.  The pair set is always decided on float64 scores; with
     ``exact_scores`` False only the pairs within :func:`margin` of the threshold are
     re-scored and the others keep their float32 tile score (within the margin of the
-    exact one, typically 1e-7), which saves a gather of two rows per pair.
+    exact one, typically 1e-7), which saves a gather of two rows per pair.  ``precision``
+    as for :func:`topk` (one threshold for all rows, no ``row_pos``).
     """
+    if precision != "fp32" and q.unit.device.type == "cuda" and row_pos is None:
+        from dask_cosim import search_twopass
+
+        exact = precision == "exact"
+        return search_twopass.threshold_prepared(
+            q, r, float(threshold), mode=mode, exact_scores=exact_scores, exact=exact
+        )
     device = q.unit.device
     nq, nr = len(q), len(r)
     empty = torch.zeros(0, dtype=torch.int64, device=device)
