@@ -37,17 +37,13 @@ import pandas as pd
 import torch
 from dask.base import tokenize
 
-from dask_cosim import backends, errors, options, partition
+from dask_cosim import backends, options, partition, search
 from dask_cosim import clustered_kernels as ck
 from dask_cosim import clustered_partition as cp
+from dask_cosim import search_partition as sp
 
 __all__ = ["Plan", "dedup", "neighbors", "plan"]
 
-# Defaults of the clustered options (phase B moves them to cosim.yaml).
-ITERS = 10
-BLOCK_BYTES = 256 * 2**20
-SAMPLE_PER_CLUSTER = 64
-MIN_SAMPLE = 10_000
 # Rows of the sample the plan routes to estimate each cluster's probes (for block sizes).
 PROBE_SAMPLE = 20_000
 # The exact mode warns when it expects each row to be copied to more blocks than this.
@@ -93,32 +89,12 @@ class Plan:
         return 2.0 * self.stats.rows * self.n_clusters
 
 
-def _check_threshold(threshold: Any) -> float:
-    try:
-        value = float(threshold)
-    except (TypeError, ValueError):
-        value = math.nan
-    if not 0.0 < value <= 1.0:
-        raise ValueError(
-            f"threshold={threshold!r}: method='clustered' needs a number in (0, 1], e.g. "
-            "threshold=0.9 (at or below 0 every zero vector matches every row and no "
-            "cluster can be ruled out; use method='exact')"
-        )
-    return value
-
-
-def _check_int(value: Any, name: str, low: int, example: str) -> int | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < low:
-        raise ValueError(f"{name}={value!r} must be an integer >= {low} (or None), e.g. {example}")
-    return int(value)
-
-
-def _check_column(meta: Any, on: Any) -> backends.VectorSpec:
-    if on not in meta.columns:
-        raise errors.column_not_found(on, meta.columns, "on: column")
-    return backends.vector_spec(meta[on], on)
+def _check(df: Any, on: str, threshold: Any, n_probe: Any, clusters: Any) -> float:
+    """The threshold, once ``on``, ``n_probe`` and ``clusters`` are checked."""
+    search.check_column(df, on)
+    _, _, _ = options.search_method("clustered", threshold=threshold, n_probe=n_probe,
+                                    clusters=clusters)  # fmt: skip
+    return float(threshold)
 
 
 def _tree(call: Any, fn: Any, items: list[Any], every: int = 32) -> Any:
@@ -172,28 +148,27 @@ def plan(
     on: str,
     threshold: float,
     *,
-    n_clusters: int | None = None,
+    clusters: int | None = None,
     n_probe: int | None = None,
     sample_rows: int | None = None,
-    iters: int = ITERS,
+    iters: int | None = None,
     seed: int = 0,
-    block_bytes: int = BLOCK_BYTES,
+    block_bytes: int | None = None,
 ) -> Plan:
     """Cluster ``df[on]`` for a clustered search at ``threshold`` (computes now: a sample,
     k-means, one pass for the clusters' sizes and radii).  Arguments as in
     :func:`neighbors`."""
-    threshold = _check_threshold(threshold)
-    n_clusters = _check_int(n_clusters, "n_clusters", 1, "n_clusters=1000")
-    n_probe = _check_int(n_probe, "n_probe", 1, "n_probe=8")
-    sample_rows = _check_int(sample_rows, "sample_rows", 1, "sample_rows=100_000")
-    iters = _check_int(iters, "iters", 0, "iters=10") or 0
+    threshold = _check(df, on, threshold, n_probe, clusters)
+    sample_rows = options.positive_int("sample_rows", sample_rows, "sample_rows=100_000")
+    config = options.clustered()
+    iters = config.iterations if iters is None else iters
+    block_bytes = config.block_bytes if block_bytes is None else block_bytes
     lazy = dask.is_dask_collection(df)
-    _check_column(df._meta if lazy else df, on)
     eps, device = options.eps(), options.device()
     chunk = options.search_tile_bytes()["cpu"]
     rows = len(df)
-    k = n_clusters or default_clusters(rows)
-    want = sample_rows or max(MIN_SAMPLE, SAMPLE_PER_CLUSTER * k)
+    k = clusters or default_clusters(rows)
+    want = sample_rows or max(config.min_sample, config.sample_per_cluster * k)
     fraction = min(1.0, want / max(rows, 1))
 
     def call(fn: Any) -> Any:
@@ -276,24 +251,11 @@ def _layout(
     return Plan(layout, stats, threshold, probes, partitions, seen)
 
 
-def _score_dtype(meta: Any, on: str) -> np.dtype:
-    dtype = partition.default_result_dtype([backends.vector_spec(meta[on], on).dtype])
-    return np.dtype("float64") if dtype == torch.float64 else np.dtype("float32")
-
-
-def _label_dtype(index: Any) -> Any:
-    return index.dtype if not hasattr(index, "to_pandas") else index[:0].to_pandas().dtype
-
-
-def _pairs_meta(meta: Any, on: str) -> pd.DataFrame:
-    label = _label_dtype(meta.index)
-    return pd.DataFrame(
-        {
-            "left": pd.Series([], dtype=label),
-            "right": pd.Series([], dtype=label),
-            "score": pd.Series([], dtype=_score_dtype(meta, on)),
-        }
-    )
+def _pairs_meta(df: Any, on: str) -> pd.DataFrame:
+    """The pandas meta of the result: that of the exact ``neighbors(threshold=...)``."""
+    like = search._meta_of(df)
+    spec = backends.column_spec(df, on)
+    return sp.result_meta(like.index, like.index, sp.score_dtype(spec), False)
 
 
 def _search(df: Any, on: str, p: Plan, drops: bool) -> Any:
@@ -301,20 +263,15 @@ def _search(df: Any, on: str, p: Plan, drops: bool) -> Any:
     tiles = options.search_tile_bytes()
     tile = tiles["cuda" if device.startswith("cuda") else "cpu"]
     kwargs: dict[str, Any] = {"eps": eps, "device": device}
+    meta = _pairs_meta(df, on)
+    like = search._meta_of(df)
     if not dask.is_dask_collection(df):
         routed = cp.route_partition(df, on, p.layout, chunk_bytes=tiles["cpu"], **kwargs)
         found = cp.search_blocks(
-            routed,
-            p.threshold,
-            p.layout.dtype,
-            p.layout.dim,
-            drops=drops,
-            tile_bytes=tile,
+            routed, p.threshold, p.layout.dtype, p.layout.dim, drops=drops, tile_bytes=tile,
             **kwargs,
-        )
-        if drops:
-            return cp.drop_keys(df, found)
-        return cp.finish_pairs(found, _pairs_meta(df, on))
+        )  # fmt: skip
+        return cp.drop_keys(df, found) if drops else cp.finish_pairs(found, meta, like)
     layout = dask.delayed(p.layout, name=f"cosim-clustered-layout-{tokenize(p.layout.centroids)}")
     routed = df[[on]].map_partitions(
         cp.route_partition,
@@ -326,19 +283,6 @@ def _search(df: Any, on: str, p: Plan, drops: bool) -> Any:
         **kwargs,
     )
     shuffled = routed.shuffle(on="_block", npartitions=p.partitions)
-    if drops:
-        found_meta = pd.DataFrame({"_key": np.zeros(0, np.int64)})
-    else:
-        label = _label_dtype(df._meta.index)
-        found_meta = pd.DataFrame(
-            {
-                "_lkey": np.zeros(0, np.int64),
-                "_rkey": np.zeros(0, np.int64),
-                "left": pd.Series([], dtype=label),
-                "right": pd.Series([], dtype=label),
-                "score": np.zeros(0, np.float64),
-            }
-        )
     found = shuffled.map_partitions(
         cp.search_blocks,
         p.threshold,
@@ -346,7 +290,7 @@ def _search(df: Any, on: str, p: Plan, drops: bool) -> Any:
         p.layout.dim,
         drops=drops,
         tile_bytes=tile,
-        meta=found_meta,
+        meta=cp.found_meta(meta, drops),
         token="cosim-clustered-blocks",
         **kwargs,
     )
@@ -355,9 +299,8 @@ def _search(df: Any, on: str, p: Plan, drops: bool) -> Any:
     ordered = found.set_index("_key" if drops else "_lkey", divisions=bounds)
     if drops:
         return dd.map_partitions(cp.drop_keys, df, ordered, meta=df._meta, align_dataframes=False)
-    return ordered.map_partitions(
-        cp.finish_pairs, _pairs_meta(df._meta, on), meta=_pairs_meta(df._meta, on)
-    )
+    out_meta = backends.frame_like(meta, like)
+    return ordered.map_partitions(cp.finish_pairs, meta, like, meta=out_meta)
 
 
 def neighbors(
@@ -365,12 +308,12 @@ def neighbors(
     on: str,
     *,
     threshold: float,
-    n_clusters: int | None = None,
+    clusters: int | None = None,
     n_probe: int | None = None,
     sample_rows: int | None = None,
-    iters: int = ITERS,
+    iters: int | None = None,
     seed: int = 0,
-    block_bytes: int = BLOCK_BYTES,
+    block_bytes: int | None = None,
 ) -> Any:
     """Every pair of rows scoring at least ``threshold``, by the clustered method.
 
@@ -382,34 +325,36 @@ def neighbors(
     Parameters
     ----------
     df : DataFrame
-        dask or pandas.
+        dask, pandas or cudf.
     on : str
         The embedding column.
     threshold : float
         In (0, 1].
-    n_clusters : int, optional
+    clusters : int, optional
         k of k-means; default about sqrt(rows).
     n_probe : int, optional
-        None (exact: every pair is found, recall 1) or the most clusters each row probes
-        beyond its own (faster, recall below 1: measure it with
-        :func:`dask_cosim.clustered_recall.neighbors_recall`).
+        None (provable: every pair is found, recall 1) or the most clusters each row
+        probes beyond its own (faster when the skip rule rules out few clusters; recall
+        may fall below 1: measure it with :func:`dask_cosim.clustered_recall.sample_truth`).
     sample_rows : int, optional
-        Rows k-means sees; default 64 per cluster, at least 10,000.
-    iters : int, default 10
-        Lloyd iterations.
+        Rows k-means sees; default ``cosim.search.clustered.sample-per-cluster`` per
+        cluster, at least ``min-sample``.
+    iters : int, optional
+        Lloyd iterations; default ``cosim.search.clustered.iterations``.
     seed : int, default 0
         Seed of the sample and of k-means' seeding.
-    block_bytes : int, default 256 MiB
-        About the most bytes of rows one block holds; bigger clusters are split.
+    block_bytes : int, optional
+        About the most bytes of rows one block holds (bigger clusters are split); default
+        ``cosim.search.clustered.block-bytes``.
 
     Returns
     -------
     DataFrame
         Lazy for a dask frame (the clustering is computed when this is called), else
-        pandas.
+        eager.
     """
     p = plan(
-        df, on, threshold, n_clusters=n_clusters, n_probe=n_probe, sample_rows=sample_rows,
+        df, on, threshold, clusters=clusters, n_probe=n_probe, sample_rows=sample_rows,
         iters=iters, seed=seed, block_bytes=block_bytes,
     )  # fmt: skip
     return _search(df, on, p, drops=False)
@@ -420,21 +365,20 @@ def dedup(
     on: str,
     threshold: float,
     *,
-    n_clusters: int | None = None,
+    clusters: int | None = None,
     n_probe: int | None = None,
     sample_rows: int | None = None,
-    iters: int = ITERS,
+    iters: int | None = None,
     seed: int = 0,
-    block_bytes: int = BLOCK_BYTES,
+    block_bytes: int | None = None,
 ) -> Any:
     """``df`` without every row that has an earlier row (frame order) scoring at least
     ``threshold`` with it, by the clustered method (as ``dedup``: chains are not
     followed; rows that cannot match are kept).  Same partitions and divisions as
-    ``df``.  Options as in :func:`neighbors`; with ``n_probe`` set, rows whose only
-    earlier matches were missed are kept (measure it with
-    :func:`dask_cosim.clustered_recall.dedup_recall`)."""
+    ``df``; with ``n_probe`` set, rows whose only earlier matches were missed are kept.
+    Options as in :func:`neighbors`."""
     p = plan(
-        df, on, threshold, n_clusters=n_clusters, n_probe=n_probe, sample_rows=sample_rows,
+        df, on, threshold, clusters=clusters, n_probe=n_probe, sample_rows=sample_rows,
         iters=iters, seed=seed, block_bytes=block_bytes,
     )  # fmt: skip
     return _search(df, on, p, drops=True)

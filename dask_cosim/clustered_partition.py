@@ -24,22 +24,23 @@ import torch
 from dask_cosim import backends, partition
 from dask_cosim import clustered_kernels as ck
 from dask_cosim import search_kernels as sk
+from dask_cosim import search_partition as sp
 
 __all__ = [
     "Layout",
-    "Sample",
     "Stats",
     "drop_keys",
     "finish_pairs",
-    "join_samples",
+    "found_meta",
+    "labels",
     "merge_stats",
+    "prepared_rows",
     "probe_counts",
     "route_partition",
-    "sample_matches",
+    "row_keys",
     "sample_partition",
     "search_blocks",
     "stats_partition",
-    "take_rows",
 ]
 
 POS_BITS = 40
@@ -82,12 +83,13 @@ def row_keys(part: int, n: int) -> np.ndarray:
     return (np.int64(part) << POS_BITS) + np.arange(n, dtype=np.int64)
 
 
-def _labels(df: Any) -> pd.Index:
+def labels(df: Any) -> pd.Index:
+    """The index labels of a partition, as pandas holds them."""
     index = df.index
     return index.to_pandas() if hasattr(index, "to_pandas") else index
 
 
-def _prepared(
+def prepared_rows(
     df: Any, column: str, eps: float, device: str, rows: np.ndarray | None = None
 ) -> sk.Prepared:
     v = backends.to_vectors(df[column], column)
@@ -115,7 +117,7 @@ def sample_partition(
     """Directions (CPU float32) of a Bernoulli(``fraction``) sample of the partition's
     usable rows, the same for the same ``seed`` and partition number."""
     keep = np.random.default_rng([seed, part]).random(len(df)) < fraction
-    d, _ = _usable(_prepared(df, column, eps, device, np.flatnonzero(keep)), eps)
+    d, _ = _usable(prepared_rows(df, column, eps, device, np.flatnonzero(keep)), eps)
     return d.cpu()
 
 
@@ -143,7 +145,7 @@ def stats_partition(
     chunk_bytes: int,
 ) -> Stats:
     """The sizes and radii of the clusters over one partition's rows."""
-    prep = _prepared(df, column, eps, device)
+    prep = prepared_rows(df, column, eps, device)
     d, _ = _usable(prep, eps)
     delta = ck.product_error(prep.dim)
     counts, radius = ck.cluster_stats(d, centroids.to(d.device), delta, chunk_bytes)
@@ -266,7 +268,7 @@ def route_partition(
     it probes: "_block", "_role", "_key" and the raw vectors ("_vec", the layout's dtype),
     indexed by the rows' labels.  Rows that cannot match are left out."""
     part = 0 if partition_info is None else int(partition_info["number"])
-    prep = _prepared(df, column, eps, device)
+    prep = prepared_rows(df, column, eps, device)
     d, usable = _usable(prep, eps)
     if ck.product_error(prep.dim) > layout.delta:
         raise RuntimeError(
@@ -288,7 +290,7 @@ def route_partition(
     raw = raw.to(getattr(torch, layout.dtype)).cpu()
     return pd.DataFrame(
         {"_block": blocks, "_role": roles, "_key": keys[rows], VEC: encode_rows(raw)},
-        index=_labels(df)[src],
+        index=labels(df)[src],
     )
 
 
@@ -367,9 +369,17 @@ def search_blocks(
     )
 
 
-def finish_pairs(pairs: pd.DataFrame, meta: pd.DataFrame) -> pd.DataFrame:
+def found_meta(meta: pd.DataFrame, drops: bool) -> pd.DataFrame:
+    """The (empty) frame :func:`search_blocks` returns, for a result of meta ``meta``."""
+    if drops:
+        return pd.DataFrame({"_key": np.zeros(0, np.int64)})
+    keys = pd.DataFrame({"_lkey": np.zeros(0, np.int64), "_rkey": np.zeros(0, np.int64)})
+    return pd.concat([keys, meta.astype({"score": np.float64})], axis=1)
+
+
+def finish_pairs(pairs: pd.DataFrame, meta: pd.DataFrame, like: Any = None) -> Any:
     """Pairs of one output partition in frame order (left row, then right row), each
-    once: the ``neighbors(threshold=...)`` result partition."""
+    once: the ``neighbors(threshold=...)`` result partition, in the library of ``like``."""
     lkey = pairs.index.to_numpy() if "_lkey" not in pairs else pairs["_lkey"].to_numpy()
     rkey = pairs["_rkey"].to_numpy()
     taken = np.lexsort([rkey, lkey])
@@ -377,14 +387,7 @@ def finish_pairs(pairs: pd.DataFrame, meta: pd.DataFrame) -> pd.DataFrame:
     # A pair found from both of its clusters (n_probe mode) is reported once.
     again = np.r_[False, (lkey[1:] == lkey[:-1]) & (rkey[1:] == rkey[:-1])]
     taken = taken[~again[: len(taken)]]
-    out = pd.DataFrame(
-        {
-            "left": pairs["left"].to_numpy()[taken],
-            "right": pairs["right"].to_numpy()[taken],
-            "score": pairs["score"].to_numpy()[taken],
-        }
-    )
-    return out.astype(meta.dtypes.to_dict())
+    return sp.pairs_result(pairs.iloc[taken], meta, False, like)
 
 
 def drop_keys(df: Any, drops: pd.DataFrame, partition_info: dict[str, Any] | None = None) -> Any:
@@ -399,79 +402,3 @@ def drop_keys(df: Any, drops: pd.DataFrame, partition_info: dict[str, Any] | Non
     keep = np.ones(len(df), dtype=bool)
     keep[pos] = False
     return df.iloc[np.flatnonzero(keep)]
-
-
-# --------------------------------------------------------------------------- recall
-
-
-@dataclass
-class Sample:
-    """Rows sampled to measure recall: their raw values and null marks (CPU), keys and
-    labels; ``prep`` once :func:`join_samples` prepared them."""
-
-    raw: torch.Tensor
-    null: torch.Tensor
-    keys: np.ndarray
-    labels: pd.Index
-    prep: sk.Prepared | None = None
-
-
-def take_rows(
-    df: Any, column: str, positions: np.ndarray, partition_info: dict[str, Any] | None = None
-) -> Sample:
-    """The rows of one partition at ``positions``."""
-    part = 0 if partition_info is None else int(partition_info["number"])
-    rows = np.asarray(positions, dtype=np.int64)
-    v = backends.to_vectors(df[column], column)
-    x = (v.blocks[0] if len(v.blocks) == 1 else torch.cat(v.blocks)).cpu()
-    null = torch.zeros(len(x), dtype=torch.bool) if v.null is None else torch.as_tensor(v.null)
-    picked = torch.from_numpy(rows)
-    return Sample(x[picked], null.cpu()[picked], row_keys(part, len(df))[rows], _labels(df)[rows])
-
-
-def join_samples(*parts: Sample, eps: float) -> Sample:
-    """One Sample of ``parts``, prepared with ``eps``."""
-    raw = torch.cat([p.raw for p in parts])
-    null = torch.cat([p.null for p in parts])
-    labels = parts[0].labels.append([p.labels for p in parts[1:]])
-    keys = np.concatenate([p.keys for p in parts])
-    return Sample(raw, null, keys, labels, sk.prepare(raw, null, eps=eps, device="cpu"))
-
-
-def sample_matches(
-    df: Any,
-    column: str,
-    sample: Sample,
-    threshold: float,
-    *,
-    eps: float,
-    tile_bytes: int,
-    partition_info: dict[str, Any] | None = None,
-) -> tuple[pd.DataFrame, int]:
-    """Exact matches of the sampled rows among one partition's rows ("_s": the sampled
-    row's position in the sample, "_key", "label" and "score": the match's), decided as
-    the all-pairs search decides them (float64, the earlier row first); and how many of
-    the partition's rows carry a sampled row's label."""
-    assert sample.prep is not None
-    part = 0 if partition_info is None else int(partition_info["number"])
-    prep = _prepared(df, column, eps, "cpu")
-    keys = row_keys(part, len(df))
-    i, j, _ = sk.threshold_pairs(
-        sample.prep, prep, threshold - 2.0**-50, tile_bytes=tile_bytes, exact_scores=False
-    )
-    ki, kj = torch.from_numpy(sample.keys)[i], torch.from_numpy(keys)[j]
-    first = ki < kj
-    score = torch.empty(len(i), dtype=torch.float64)
-    score[first] = sk.rescore(sample.prep, i[first], prep, j[first])
-    score[~first] = sk.rescore(prep, j[~first], sample.prep, i[~first])
-    keep = ((score >= threshold) & (ki != kj)).numpy()
-    labels = _labels(df)
-    found = pd.DataFrame(
-        {
-            "_s": i.numpy()[keep],
-            "_key": kj.numpy()[keep],
-            "label": labels.take(j.numpy()[keep]),
-            "score": score.numpy()[keep],
-        }
-    )
-    return found, int(labels.isin(sample.labels).sum())

@@ -1,4 +1,5 @@
-"""Recall of a clustered run, measured against exact all-pairs on a sample of rows.
+"""Recall of a clustered run, measured against exact all-pairs on a sample of rows (the
+graph, and its per-partition functions below).
 
 A clustered run in exact mode (``n_probe=None``) finds every pair; with ``n_probe`` set it
 may miss some, and how many is measured here, never assumed: a random sample of rows is
@@ -26,11 +27,23 @@ from typing import Any
 import dask
 import numpy as np
 import pandas as pd
+import torch
 
+from dask_cosim import backends, errors, options
 from dask_cosim import clustered_partition as cp
-from dask_cosim import errors, options
+from dask_cosim import search_kernels as sk
 
-__all__ = ["Recall", "Truth", "dedup_recall", "neighbors_recall", "sample_truth"]
+__all__ = [
+    "Recall",
+    "Sample",
+    "Truth",
+    "dedup_recall",
+    "join_samples",
+    "neighbors_recall",
+    "sample_matches",
+    "sample_truth",
+    "take_rows",
+]
 
 
 @dataclass
@@ -99,15 +112,15 @@ def sample_truth(
     parts = column.to_delayed() if lazy else [df]
     call = dask.delayed(pure=True) if lazy else (lambda fn: fn)
     taken = [
-        call(cp.take_rows)(
+        call(take_rows)(
             p, on, picked[(picked >= starts[i]) & (picked < starts[i + 1])] - starts[i],
             partition_info={"number": i},
         )
         for i, p in enumerate(parts)
     ]  # fmt: skip
-    sample = call(cp.join_samples)(*taken, eps=eps)
+    sample = call(join_samples)(*taken, eps=eps)
     matches = [
-        call(cp.sample_matches)(
+        call(sample_matches)(
             p, on, sample, threshold, eps=eps, tile_bytes=tile, partition_info={"number": i}
         )
         for i, p in enumerate(parts)
@@ -158,3 +171,81 @@ def dedup_recall(truth: Truth, kept: Any, threshold: float | None = None) -> Rec
         still = kept.index[kept.index.isin(wanted)].to_series()
     dropped = set(wanted) - set(still.tolist())
     return Recall(len(wanted), len(must_drop), len(must_drop & dropped), len(dropped - must_drop))
+
+
+# --------------------------------------------------------------------------- per partition
+
+
+@dataclass
+class Sample:
+    """Rows sampled to measure recall: their raw values and null marks (CPU), keys and
+    labels; ``prep`` once :func:`join_samples` prepared them."""
+
+    raw: torch.Tensor
+    null: torch.Tensor
+    keys: np.ndarray
+    labels: pd.Index
+    prep: sk.Prepared | None = None
+
+
+def take_rows(
+    df: Any, column: str, positions: np.ndarray, partition_info: dict[str, Any] | None = None
+) -> Sample:
+    """The rows of one partition at ``positions``."""
+    part = 0 if partition_info is None else int(partition_info["number"])
+    rows = np.asarray(positions, dtype=np.int64)
+    v = backends.to_vectors(df[column], column)
+    x = (v.blocks[0] if len(v.blocks) == 1 else torch.cat(v.blocks)).cpu()
+    null = torch.zeros(len(x), dtype=torch.bool) if v.null is None else torch.as_tensor(v.null)
+    picked = torch.from_numpy(rows)
+    return Sample(
+        x[picked], null.cpu()[picked], cp.row_keys(part, len(df))[rows], cp.labels(df)[rows]
+    )
+
+
+def join_samples(*parts: Sample, eps: float) -> Sample:
+    """One Sample of ``parts``, prepared with ``eps``."""
+    raw = torch.cat([p.raw for p in parts])
+    null = torch.cat([p.null for p in parts])
+    labels = parts[0].labels.append([p.labels for p in parts[1:]])
+    keys = np.concatenate([p.keys for p in parts])
+    return Sample(raw, null, keys, labels, sk.prepare(raw, null, eps=eps, device="cpu"))
+
+
+def sample_matches(
+    df: Any,
+    column: str,
+    sample: Sample,
+    threshold: float,
+    *,
+    eps: float,
+    tile_bytes: int,
+    partition_info: dict[str, Any] | None = None,
+) -> tuple[pd.DataFrame, int]:
+    """Exact matches of the sampled rows among one partition's rows ("_s": the sampled
+    row's position in the sample, "_key", "label" and "score": the match's), decided as
+    the all-pairs search decides them (float64, the earlier row first); and how many of
+    the partition's rows carry a sampled row's label."""
+    assert sample.prep is not None
+    part = 0 if partition_info is None else int(partition_info["number"])
+    prep = cp.prepared_rows(df, column, eps, "cpu")
+    keys = cp.row_keys(part, len(df))
+    i, j, _ = sk.threshold_pairs(
+        sample.prep, prep, threshold - 2.0**-50, tile_bytes=tile_bytes, exact_scores=False
+    )
+    ki, kj = torch.from_numpy(sample.keys)[i], torch.from_numpy(keys)[j]
+    first = ki < kj
+    score = torch.empty(len(i), dtype=torch.float64)
+    score[first] = sk.rescore(sample.prep, i[first], prep, j[first])
+    score[~first] = sk.rescore(prep, j[~first], sample.prep, i[~first])
+    keep = ((score >= threshold) & (ki != kj)).numpy()
+    labels = cp.labels(df)
+    found = pd.DataFrame(
+        {
+            "_s": i.numpy()[keep],
+            "_key": kj.numpy()[keep],
+            "label": labels.take(j.numpy()[keep]),
+            "score": score.numpy()[keep],
+        }
+    )
+    return found, int(labels.isin(sample.labels).sum())

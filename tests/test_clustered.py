@@ -78,17 +78,17 @@ def assert_same(got: pd.DataFrame, want: pd.DataFrame, exact_scores: bool) -> No
 
 
 @pytest.mark.parametrize(
-    ("dtype", "threshold", "n_clusters", "block_bytes"),
+    ("dtype", "threshold", "clusters", "block_bytes"),
     [
-        (np.float32, 0.9, 12, clustered.BLOCK_BYTES),
+        (np.float32, 0.9, 12, None),
         (np.float32, 0.75, 5, 20_000),  # clusters split into sub-blocks of ~150 rows
         (np.float64, 0.95, 40, 60_000),
-        (np.float32, 0.5, 1, clustered.BLOCK_BYTES),  # one cluster: all pairs
-        (np.float32, 1.0, 30, clustered.BLOCK_BYTES),  # only exact duplicates
+        (np.float32, 0.5, 1, None),  # one cluster: all pairs
+        (np.float32, 1.0, 30, None),  # only exact duplicates
     ],
 )
 def test_exact_mode_equals_all_pairs(
-    dtype: type, threshold: float, n_clusters: int, block_bytes: int
+    dtype: type, threshold: float, clusters: int, block_bytes: int
 ) -> None:
     x = adversarial(dtype=dtype)
     null = np.zeros(len(x), bool)
@@ -96,7 +96,7 @@ def test_exact_mode_equals_all_pairs(
     pdf = frame(x, null)
     want = pdf.cosim.neighbors("emb", threshold=threshold)
     assert len(want) > 10
-    opts = {"n_clusters": n_clusters, "block_bytes": block_bytes}
+    opts = {"clusters": clusters, "block_bytes": block_bytes}
     got = clustered.neighbors(pdf, "emb", threshold=threshold, **opts)
     assert_same(got, want, exact_scores=dtype == np.float64)
     kept = clustered.dedup(pdf, "emb", threshold, **opts)
@@ -115,10 +115,10 @@ def test_exact_mode_on_dask_partitions_with_ties_at_the_threshold() -> None:
         assert (want["score"] == tie).any() == (threshold == tie)
         ddf = to_dask(pdf, 4)
         with dask.config.set(scheduler="sync"):
-            lazy = clustered.neighbors(ddf, "emb", threshold=threshold, n_clusters=9)
+            lazy = clustered.neighbors(ddf, "emb", threshold=threshold, clusters=9)
             assert lazy.npartitions == 4
             assert_same(lazy.compute(), want, exact_scores=True)
-            kept = clustered.dedup(ddf, "emb", threshold, n_clusters=9)
+            kept = clustered.dedup(ddf, "emb", threshold, clusters=9)
             assert kept.divisions == ddf.divisions
             pd.testing.assert_frame_equal(kept.compute(), pdf.cosim.dedup("emb", threshold))
 
@@ -213,7 +213,7 @@ def test_n_probe_recall_against_a_brute_force_count() -> None:
     )
     threshold = 0.75
     exact = pdf.cosim.neighbors("emb", threshold=threshold)
-    got = clustered.neighbors(pdf, "emb", threshold=threshold, n_clusters=60, n_probe=1)
+    got = clustered.neighbors(pdf, "emb", threshold=threshold, clusters=60, n_probe=1)
     exact_pairs = set(zip(exact["left"], exact["right"], strict=True))
     found = set(zip(got["left"], got["right"], strict=True))
     assert found < exact_pairs  # n_probe=1 misses some here, and reports no false pair
@@ -227,7 +227,7 @@ def test_n_probe_recall_against_a_brute_force_count() -> None:
     assert rec.extra == 0
     assert rec.recall == rec.found / rec.expected
 
-    kept = clustered.dedup(pdf, "emb", threshold, n_clusters=60, n_probe=1)
+    kept = clustered.dedup(pdf, "emb", threshold, clusters=60, n_probe=1)
     want = pdf.cosim.dedup("emb", threshold)
     drops = set(pdf.index) - set(want.index)
     missed = set(kept.index) - set(want.index)
@@ -242,11 +242,11 @@ def test_recall_of_the_exact_mode_is_one_and_labels_must_be_unique() -> None:
     pdf, _ = make_embeddings(1500, 32, directions=30, duplicates=0.1, seed=5)
     ddf = to_dask(pdf, 3)
     with dask.config.set(scheduler="sync"):
-        lazy = clustered.neighbors(ddf, "emb", threshold=0.9, n_clusters=8)
+        lazy = clustered.neighbors(ddf, "emb", threshold=0.9, clusters=8)
         truth = clustered_recall.sample_truth(ddf, "emb", 0.9, sample_rows=400)
         rec = clustered_recall.neighbors_recall(truth, lazy)
         assert rec.expected > 10 and rec.recall == 1.0 and rec.extra == 0
-        kept = clustered.dedup(ddf, "emb", 0.9, n_clusters=8)
+        kept = clustered.dedup(ddf, "emb", 0.9, clusters=8)
         rec = clustered_recall.dedup_recall(truth, kept)
         assert rec.expected > 5 and rec.recall == 1.0 and rec.extra == 0
         with pytest.raises(ValueError, match=r"below the truth's 0\.9"):
@@ -261,12 +261,14 @@ def test_recall_of_the_exact_mode_is_one_and_labels_must_be_unique() -> None:
 
 def test_bad_arguments_and_empty_frames() -> None:
     pdf = frame(adversarial(400, d=8))
-    with pytest.raises(ValueError, match=r"threshold=0\.0: method='clustered' needs"):
+    with pytest.raises(
+        ValueError, match=r"threshold=0\.0: method='clustered' needs a threshold in \(0, 1\]"
+    ):
         clustered.neighbors(pdf, "emb", threshold=0.0)
-    with pytest.raises(ValueError, match=r"n_probe=0 must be an integer >= 1"):
+    with pytest.raises(ValueError, match=r"n_probe=0 must be a positive integer"):
         clustered.dedup(pdf, "emb", 0.9, n_probe=0)
-    with pytest.raises(ValueError, match=r"n_clusters=True must be an integer"):
-        clustered.dedup(pdf, "emb", 0.9, n_clusters=True)
+    with pytest.raises(ValueError, match=r"clusters=True must be a positive integer"):
+        clustered.dedup(pdf, "emb", 0.9, clusters=True)
     with pytest.raises(KeyError, match="did you mean 'emb'"):
         clustered.neighbors(pdf, "emd", threshold=0.9)
     empty = pdf.iloc[:0]
@@ -284,8 +286,8 @@ def test_on_worker_processes(client: Client) -> None:
     pdf, _ = make_embeddings(2500, 16, directions=40, duplicates=0.1, seed=9)
     ddf = to_dask(pdf, 3)
     want = pdf.cosim.neighbors("emb", threshold=0.9)
-    got = clustered.neighbors(ddf, "emb", threshold=0.9, n_clusters=20).compute()
+    got = clustered.neighbors(ddf, "emb", threshold=0.9, clusters=20).compute()
     assert_same(got, want, exact_scores=False)
-    kept = clustered.dedup(ddf, "emb", 0.9, n_clusters=20, n_probe=2).compute()
+    kept = clustered.dedup(ddf, "emb", 0.9, clusters=20, n_probe=2).compute()
     assert set(pdf.cosim.dedup("emb", 0.9).index) <= set(kept.index)
     assert dask_cosim.__name__ == "dask_cosim"
