@@ -14,6 +14,12 @@ of the boundary and re-scoring it in float64 gives the float64 answer.  Ties of 
 float64 score are broken by position (the lower position first), so the result does not
 depend on how the rows were split into tiles or partitions.
 
+Selection.  On CPUs each tile is reduced by numba kernels while it is still in cache
+(:mod:`dask_cosim._search_numba`: per row a reservoir of candidates behind a bar, most
+tile entries meet one vectorised comparison); elsewhere, or without numba, by a running
+``torch.topk`` merge.  Both keep, per row, the float32 top-(k + max(8, k // 4)) and the best
+float32 score outside it, which is all the exactness proof below needs.
+
 Validity.  Rows holding NaN or inf, and rows marked null, are invalid: they never match
 and get no matches.  A zero vector is valid and scores 0.0 with every row (the numerics
 policy: cos = (a / max(|a|, eps)) . (b / max(|b|, eps))).
@@ -22,13 +28,28 @@ policy: cos = (a / max(|a|, eps)) . (b / max(|b|, eps))).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+import numpy as np
 import torch
+
+from dask_cosim._search_tiles import (
+    THRESHOLD_CPU_TILE_BYTES,
+    TOPK_CPU_TILE_BYTES,
+    Reservoirs,
+    Running,
+    Tile,
+    numba_kernels,
+    running,
+    tiles,
+)
 
 __all__ = ["Prepared", "TopK", "margin", "prepare", "rescore", "threshold_pairs", "topk"]
 
 _NEG_INF = float("-inf")
+_U = 2.0**-24  # float32's unit roundoff
+_NUMBA_DTYPES = (torch.float32, torch.float64)
+_TINY = 2.0**-1000  # as in dask_cosim._search_numba.TINY
 
 
 @dataclass
@@ -39,7 +60,11 @@ class Prepared:
     products; ``raw`` the original values, and ``inv`` (1 / max |x|) and ``scale``
     (max |x| / max(|x|_2, eps)), float64, for the exact re-score
     ``(raw_i * inv_i) . (raw_j * inv_j) * scale_i * scale_j``, which cannot overflow even
-    for values near 1e308.  ``valid`` (N,) bool marks rows that take part.
+    for values near 1e308.  ``valid`` (N,) bool marks rows that take part, and
+    ``all_valid`` whether all do.  ``err`` bounds the distance between a valid row of
+    ``unit`` and the exact ``x / max(|x|_2, eps)`` (see :func:`margin`).  Nothing in it
+    depends on a search: a side prepared once serves any number of searches (and
+    pickles, for a dask worker to keep).
     """
 
     unit: torch.Tensor
@@ -47,6 +72,11 @@ class Prepared:
     inv: torch.Tensor
     scale: torch.Tensor
     valid: torch.Tensor
+    err: float = 2.0**-23
+    all_valid: bool = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.all_valid = bool(self.valid.all())
 
     def __len__(self) -> int:
         return int(self.unit.shape[0])
@@ -65,12 +95,18 @@ class Prepared:
             self.inv.to(device),
             self.scale.to(device),
             self.valid.to(device),
+            self.err,
         )
 
     def take(self, rows: torch.Tensor) -> Prepared:
         """The rows at positions ``rows`` (int64), in that order."""
         return Prepared(
-            self.unit[rows], self.raw[rows], self.inv[rows], self.scale[rows], self.valid[rows]
+            self.unit[rows],
+            self.raw[rows],
+            self.inv[rows],
+            self.scale[rows],
+            self.valid[rows],
+            self.err,
         )
 
 
@@ -83,11 +119,23 @@ class TopK:
     score: torch.Tensor
 
 
-def margin(dim: int) -> float:
-    """Largest difference between a float32 tile score and the exact score of two unit
-    vectors of ``dim`` values: the worst-case rounding bound of the dot product plus the
-    normalisation."""
-    return (dim + 8) * 2.0**-24
+def margin(dim: int, err_q: float = 2.0**-23, err_r: float = 2.0**-23) -> float:
+    """Largest difference between a float32 tile score and the exact cosine of two rows
+    of ``dim`` values whose unit rows are within ``err_q`` and ``err_r`` of exact
+    (:attr:`Prepared.err`).
+
+    |fl32(a . b) - cos| <= e_q (1 + e_r) + e_r + g_D (1 + e_q)(1 + e_r) with
+    g_D = D u / (1 - D u), u = 2**-24 (Higham's bound for a dot product summed in any
+    order, with or without FMA); rounded up, and never below ``(dim + 8) * 2**-24``,
+    which is what it is for rows normalised in float32 (``err`` of one or two roundings).
+    """
+    g = dim * _U / (1 - dim * _U)
+    bound = err_q * (1 + err_r) + err_r + g * (1 + err_q) * (1 + err_r)
+    return max((dim + 8) * _U, bound * (1 + 2.0**-20))
+
+
+# Rows whose norm is this close to 1 serve as unit rows without a normalised copy.
+RAW_UNIT_TOLERANCE = 2.0**-20
 
 
 def prepare(
@@ -99,14 +147,43 @@ def prepare(
 ) -> Prepared:
     """Normalise (N, D) rows once: see :class:`Prepared`.
 
-    ``null`` (N,) bool marks null rows (their values are ignored).  Any real dtype.  A few
-    passes over the rows, no N x D temporary but ``unit`` itself.
+    ``null`` (N,) bool marks null rows (their values are ignored).  Any real dtype.  On
+    a CPU one pass over the rows (numba), elsewhere a few, no N x D temporary but
+    ``unit`` itself.
     """
     target = torch.device(device) if device is not None else x.device
-    raw = x.to(target)
+    raw = x.detach().to(target)
     if not raw.is_floating_point():
         raw = raw.to(torch.float64)
     work = raw if raw.dtype in (torch.float32, torch.float64) else raw.to(torch.float32)
+    nulls = None if null is None else torch.as_tensor(null, device=target).to(torch.bool)
+    fast = numba_kernels() if target.type == "cpu" else None
+    if fast is None:
+        return _prepare_torch(work, raw, nulls, eps)
+    n, d = work.shape
+    work = work.contiguous()
+    inv = torch.empty(n, dtype=torch.float64)
+    scale = torch.empty(n, dtype=torch.float64)
+    valid = torch.empty(n, dtype=torch.bool)
+    no_null = np.zeros(n, dtype=np.bool_) if nulls is None else nulls.numpy()
+    values = work.numpy()
+    worst = fast.norms(values, no_null, float(eps), inv.numpy(), scale.numpy(), valid.numpy())
+    # The float64 norms themselves are within (d + 2) 2**-53 of exact.
+    rounding = (d + 9) * 2.0**-53
+    if worst <= RAW_UNIT_TOLERANCE:
+        # Rows already of norm 1 (as most embedding models write them) serve as they
+        # are: no copy, and margin() takes their distance from norm 1 into account.
+        return Prepared(work, raw, inv, scale, valid, worst * (1 + 2.0**-40) + 2 * rounding)
+    unit = torch.empty((n, d), dtype=torch.float32)
+    fast.units(values, inv.numpy(), scale.numpy(), valid.numpy(), unit.numpy())
+    # One float32 rounding of each value of a row scaled in float64.
+    return Prepared(unit, raw, inv, scale, valid, _U + rounding)
+
+
+def _prepare_torch(
+    work: torch.Tensor, raw: torch.Tensor, null: torch.Tensor | None, eps: float
+) -> Prepared:
+    target = work.device
     n, d = work.shape
     f64 = torch.float64
     if n and d:
@@ -116,7 +193,7 @@ def prepare(
         m = torch.zeros(n, dtype=f64, device=target)
     valid = torch.isfinite(m)
     if null is not None:
-        valid &= ~torch.as_tensor(null, device=target).to(torch.bool)
+        valid &= ~null
     # Zero and invalid rows: any finite positive scale keeps their products at 0.
     m = torch.where(valid & (m > 0), m, torch.ones_like(m))
     # Norms in float64: exact enough for the re-score, and float32 values can neither
@@ -124,20 +201,23 @@ def prepare(
     norm = torch.linalg.vector_norm(work, dim=1, dtype=f64) if d else torch.zeros_like(m)
     scale = m / torch.clamp(norm, min=eps)
     unit = torch.mul(work, (scale / m).to(work.dtype)[:, None]).to(torch.float32)
+    # 1 / m overflows below ~5.6e-309: a capped factor keeps such rows near 2**-74.
+    inv = torch.where(m > _TINY, 1.0 / m, torch.full_like(m, 1.0 / _TINY))
     if work.dtype == f64:
         # float64 squares overflow past ~1e154 and lose precision below ~1e-154: those
         # rows again, divided by their largest value first.
         redo = valid & ((m > 1e150) | (m < 1e-150))
         if bool(redo.any()):
             rows = redo.nonzero().squeeze(1)
-            y = work[rows] / m[rows, None]
+            y = work[rows] * inv[rows, None]
             ny = torch.linalg.vector_norm(y, dim=1)
-            scale[rows] = torch.where(ny * m[rows] >= eps, 1.0 / ny, m[rows] / eps)
+            scale[rows] = 1.0 / torch.maximum(ny, inv[rows] * eps)
             unit[rows] = (y * scale[rows, None]).to(torch.float32)
     if not bool(valid.all()):
         unit[~valid] = 0.0
         scale = torch.where(valid, scale, torch.zeros_like(scale))
-    return Prepared(unit.contiguous(), raw, 1.0 / m, scale, valid)
+    # Two float32 roundings (the row's factor, the product), and the float64 norm's.
+    return Prepared(unit.contiguous(), raw, inv, scale, valid, 2 * _U + (d + 9) * 2.0**-53)
 
 
 def rescore(
@@ -145,65 +225,19 @@ def rescore(
 ) -> torch.Tensor:
     """float64 cos(q[i[t]], r[j[t]]) for each t, clamped to [-1, 1]."""
     out = torch.empty(len(i), dtype=torch.float64, device=q.unit.device)
+    fast = numba_kernels() if out.device.type == "cpu" else None
+    if fast is not None and q.raw.dtype in _NUMBA_DTYPES and r.raw.dtype in _NUMBA_DTYPES:
+        fast.rescore(
+            q.raw.contiguous().numpy(), q.inv.numpy(), q.scale.numpy(), i.numpy(),
+            r.raw.contiguous().numpy(), r.inv.numpy(), r.scale.numpy(), j.numpy(), out.numpy(),
+        )  # fmt: skip
+        return out
     for s in range(0, len(i), chunk):
         ii, jj = i[s : s + chunk], j[s : s + chunk]
         a = q.raw[ii].to(torch.float64) * q.inv[ii, None]
         b = r.raw[jj].to(torch.float64) * r.inv[jj, None]
         out[s : s + chunk] = (a * b).sum(dim=1) * q.scale[ii] * r.scale[jj]
     return out.clamp_(-1.0, 1.0)
-
-
-# The most bytes of one tile of a threshold-only search on a CPU (see threshold_pairs):
-# benchmarks/NOTES.md, section 8, has the measurement.
-THRESHOLD_CPU_TILE_BYTES = 4 * 2**20
-
-
-def _tiles(nq: int, nr: int, tile_bytes: int) -> tuple[int, int]:
-    elems = max(1, tile_bytes // 4)
-    tq = max(1, min(nq, 1024, elems // max(1, min(nr, 1024))))
-    tr = max(1, min(nr, elems // tq))
-    return tq, tr
-
-
-class _Tile:
-    """One score buffer reused for every tile: a fresh 32 MiB block per tile would be
-    mapped and page-faulted each time where malloc returns large blocks to the OS (dask
-    workers set MALLOC_TRIM_THRESHOLD_)."""
-
-    def __init__(self, tq: int, tr: int, device: torch.device) -> None:
-        self.flat = torch.empty(tq * tr, dtype=torch.float32, device=device)
-
-    def product(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        """a @ b.T into the buffer (a contiguous view)."""
-        out = self.flat[: a.shape[0] * b.shape[0]].view(a.shape[0], b.shape[0])
-        return torch.mm(a, b.T, out=out)
-
-
-class _Running:
-    """The running top-``kk`` of float32 scores for n rows, and the best score dropped."""
-
-    def __init__(self, n: int, kk: int, device: torch.device) -> None:
-        self.kk = kk
-        self.score = torch.full((n, kk), _NEG_INF, dtype=torch.float32, device=device)
-        self.index = torch.full((n, kk), -1, dtype=torch.int64, device=device)
-        self.dropped = torch.full((n,), _NEG_INF, dtype=torch.float32, device=device)
-
-    def merge(self, rows: slice, s: torch.Tensor, col0: int) -> None:
-        kk = self.kk
-        kt = min(kk + 1, s.shape[1])
-        ts, ti = torch.topk(s, kt, dim=1)
-        ti += col0
-        if kt == kk + 1:
-            torch.maximum(self.dropped[rows], ts[:, kk], out=self.dropped[rows])
-            ts, ti = ts[:, :kk], ti[:, :kk]
-        cs = torch.cat([self.score[rows], ts], dim=1)
-        ci = torch.cat([self.index[rows], ti], dim=1)
-        ms, mi = torch.topk(cs, kk + 1, dim=1)
-        torch.maximum(self.dropped[rows], ms[:, kk], out=self.dropped[rows])
-        self.score[rows] = ms[:, :kk]
-        # A masked entry (invalid row, the row itself) is no candidate, even while a
-        # row has fewer than kk real ones.
-        self.index[rows] = torch.gather(ci, 1, mi[:, :kk]).masked_fill_(ms[:, :kk] == _NEG_INF, -1)
 
 
 def _order(score: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
@@ -216,10 +250,10 @@ def _order(score: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
 
 
 def _finish(
-    run: _Running, q: Prepared, r: Prepared, k: int, tile_bytes: int, self_pos: bool
+    run: Running | Reservoirs, q: Prepared, r: Prepared, k: int, tile_bytes: int, self_pos: bool
 ) -> TopK:
-    n, kk = run.index.shape
-    ci = run.index
+    ci, dropped32 = run.result()
+    n, kk = ci.shape
     s64 = torch.full((n, kk), _NEG_INF, dtype=torch.float64, device=ci.device)
     found = ci >= 0
     rows = torch.arange(n, device=ci.device)[:, None].expand(n, kk)
@@ -228,9 +262,9 @@ def _finish(
     score = torch.gather(s64, 1, order)
     index = torch.gather(ci, 1, order)
     # A row is certain when nothing it dropped can reach its k-th float64 score.
-    delta = margin(q.dim)
+    delta = margin(q.dim, q.err, r.err)
     kth = score[:, k - 1] if score.shape[1] == k else torch.full_like(score[:, 0], _NEG_INF)
-    dropped = run.dropped.to(torch.float64)
+    dropped = dropped32.to(torch.float64)
     unsure = torch.isfinite(dropped) & (dropped + delta >= kth)
     if bool(unsure.any()):
         u = unsure.nonzero().squeeze(1)
@@ -300,31 +334,23 @@ def topk(
     """
     device = q.unit.device
     nq, nr = len(q), len(r)
-    kk = k + max(k, 8)  # candidates kept per row: room below the k-th for near-ties
-    run_q = _Running(nq, kk, device)
-    run_r = _Running(nr, kk, device) if both else None
-    tq, tr = _tiles(nq, nr, tile_bytes)
-    tile = _Tile(tq, tr, device)
-    r_invalid = ~r.valid
-    q_invalid = ~q.valid
-    mask_r = bool(r_invalid.any())
-    mask_q = both and bool(q_invalid.any())
+    kk = k + max(8, k // 4)  # candidates kept per row: room below the k-th for near-ties
+    run_q = running(nq, kk, q.valid, r.valid, same)
+    run_r = running(nr, kk, r.valid, q.valid) if both else None
+    if isinstance(run_q, Reservoirs):
+        # The numba scan reads each tile right after the product wrote it: from cache.
+        tq, tr = tiles(nq, nr, min(tile_bytes, TOPK_CPU_TILE_BYTES), run_q.fast.BLOCK)
+    else:
+        tq, tr = tiles(nq, nr, tile_bytes)
+    tile = Tile(tq, tr, device)
     with torch.no_grad():
         for a0 in range(0, nq, tq):
             a1 = min(nq, a0 + tq)
             for c0 in range(0, nr, tr):
-                c1 = min(nr, c0 + tr)
-                s = tile.product(q.unit[a0:a1], r.unit[c0:c1])
-                if mask_r:
-                    s.masked_fill_(r_invalid[None, c0:c1], _NEG_INF)
-                if same and a0 < c1 and c0 < a1:
-                    s.diagonal(a0 - c0).fill_(_NEG_INF)
-                run_q.merge(slice(a0, a1), s, c0)
+                s = tile.product(q.unit[a0:a1], r.unit[c0 : min(nr, c0 + tr)])
+                run_q.rows(s, a0, c0)
                 if run_r is not None:
-                    st = s.T
-                    if mask_q:
-                        st = st.masked_fill(q_invalid[None, a0:a1], _NEG_INF)
-                    run_r.merge(slice(c0, c1), st, a0)
+                    run_r.cols(s, a0, c0)
         res_q = _finish(run_q, q, r, k, tile_bytes, same)
         res_r = _finish(run_r, r, q, k, tile_bytes, False) if run_r is not None else None
     return res_q, res_r
@@ -357,7 +383,8 @@ def threshold_pairs(
         return empty, empty.clone(), torch.zeros(0, dtype=torch.float64, device=device)
     thr = torch.as_tensor(threshold, dtype=torch.float64, device=device).expand(nq)
     # Invalid query rows get an unreachable bar.
-    low = torch.where(q.valid, thr - margin(q.dim), torch.full_like(thr, math.inf))
+    delta = margin(q.dim, q.err, r.err)
+    low = torch.where(q.valid, thr - delta, torch.full_like(thr, math.inf))
     low32 = low.to(torch.float32)
     identity = row_pos is None  # row i of q is row i of r (the self-join's diagonal pair)
     if mode is not None and row_pos is None:
@@ -366,9 +393,9 @@ def threshold_pairs(
         # The scan for hits reads each tile again: a tile that stays in the CPU's cache
         # makes that scan cheap (top-k's merges, by contrast, gain from large tiles).
         tile_bytes = min(tile_bytes, THRESHOLD_CPU_TILE_BYTES)
-    tq, tr = _tiles(nq, nr, tile_bytes)
-    tile = _Tile(tq, tr, device)
-    mask_r = not bool(r.valid.all())
+    tq, tr = tiles(nq, nr, tile_bytes)
+    tile = Tile(tq, tr, device)
+    mask_r = not r.all_valid
     out_i, out_j, out_s = [], [], []
     with torch.no_grad():
         for a0 in range(0, nq, tq):
@@ -411,7 +438,7 @@ def threshold_pairs(
             keep = score >= bar
         else:
             score = torch.cat(out_s).to(torch.float64)
-            near = (score - bar).abs_() < margin(q.dim)
+            near = (score - bar).abs_() < delta
             if bool(near.any()):
                 score[near] = rescore(q, i[near], r, j[near])
             keep = score >= bar

@@ -1,0 +1,277 @@
+"""Exact search on CPUs, the parts torch has no fast op for (numba): normalising rows in
+one pass, and selecting each row's best candidates from a tile of scores while the tile
+is still in cache.
+
+Imported by :mod:`dask_cosim.search_kernels` on the first CPU search only (importing
+numba takes time a client that never computes need not pay).  The numerics (what a
+candidate is, the rounding margin, the float64 re-check) are decided there; this module
+only computes.
+
+Selection.  Each row keeps a reservoir: up to ``cap`` (score, position) entries, and a
+bar, the ``keep``-th best score seen so far (-inf until the reservoir first fills).  A
+tile entry enters only when it beats the bar; a full reservoir is cut back to its
+``keep`` best (one quickselect) and the bar raised to the worst of them.  So the entries
+never kept all score at most the final bar, and :func:`candidates` can return each row's
+``keep - 1`` best plus the best score outside them (the ``keep``-th).  Most entries of a
+tile only meet one vectorised comparison against the bar (:data:`BLOCK` at a time).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numba
+import numpy as np
+
+__all__ = ["BLOCK", "candidates", "norms", "scan_cols", "scan_rows", "units"]
+
+# No "nnan"/"ninf": the tests for NaN and inf below must see them as they are.  The
+# kernels that take float64 data compile without "reassoc" and "arcp" (_EXACT): their
+# range-keeping factors must multiply each value in the order written, never be
+# regrouped with another factor (1e308 * 1e308 * 1e-308 * 1e-308 overflows), and a
+# division must stay one.  float32 data cannot leave float64's range: its kernels may
+# reassociate, which is what lets LLVM vectorise their sums.
+_FASTMATH = {"reassoc", "contract", "nsz", "arcp"}
+_EXACT = {"contract", "nsz"}
+
+# Tile entries compared with the bar per step: a count of the entries above it over a
+# fixed-length block is what LLVM turns into a few vector compares.
+BLOCK = 64
+# Rows whose largest value is below this get inv = 1 / TINY (see norms).
+TINY = 2.0**-1000
+_BIG = 1.7976931348623157e308  # the largest float64
+
+
+@numba.njit(inline="always", nogil=True, cache=True, fastmath=_FASTMATH, boundscheck=False)
+def _kth(s: np.ndarray, ix: np.ndarray, n: int, k: int) -> None:  # pragma: no cover
+    """Reorder s[:n] (ix alongside) so that s[:k] >= s[k] >= s[k + 1:n] (Hoare's find)."""
+    lo, hi = 0, n - 1
+    while lo < hi:
+        x = s[k]
+        i, j = lo, hi
+        while i <= j:
+            while s[i] > x:
+                i += 1
+            while x > s[j]:
+                j -= 1
+            if i <= j:
+                s[i], s[j] = s[j], s[i]
+                ix[i], ix[j] = ix[j], ix[i]
+                i += 1
+                j -= 1
+        if j < k:
+            lo = i
+        if k < i:
+            hi = j
+
+
+@numba.njit(inline="always", nogil=True, cache=True, fastmath=_FASTMATH, boundscheck=False)
+def _add(bs, bi, cnt, bar, r, v, c, keep):  # type: ignore[no-untyped-def]  # pragma: no cover
+    n = cnt[r]
+    bs[r, n] = v
+    bi[r, n] = c
+    n += 1
+    if n == bs.shape[1]:
+        _kth(bs[r], bi[r], n, keep - 1)
+        bar[r] = bs[r, keep - 1]
+        n = keep
+    cnt[r] = n
+
+
+@numba.njit(nogil=True, cache=True, fastmath=_FASTMATH, boundscheck=False)
+def scan_rows(s, row0, col0, bs, bi, cnt, bar, rvalid, qvalid, same, keep):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """Offer tile ``s`` (rows ``row0..`` of q x columns ``col0..`` of r) to the rows'
+    reservoirs: entries of invalid rows or columns, and with ``same`` the row itself
+    (column == row), never enter."""
+    m, w = s.shape
+    nb = w // BLOCK
+    for i in range(m):
+        r = row0 + i
+        if not qvalid[r]:
+            continue
+        row = s[i]
+        b = bar[r]
+        own = r if same else -1
+        for blk in range(nb + 1):
+            base = blk * BLOCK
+            width = BLOCK if blk < nb else w - base
+            if width == BLOCK:
+                hits = 0
+                for t in range(BLOCK):
+                    hits += row[base + t] > b
+                if hits == 0:
+                    continue
+            for t in range(width):
+                v = row[base + t]
+                if v > b:
+                    c = col0 + base + t
+                    if rvalid[c] and c != own:
+                        _add(bs, bi, cnt, bar, r, v, c, keep)
+                        b = bar[r]
+
+
+@numba.njit(nogil=True, cache=True, fastmath=_FASTMATH, boundscheck=False)
+def scan_cols(s, row0, col0, bs, bi, cnt, bar, rvalid, qvalid, keep):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """The same for the columns: column ``col0 + j`` (a row of r) is offered the rows
+    ``row0 + i`` of q (the self-join's off-diagonal pairs reduce both ways)."""
+    m, w = s.shape
+    nb = w // BLOCK
+    cb = bar[col0 : col0 + w]
+    for i in range(m):
+        if not qvalid[row0 + i]:
+            continue
+        row = s[i]
+        for blk in range(nb + 1):
+            base = blk * BLOCK
+            width = BLOCK if blk < nb else w - base
+            if width == BLOCK:
+                hits = 0
+                for t in range(BLOCK):
+                    hits += row[base + t] > cb[base + t]
+                if hits == 0:
+                    continue
+            for t in range(width):
+                j = base + t
+                if row[j] > cb[j] and rvalid[col0 + j]:
+                    _add(bs, bi, cnt, bar, col0 + j, row[j], row0 + i, keep)
+
+
+@numba.njit(nogil=True, cache=True, fastmath=_FASTMATH, boundscheck=False)
+def candidates(bs, bi, cnt, keep, index, dropped):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """Per row its ``keep - 1`` best positions (unordered, -1 padded) into ``index`` and
+    the best score of every entry outside them into ``dropped`` (-inf: none)."""
+    for r in range(bs.shape[0]):
+        n = cnt[r]
+        use = n
+        dropped[r] = -np.inf
+        if n >= keep:
+            _kth(bs[r], bi[r], n, keep - 1)
+            dropped[r] = bs[r, keep - 1]
+            use = keep - 1
+        for t in range(use):
+            index[r, t] = bi[r, t]
+        for t in range(use, keep - 1):
+            index[r, t] = -1
+
+
+def norms(x: np.ndarray, *args: Any) -> float:
+    """``norms(x, null, eps, inv, scale, valid)``: one read of each row of ``x``
+    (float32 or float64, C-contiguous) for the fields of
+    :class:`~dask_cosim.search_kernels.Prepared` but ``unit``: ``inv`` (a factor that
+    keeps the row in range for a float64 dot product: 1 for float32 rows, whose products
+    can neither overflow nor underflow in float64; 1 / the largest magnitude for float64
+    ones, capped at 1 / TINY), ``scale`` (1 / (inv * max(norm, eps)); 0 for invalid
+    rows) and ``valid`` (finite and not null).
+
+    Returns the largest |norm - 1| of the rows, or inf when a row is invalid or zero or
+    ``x`` is float64: how far ``x`` itself is from unit rows.
+    """
+    if x.dtype == np.float32:
+        return float(_norms32(x, *args))
+    return float(_norms64(x, *args))
+
+
+@numba.njit(inline="always", nogil=True, cache=True, boundscheck=False)
+def _norms(x, null, eps, inv, scale, valid, narrow):  # type: ignore[no-untyped-def]  # pragma: no cover
+    n, d = x.shape
+    worst = 0.0 if narrow else np.inf
+    for i in range(n):
+        row = x[i]
+        ss = 0.0
+        for j in range(d):
+            v = np.float64(row[j])
+            ss += v * v
+        mx = 1.0
+        if not narrow:
+            mx = 0.0
+            for j in range(d):
+                a = abs(np.float64(row[j]))
+                mx = a if a > mx else mx
+        # float32 rows: a NaN or inf value, and only that, makes the sum of squares NaN
+        # or inf.  float64 rows: NaN makes it NaN, inf makes the largest value inf (a
+        # sum of finite squares may overflow: those rows are summed again below).
+        # Comparisons, not math.isfinite: numba computes that as x - x, which LLVM
+        # folds to 0 under "reassoc" + "nsz".
+        finite = ss <= _BIG if narrow else ss == ss
+        ok = finite and mx <= _BIG and not null[i]
+        valid[i] = ok
+        if not ok or mx == 0.0:
+            inv[i] = 1.0
+            scale[i] = 0.0 if not ok else 1.0 / eps
+            worst = np.inf
+            continue
+        # 1 / mx overflows below ~5.6e-309: a capped factor keeps such rows near 2**-74.
+        f = 1.0 / mx if mx > TINY else 1.0 / TINY
+        inv[i] = f
+        if not narrow and (mx > 1e150 or mx < 1e-150):
+            ss = 0.0
+            for j in range(d):
+                y = np.float64(row[j]) * f
+                ss += y * y
+            scale[i] = 1.0 / max(math.sqrt(ss), f * eps)
+            continue
+        norm = math.sqrt(ss)
+        scale[i] = mx / max(norm, eps)
+        worst = max(worst, abs(norm - 1.0))
+    return worst
+
+
+@numba.njit(nogil=True, cache=True, fastmath=_FASTMATH, boundscheck=False)
+def _norms32(x, null, eps, inv, scale, valid):  # type: ignore[no-untyped-def]  # pragma: no cover
+    return _norms(x, null, eps, inv, scale, valid, True)
+
+
+@numba.njit(nogil=True, cache=True, fastmath=_EXACT, boundscheck=False)
+def _norms64(x, null, eps, inv, scale, valid):  # type: ignore[no-untyped-def]  # pragma: no cover
+    return _norms(x, null, eps, inv, scale, valid, False)
+
+
+@numba.njit(nogil=True, cache=True, fastmath=_FASTMATH, boundscheck=False)
+def units(x, inv, scale, valid, unit):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """unit[i] = x[i] * inv[i] * scale[i] in float32 (rows of norm 1; 0 for invalid)."""
+    n, d = x.shape
+    for i in range(n):
+        out = unit[i]
+        if not valid[i]:
+            out[:] = 0.0
+            continue
+        row = x[i]
+        g = inv[i] * scale[i]
+        for j in range(d):
+            out[j] = np.float32(np.float64(row[j]) * g)
+
+
+def rescore(xq: np.ndarray, *args: Any) -> None:
+    """``rescore(xq, inv_q, scale_q, i, xr, inv_r, scale_r, j, out)``: out[t] =
+    cos(q[i[t]], r[j[t]]) in float64, clamped to [-1, 1], by the formula of
+    :func:`dask_cosim.search_kernels.rescore`, one pass over the two rows per pair."""
+    if xq.dtype == np.float32 and args[3].dtype == np.float32:
+        _rescore32(xq, *args)
+    else:
+        _rescore64(xq, *args)
+
+
+@numba.njit(inline="always", nogil=True, cache=True, boundscheck=False)
+def _rescore(xq, inv_q, scale_q, i, xr, inv_r, scale_r, j, out):  # type: ignore[no-untyped-def]  # pragma: no cover
+    d = xq.shape[1]
+    for t in range(i.shape[0]):
+        a = xq[i[t]]
+        b = xr[j[t]]
+        fa = inv_q[i[t]]
+        fb = inv_r[j[t]]
+        s = 0.0
+        for c in range(d):
+            s += (np.float64(a[c]) * fa) * (np.float64(b[c]) * fb)
+        s *= scale_q[i[t]] * scale_r[j[t]]
+        out[t] = min(1.0, max(-1.0, s))
+
+
+@numba.njit(nogil=True, cache=True, fastmath=_FASTMATH, boundscheck=False)
+def _rescore32(xq, inv_q, scale_q, i, xr, inv_r, scale_r, j, out):  # type: ignore[no-untyped-def]  # pragma: no cover
+    _rescore(xq, inv_q, scale_q, i, xr, inv_r, scale_r, j, out)
+
+
+@numba.njit(nogil=True, cache=True, fastmath=_EXACT, boundscheck=False)
+def _rescore64(xq, inv_q, scale_q, i, xr, inv_r, scale_r, j, out):  # type: ignore[no-untyped-def]  # pragma: no cover
+    _rescore(xq, inv_q, scale_q, i, xr, inv_r, scale_r, j, out)

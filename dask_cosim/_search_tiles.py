@@ -1,0 +1,183 @@
+"""How an exact search walks its score matrix: tile shapes, the one tile buffer, and the
+state a top-k search keeps per row between tiles.
+
+Kernels only (tensors in, tensors out; used by :mod:`dask_cosim.search_kernels`).  Two
+interchangeable states hold, per row, the float32 top-``kk`` candidates and the best
+float32 score outside them: :class:`Running` (``torch.topk`` merges, any device) and
+:class:`Reservoirs` (the numba kernels of :mod:`dask_cosim._search_numba`, CPUs), chosen
+by :func:`running`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+import numpy as np
+import torch
+
+__all__ = [
+    "THRESHOLD_CPU_TILE_BYTES",
+    "TOPK_CPU_TILE_BYTES",
+    "Reservoirs",
+    "Running",
+    "Tile",
+    "numba_kernels",
+    "running",
+    "tiles",
+]
+
+_NEG_INF = float("-inf")
+
+# The most bytes of one tile of a threshold-only search on a CPU (see threshold_pairs):
+# benchmarks/NOTES.md, section 8, has the measurement.
+THRESHOLD_CPU_TILE_BYTES = 4 * 2**20
+# The most bytes of one tile of a top-k search on a CPU: the numba scan reads each tile
+# right after torch.mm wrote it, from the shared L3 cache.
+TOPK_CPU_TILE_BYTES = 4 * 2**20
+# The most query rows of one tile: beyond it the product gains nothing, and the rows of
+# r read per tile would outgrow the caches.
+_MAX_TILE_ROWS = 1024
+
+_numba_loaded: list[ModuleType | None] = []
+
+
+def numba_kernels() -> ModuleType | None:
+    """The numba kernels, or None where numba does not import (torch does it all)."""
+    if not _numba_loaded:
+        try:
+            _numba_loaded.append(importlib.import_module("dask_cosim._search_numba"))
+        except Exception:  # numba missing or broken: the torch path gives the same answer
+            _numba_loaded.append(None)
+    return _numba_loaded[0]
+
+
+def tiles(nq: int, nr: int, tile_bytes: int, align: int = 1) -> tuple[int, int]:
+    """Tile rows and columns: the queries in equal blocks of at most 1024 rows, the
+    columns to fill ``tile_bytes`` (a multiple of ``align`` where the budget allows)."""
+    elems = max(1, tile_bytes // 4)
+    blocks = -(-max(nq, 1) // _MAX_TILE_ROWS)
+    tq = max(1, min(-(-max(nq, 1) // blocks), elems // max(1, min(nr, _MAX_TILE_ROWS))))
+    tr = max(1, min(nr, elems // tq))
+    if tr > align:
+        tr -= tr % align
+    return tq, tr
+
+
+class Tile:
+    """One score buffer reused for every tile: a fresh 32 MiB block per tile would be
+    mapped and page-faulted each time where malloc returns large blocks to the OS (dask
+    workers set MALLOC_TRIM_THRESHOLD_)."""
+
+    def __init__(self, tq: int, tr: int, device: torch.device) -> None:
+        self.flat = torch.empty(tq * tr, dtype=torch.float32, device=device)
+
+    def product(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        """a @ b.T into the buffer (a contiguous view)."""
+        out = self.flat[: a.shape[0] * b.shape[0]].view(a.shape[0], b.shape[0])
+        return torch.mm(a, b.T, out=out)
+
+
+class Running:
+    """The running float32 top-``kk`` of n rows by ``torch.topk`` merges (any device),
+    and the best score dropped.  ``own`` and ``other`` are the validity of the rows
+    reduced and of their candidates; with ``same`` a row is no candidate of itself."""
+
+    def __init__(
+        self, n: int, kk: int, own: torch.Tensor, other: torch.Tensor, same: bool = False
+    ) -> None:
+        device = own.device
+        self.kk, self.same = kk, same
+        self.own_invalid = None if bool(own.all()) else ~own
+        self.other_invalid = None if bool(other.all()) else ~other
+        self.score = torch.full((n, kk), _NEG_INF, dtype=torch.float32, device=device)
+        self.index = torch.full((n, kk), -1, dtype=torch.int64, device=device)
+        self.dropped = torch.full((n,), _NEG_INF, dtype=torch.float32, device=device)
+
+    def rows(self, s: torch.Tensor, a0: int, c0: int) -> None:
+        """Tile ``s``: rows a0.. are this state's rows, columns c0.. their candidates."""
+        a1, c1 = a0 + s.shape[0], c0 + s.shape[1]
+        if self.other_invalid is not None:
+            s.masked_fill_(self.other_invalid[None, c0:c1], _NEG_INF)
+        if self.same and a0 < c1 and c0 < a1:
+            s.diagonal(a0 - c0).fill_(_NEG_INF)
+        self._merge(slice(a0, a1), s, c0)
+
+    def cols(self, s: torch.Tensor, a0: int, c0: int) -> None:
+        """Tile ``s``: columns c0.. are this state's rows, rows a0.. their candidates."""
+        st = s.T
+        if self.other_invalid is not None:
+            st = st.masked_fill(self.other_invalid[None, a0 : a0 + s.shape[0]], _NEG_INF)
+        self._merge(slice(c0, c0 + s.shape[1]), st, a0)
+
+    def result(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(index (n, kk), -1 padded; dropped (n,) float32, -inf: none)."""
+        return self.index, self.dropped
+
+    def _merge(self, rows: slice, s: torch.Tensor, col0: int) -> None:
+        kk = self.kk
+        kt = min(kk + 1, s.shape[1])
+        ts, ti = torch.topk(s, kt, dim=1)
+        ti += col0
+        if kt == kk + 1:
+            torch.maximum(self.dropped[rows], ts[:, kk], out=self.dropped[rows])
+            ts, ti = ts[:, :kk], ti[:, :kk]
+        cs = torch.cat([self.score[rows], ts], dim=1)
+        ci = torch.cat([self.index[rows], ti], dim=1)
+        ms, mi = torch.topk(cs, kk + 1, dim=1)
+        torch.maximum(self.dropped[rows], ms[:, kk], out=self.dropped[rows])
+        self.score[rows] = ms[:, :kk]
+        # A masked entry (invalid row, the row itself) is no candidate, even while a
+        # row has fewer than kk real ones.
+        self.index[rows] = torch.gather(ci, 1, mi[:, :kk]).masked_fill_(ms[:, :kk] == _NEG_INF, -1)
+
+
+class Reservoirs:
+    """The same state kept by the numba kernels (CPU): per row a reservoir of up to
+    2 (kk + 1) candidates behind a bar (:mod:`dask_cosim._search_numba`)."""
+
+    def __init__(
+        self,
+        fast: ModuleType,
+        n: int,
+        kk: int,
+        own: torch.Tensor,
+        other: torch.Tensor,
+        same: bool = False,
+    ) -> None:
+        self.fast, self.kk, self.same = fast, kk, same
+        self.own, self.other = own.numpy(), other.numpy()
+        # int32 positions: half the memory of the widest state (a self-join partition).
+        self.bi = np.empty((n, 2 * (kk + 1)), dtype=np.int32)
+        self.bs = np.empty((n, 2 * (kk + 1)), dtype=np.float32)
+        self.cnt = np.zeros(n, dtype=np.int64)
+        self.bar = np.full(n, -np.inf, dtype=np.float32)
+
+    def _state(self) -> tuple[np.ndarray, ...]:
+        return self.bs, self.bi, self.cnt, self.bar
+
+    def rows(self, s: torch.Tensor, a0: int, c0: int) -> None:
+        self.fast.scan_rows(
+            s.numpy(), a0, c0, *self._state(), self.other, self.own, self.same, self.kk + 1
+        )
+
+    def cols(self, s: torch.Tensor, a0: int, c0: int) -> None:
+        self.fast.scan_cols(s.numpy(), a0, c0, *self._state(), self.own, self.other, self.kk + 1)
+
+    def result(self) -> tuple[torch.Tensor, torch.Tensor]:
+        n = len(self.cnt)
+        index = np.empty((n, self.kk), dtype=np.int64)
+        dropped = np.empty(n, dtype=np.float32)
+        self.fast.candidates(*self._state()[:3], self.kk + 1, index, dropped)
+        return torch.from_numpy(index), torch.from_numpy(dropped)
+
+
+def running(
+    n: int, kk: int, own: torch.Tensor, other: torch.Tensor, same: bool = False
+) -> Running | Reservoirs:
+    """The state of n rows (validity ``own``) whose candidates have validity ``other``:
+    numba reservoirs on a CPU (positions below 2**31), else torch merges."""
+    fast = numba_kernels() if own.device.type == "cpu" and other.numel() < 2**31 else None
+    if fast is None:
+        return Running(n, kk, own, other, same)
+    return Reservoirs(fast, n, kk, own, other, same)

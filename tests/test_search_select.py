@@ -1,0 +1,268 @@
+"""The CPU selection (numba reservoirs, one-pass normalisation, raw unit rows) against a
+float64 brute force on adversarial inputs, and against the torch path it replaces."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+import torch
+
+from dask_cosim import _search_tiles
+from dask_cosim import search_kernels as sk
+from tests.test_search_kernels import brute, expected_topk
+
+numba_kernels = pytest.importorskip("dask_cosim._search_numba")
+
+# float64 rounding of a cosine of D <= 384 values: scores this close are one score.
+SAME = 1e-13
+
+
+@pytest.fixture(params=["numba", "torch"])
+def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """Run a test on the numba kernels, then again with numba hidden (the torch path
+    that GPUs and installs without numba take)."""
+    if request.param == "torch":
+        monkeypatch.setattr(_search_tiles, "numba_kernels", lambda: None)
+        monkeypatch.setattr(sk, "numba_kernels", lambda: None)
+    yield request.param
+
+
+def prep(x: np.ndarray, null: np.ndarray | None = None) -> sk.Prepared:
+    return sk.prepare(
+        torch.from_numpy(x), None if null is None else torch.from_numpy(null), eps=1e-8
+    )
+
+
+def check_strict(res: sk.TopK, s: np.ndarray, k: int) -> None:
+    """Same rows in the same order as the float64 brute force; rows may trade places only
+    where their exact scores are equal (up to float64 rounding)."""
+    want_i, want_s = expected_topk(s, k)
+    kk = min(k, s.shape[1])
+    got_i, got_s = res.index.numpy(), res.score.numpy()
+    assert got_i.shape == (s.shape[0], k)
+    assert (got_i[:, kk:] == -1).all() and np.isneginf(got_s[:, kk:]).all()
+    found = want_i[:, :kk] >= 0
+    assert ((got_i[:, :kk] >= 0) == found).all()
+    np.testing.assert_allclose(got_s[:, :kk][found], want_s[:, :kk][found], rtol=0, atol=SAME)
+    rows, cols = np.nonzero(got_i[:, :kk] != want_i[:, :kk])
+    for r, c in zip(rows, cols):
+        assert abs(s[r, got_i[r, c]] - s[r, want_i[r, c]]) < SAME, (r, c)
+
+
+def near_tie_rows(rng: np.random.Generator, base: np.ndarray, n: int) -> np.ndarray:
+    """n copies of ``base``, each with a few values moved by one float32 ulp: their
+    cosines with a row at an angle to ``base`` differ by ~1e-10..1e-8, far below a
+    float32 score's rounding and far above a float64 one's."""
+    out = np.repeat(base[None, :], n, axis=0)
+    for row in out:
+        cols = rng.choice(len(base), size=min(3, len(base)), replace=False)
+        direction = np.where(rng.random(len(cols)) < 0.5, -np.inf, np.inf).astype(np.float32)
+        row[cols] = np.nextafter(row[cols], direction)
+    return out
+
+
+def adversarial(d: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Right rows: random, a cluster of near-ties around one row, exact duplicates, zero,
+    NaN, inf and null rows, in shuffled order; queries hitting the cluster."""
+    rng = np.random.default_rng(seed)
+    base = rng.standard_normal(d).astype(np.float32)
+    r = np.concatenate(
+        [
+            rng.standard_normal((150, d)).astype(np.float32),
+            near_tie_rows(rng, base, 40),
+            np.repeat(base[None, :] * 2, 12, axis=0),  # exact duplicates (of one another)
+            np.zeros((3, d), np.float32),
+            np.full((2, d), np.nan, np.float32),
+            np.where(np.arange(d) == 0, np.inf, 1).astype(np.float32)[None, :],
+        ]
+    )
+    order = rng.permutation(len(r))
+    r = r[order]
+    null = np.zeros(len(r), bool)
+    null[rng.choice(len(r), 4, replace=False)] = True
+    # Queries at an angle to the cluster (their cosines with it move with each ulp to
+    # first order; from ``base`` itself they would move to second order, below float64
+    # rounding), one on the cluster, and the rest.
+    at_angle = base + rng.uniform(0.2, 0.8, (4, 1)) * rng.standard_normal((4, d))
+    q = np.concatenate(
+        [
+            at_angle.astype(np.float32),
+            base[None, :],
+            -base[None, :],
+            rng.standard_normal((2, d)).astype(np.float32),
+            np.zeros((1, d), np.float32),
+            np.full((1, d), np.nan, np.float32),
+        ]
+    )
+    return q, r, null
+
+
+def reference(q: np.ndarray, r: np.ndarray, null: np.ndarray) -> np.ndarray:
+    s = brute(q, r)
+    s[:, null] = -np.inf
+    return s
+
+
+@pytest.mark.parametrize("d", [1, 7, 128, 384])
+@pytest.mark.parametrize("k", [1, 10, 100])
+def test_topk_near_ties_duplicates_and_invalid_rows(path: str, d: int, k: int) -> None:
+    q, r, null = adversarial(d, seed=d * 1000 + k)
+    s = reference(q, r, null)
+    pq, pr = prep(q), prep(r, null)
+    for tile_bytes in (256, 1 << 12, 32 << 20):
+        res, _ = sk.topk(pq, pr, k, tile_bytes=tile_bytes)
+        check_strict(res, s, k)
+
+
+@pytest.mark.parametrize("d", [1, 7, 128])
+@pytest.mark.parametrize("k", [1, 10, 100])
+def test_same_and_both_with_near_ties(path: str, d: int, k: int) -> None:
+    q, r, null = adversarial(d, seed=d + k)
+    x = np.concatenate([q, r])
+    nulls = np.concatenate([np.zeros(len(q), bool), null])
+    s = reference(x, x, nulls)
+    s[nulls, :] = -np.inf
+    np.fill_diagonal(s, -np.inf)
+    p = prep(x, nulls)
+    for tile_bytes in (256, 32 << 20):
+        res, _ = sk.topk(p, p, k, tile_bytes=tile_bytes, same=True)
+        check_strict(res, s, k)
+        a, b = 70, len(x)
+        left, right = p.take(torch.arange(a)), p.take(torch.arange(a, b))
+        res_a, res_b = sk.topk(left, right, k, tile_bytes=tile_bytes, both=True)
+        assert res_b is not None
+        check_strict(res_a, s[:a, a:], k)
+        check_strict(res_b, s[a:, :a], k)
+
+
+def test_k_beyond_the_valid_rows(path: str) -> None:
+    q, r, null = adversarial(7, seed=5)
+    s = reference(q, r, null)
+    res, _ = sk.topk(prep(q), prep(r, null), 400, tile_bytes=1 << 12)
+    check_strict(res, s, 400)
+    valid = np.isfinite(s).sum(axis=1)
+    assert ((res.index >= 0).sum(dim=1).numpy() == valid).all()
+
+
+def test_numba_and_torch_paths_agree(monkeypatch: pytest.MonkeyPatch) -> None:
+    q, r, null = adversarial(128, seed=9)
+    got = []
+    for hide in (False, True):
+        if hide:
+            monkeypatch.setattr(_search_tiles, "numba_kernels", lambda: None)
+            monkeypatch.setattr(sk, "numba_kernels", lambda: None)
+        res, _ = sk.topk(prep(q), prep(r, null), 10, tile_bytes=1 << 14)
+        got.append(res)
+    # The queries at an angle to the near-tie cluster (the others meet ties at 1 - 1e-16,
+    # which float64 rounding orders as it falls).
+    assert torch.equal(got[0].index[:4], got[1].index[:4])
+    torch.testing.assert_close(got[0].score, got[1].score, rtol=0, atol=SAME)
+
+
+def test_raw_unit_rows_off_norm_one_within_the_tolerance(path: str) -> None:
+    """Rows normalised in float32 serve as unit rows without a copy; rows up to the
+    tolerance away from norm 1 widen the margin, and near-ties are still decided in
+    float64 (their float32 scores are off by up to ~1e-6, the ties 1e-8 apart)."""
+    rng = np.random.default_rng(11)
+    d = 64
+    base = rng.standard_normal(d)
+    base /= np.linalg.norm(base)
+    r = np.concatenate(
+        [near_tie_rows(rng, base.astype(np.float32), 60), rng.standard_normal((100, d))]
+    )
+    r = (r / np.linalg.norm(r, axis=1, keepdims=True)).astype(np.float32)
+    # Stretch rows by up to 3/4 of the tolerance: the exact cosines do not change.
+    stretch = 1 + rng.uniform(-0.75, 0.75, len(r)) * sk.RAW_UNIT_TOLERANCE
+    r = (r * stretch[:, None]).astype(np.float32)
+    q = (base + 0.5 * rng.standard_normal(d))[None, :].astype(np.float32)
+    pr = prep(r)
+    if path == "numba":
+        assert pr.unit.data_ptr() == pr.raw.data_ptr()  # no copy
+        assert 2**-24 < pr.err <= sk.RAW_UNIT_TOLERANCE * 1.01
+        assert sk.margin(d, pr.err, pr.err) > sk.margin(d)
+    s = brute(q, r)
+    for k in (1, 10, 30):
+        res, _ = sk.topk(prep(q), pr, k, tile_bytes=1 << 12)
+        check_strict(res, s, k)
+    _, j, _ = sk.threshold_pairs(prep(q), pr, float(np.sort(s[0])[-20]), tile_bytes=1 << 12)
+    assert sorted(j.tolist()) == sorted(np.argsort(-s[0], kind="stable")[:20].tolist())
+
+
+def test_rows_beyond_the_tolerance_are_copied() -> None:
+    x = np.eye(4, dtype=np.float32)
+    p = prep(x)
+    assert p.unit.data_ptr() == p.raw.data_ptr() and p.err < 1e-14
+    x[2] *= np.float32(1 + 2 * sk.RAW_UNIT_TOLERANCE)
+    p = prep(x)
+    assert p.unit.data_ptr() != p.raw.data_ptr()
+    np.testing.assert_allclose(np.linalg.norm(p.unit.numpy(), axis=1), 1, rtol=2**-23)
+    assert p.err < 2**-23 and sk.margin(4, p.err, p.err) == sk.margin(4)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_prepare_one_pass_matches_the_torch_path(
+    dtype: type, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rng = np.random.default_rng(12)
+    x = rng.standard_normal((40, 9)).astype(dtype)
+    x[0] = 0
+    x[1, 3] = np.nan
+    x[2, 0] = -np.inf
+    x[3] *= 1e-30
+    if dtype == np.float64:
+        x[4] *= 1e300
+        x[5] *= 1e-300
+        x[6, :] = 5e-324  # subnormal: 1 / its largest value overflows
+        x[8, :3] = [5e-324, -1e-320, 0.0]
+    null = np.zeros(40, bool)
+    null[7] = True
+    fast = prep(x, null)
+    monkeypatch.setattr(sk, "numba_kernels", lambda: None)
+    slow = prep(x, null)
+    assert torch.equal(fast.valid, slow.valid)
+    v = fast.valid
+    torch.testing.assert_close(fast.unit[v], slow.unit[v], rtol=2**-22, atol=0)
+    assert (fast.unit[~v] == 0).all() and (fast.scale[~v] == 0).all()
+    # inv and scale may split the norm differently; their product may not differ.
+    torch.testing.assert_close(fast.inv * fast.scale, slow.inv * slow.scale, rtol=1e-15, atol=0)
+    s = brute(x, x)
+    for p in (fast, slow):
+        i, j = torch.meshgrid(torch.arange(40), torch.arange(40), indexing="ij")
+        got = sk.rescore(p, i.reshape(-1), p, j.reshape(-1)).reshape(40, 40).numpy()
+        ok = np.isfinite(s) & ~null[:, None] & ~null[None, :]
+        np.testing.assert_allclose(got[ok], s[ok], rtol=0, atol=1e-15)
+
+
+@pytest.mark.parametrize("stream", ["random", "ascending", "descending", "equal", "few"])
+@pytest.mark.parametrize("keep", [2, 9, 21, 201])
+def test_reservoir_keeps_the_best_and_the_best_outside(stream: str, keep: int) -> None:
+    """scan_rows + candidates on one row: the keep - 1 best scores (a multiset: equal
+    scores may be any of them) and the keep-th best as the best dropped."""
+    rng = np.random.default_rng(keep)
+    n = 3000
+    values = {
+        "random": rng.standard_normal(n),
+        "ascending": np.linspace(-1, 1, n),
+        "descending": np.linspace(1, -1, n),
+        "equal": np.full(n, 0.5),
+        "few": rng.integers(0, 4, n) / 4,
+    }[stream].astype(np.float32)
+    valid = np.ones(n, bool)
+    valid[::7] = False  # never candidates
+    bs = np.empty((1, 2 * keep), np.float32)
+    bi = np.empty((1, 2 * keep), np.int32)
+    cnt = np.zeros(1, np.int64)
+    bar = np.full(1, -np.inf, np.float32)
+    for c0 in range(0, n, 500):  # several tiles
+        tile = values[None, c0 : c0 + 500].copy()
+        numba_kernels.scan_rows(tile, 0, c0, bs, bi, cnt, bar, valid, np.ones(1, bool), False, keep)
+    index = np.empty((1, keep - 1), np.int64)
+    dropped = np.empty(1, np.float32)
+    numba_kernels.candidates(bs, bi, cnt, keep, index, dropped)
+    ranked = np.sort(values[valid])[::-1]
+    got = index[0][index[0] >= 0]
+    assert len(set(got.tolist())) == len(got) and valid[got].all()
+    np.testing.assert_array_equal(np.sort(values[got])[::-1], ranked[: keep - 1])
+    assert dropped[0] == ranked[keep - 1]
