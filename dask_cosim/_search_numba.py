@@ -7,13 +7,14 @@ numba takes time a client that never computes need not pay).  The numerics (what
 candidate is, the rounding margin, the float64 re-check) are decided there; this module
 only computes.
 
-Selection.  Each row keeps a reservoir: up to ``cap`` (score, position) entries, and a
-bar, the ``keep``-th best score seen so far (-inf until the reservoir first fills).  A
-tile entry enters only when it beats the bar; a full reservoir is cut back to its
-``keep`` best (one quickselect) and the bar raised to the worst of them.  So the entries
-never kept all score at most the final bar, and :func:`candidates` can return each row's
-``keep - 1`` best plus the best score outside them (the ``keep``-th).  Most entries of a
-tile only meet one vectorised comparison against the bar (:data:`BLOCK` at a time).
+Selection.  Each row keeps a min-heap of its ``keep`` best (score, position) entries so
+far (-inf / -1 while it fills) and a bar, the heap's root: the ``keep``-th best score
+seen.  A tile entry enters only when it beats the bar, replacing the root.  So every
+entry outside the heap scores at most the root, and :func:`candidates` returns each
+row's ``keep - 1`` best (all but the root) plus the best score outside them (the root).
+Most entries of a tile only meet one vectorised comparison with the bar (:data:`BLOCK`
+at a time); a heap (not a buffer cut back by a quickselect) keeps the bar exact, so few
+entries pass, and each costs a short sift, not a partition's mispredicted branches.
 """
 
 from __future__ import annotations
@@ -44,45 +45,30 @@ _BIG = 1.7976931348623157e308  # the largest float64
 
 
 @numba.njit(inline="always", nogil=True, cache=True, fastmath=_FASTMATH, boundscheck=False)
-def _kth(s: np.ndarray, ix: np.ndarray, n: int, k: int) -> None:  # pragma: no cover
-    """Reorder s[:n] (ix alongside) so that s[:k] >= s[k] >= s[k + 1:n] (Hoare's find)."""
-    lo, hi = 0, n - 1
-    while lo < hi:
-        x = s[k]
-        i, j = lo, hi
-        while i <= j:
-            while s[i] > x:
-                i += 1
-            while x > s[j]:
-                j -= 1
-            if i <= j:
-                s[i], s[j] = s[j], s[i]
-                ix[i], ix[j] = ix[j], ix[i]
-                i += 1
-                j -= 1
-        if j < k:
-            lo = i
-        if k < i:
-            hi = j
-
-
-@numba.njit(inline="always", nogil=True, cache=True, fastmath=_FASTMATH, boundscheck=False)
-def _add(bs, bi, cnt, bar, r, v, c, keep):  # type: ignore[no-untyped-def]  # pragma: no cover
-    n = cnt[r]
-    bs[r, n] = v
-    bi[r, n] = c
-    n += 1
-    if n == bs.shape[1]:
-        _kth(bs[r], bi[r], n, keep - 1)
-        bar[r] = bs[r, keep - 1]
-        n = keep
-    cnt[r] = n
+def _push(hs, hi, bar, r, v, c):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """Replace row r's root by (v, c), v > the root, and sift it down."""
+    n = hs.shape[1]
+    pos = 0
+    while True:
+        child = 2 * pos + 1
+        if child >= n:
+            break
+        if child + 1 < n and hs[r, child + 1] < hs[r, child]:
+            child += 1
+        if hs[r, child] >= v:
+            break
+        hs[r, pos] = hs[r, child]
+        hi[r, pos] = hi[r, child]
+        pos = child
+    hs[r, pos] = v
+    hi[r, pos] = c
+    bar[r] = hs[r, 0]
 
 
 @numba.njit(nogil=True, cache=True, fastmath=_FASTMATH, boundscheck=False)
-def scan_rows(s, row0, col0, bs, bi, cnt, bar, rvalid, qvalid, same, keep):  # type: ignore[no-untyped-def]  # pragma: no cover
+def scan_rows(s, row0, col0, hs, hi, bar, rvalid, qvalid, same):  # type: ignore[no-untyped-def]  # pragma: no cover
     """Offer tile ``s`` (rows ``row0..`` of q x columns ``col0..`` of r) to the rows'
-    reservoirs: entries of invalid rows or columns, and with ``same`` the row itself
+    heaps: entries of invalid rows or columns, and with ``same`` the row itself
     (column == row), never enter."""
     m, w = s.shape
     nb = w // BLOCK
@@ -102,17 +88,17 @@ def scan_rows(s, row0, col0, bs, bi, cnt, bar, rvalid, qvalid, same, keep):  # t
                     hits += row[base + t] > b
                 if hits == 0:
                     continue
-            for t in range(width):
-                v = row[base + t]
+            for j in range(base, base + width):
+                v = row[j]
                 if v > b:
-                    c = col0 + base + t
+                    c = col0 + j
                     if rvalid[c] and c != own:
-                        _add(bs, bi, cnt, bar, r, v, c, keep)
+                        _push(hs, hi, bar, r, v, c)
                         b = bar[r]
 
 
 @numba.njit(nogil=True, cache=True, fastmath=_FASTMATH, boundscheck=False)
-def scan_cols(s, row0, col0, bs, bi, cnt, bar, rvalid, qvalid, keep):  # type: ignore[no-untyped-def]  # pragma: no cover
+def scan_cols(s, row0, col0, hs, hi, bar, rvalid, qvalid):  # type: ignore[no-untyped-def]  # pragma: no cover
     """The same for the columns: column ``col0 + j`` (a row of r) is offered the rows
     ``row0 + i`` of q (the self-join's off-diagonal pairs reduce both ways)."""
     m, w = s.shape
@@ -131,28 +117,21 @@ def scan_cols(s, row0, col0, bs, bi, cnt, bar, rvalid, qvalid, keep):  # type: i
                     hits += row[base + t] > cb[base + t]
                 if hits == 0:
                     continue
-            for t in range(width):
-                j = base + t
+            for j in range(base, base + width):
                 if row[j] > cb[j] and rvalid[col0 + j]:
-                    _add(bs, bi, cnt, bar, col0 + j, row[j], row0 + i, keep)
+                    _push(hs, hi, bar, col0 + j, row[j], row0 + i)
 
 
 @numba.njit(nogil=True, cache=True, fastmath=_FASTMATH, boundscheck=False)
-def candidates(bs, bi, cnt, keep, index, dropped):  # type: ignore[no-untyped-def]  # pragma: no cover
-    """Per row its ``keep - 1`` best positions (unordered, -1 padded) into ``index`` and
-    the best score of every entry outside them into ``dropped`` (-inf: none)."""
-    for r in range(bs.shape[0]):
-        n = cnt[r]
-        use = n
-        dropped[r] = -np.inf
-        if n >= keep:
-            _kth(bs[r], bi[r], n, keep - 1)
-            dropped[r] = bs[r, keep - 1]
-            use = keep - 1
-        for t in range(use):
-            index[r, t] = bi[r, t]
-        for t in range(use, keep - 1):
-            index[r, t] = -1
+def candidates(hs, hi, index, dropped):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """Per row its ``keep - 1`` best positions (all but the root; unordered, -1 padded)
+    into ``index``, and the best score of every entry outside them (the root; -inf:
+    none) into ``dropped``."""
+    n, keep = hs.shape
+    for r in range(n):
+        dropped[r] = hs[r, 0]
+        for t in range(1, keep):
+            index[r, t - 1] = hi[r, t]
 
 
 def norms(x: np.ndarray, *args: Any) -> float:

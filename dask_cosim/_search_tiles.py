@@ -4,7 +4,7 @@ state a top-k search keeps per row between tiles.
 Kernels only (tensors in, tensors out; used by :mod:`dask_cosim.search_kernels`).  Two
 interchangeable states hold, per row, the float32 top-``kk`` candidates and the best
 float32 score outside them: :class:`Running` (``torch.topk`` merges, any device) and
-:class:`Reservoirs` (the numba kernels of :mod:`dask_cosim._search_numba`, CPUs), chosen
+:class:`Heaps` (the numba kernels of :mod:`dask_cosim._search_numba`, CPUs), chosen
 by :func:`running`.
 """
 
@@ -19,7 +19,7 @@ import torch
 __all__ = [
     "THRESHOLD_CPU_TILE_BYTES",
     "TOPK_CPU_TILE_BYTES",
-    "Reservoirs",
+    "Heaps",
     "Running",
     "Tile",
     "numba_kernels",
@@ -132,9 +132,10 @@ class Running:
         self.index[rows] = torch.gather(ci, 1, mi[:, :kk]).masked_fill_(ms[:, :kk] == _NEG_INF, -1)
 
 
-class Reservoirs:
-    """The same state kept by the numba kernels (CPU): per row a reservoir of up to
-    2 (kk + 1) candidates behind a bar (:mod:`dask_cosim._search_numba`)."""
+class Heaps:
+    """The same state kept by the numba kernels (CPU): per row a min-heap of its
+    kk + 1 best candidates, whose root is the row's bar
+    (:mod:`dask_cosim._search_numba`)."""
 
     def __init__(
         self,
@@ -147,37 +148,33 @@ class Reservoirs:
     ) -> None:
         self.fast, self.kk, self.same = fast, kk, same
         self.own, self.other = own.numpy(), other.numpy()
-        # int32 positions: half the memory of the widest state (a self-join partition).
-        self.bi = np.empty((n, 2 * (kk + 1)), dtype=np.int32)
-        self.bs = np.empty((n, 2 * (kk + 1)), dtype=np.float32)
-        self.cnt = np.zeros(n, dtype=np.int64)
+        self.hs = np.full((n, kk + 1), -np.inf, dtype=np.float32)
+        # int32 positions: a third less memory for the widest state (a self-join's).
+        self.hi = np.full((n, kk + 1), -1, dtype=np.int32)
         self.bar = np.full(n, -np.inf, dtype=np.float32)
-
-    def _state(self) -> tuple[np.ndarray, ...]:
-        return self.bs, self.bi, self.cnt, self.bar
 
     def rows(self, s: torch.Tensor, a0: int, c0: int) -> None:
         self.fast.scan_rows(
-            s.numpy(), a0, c0, *self._state(), self.other, self.own, self.same, self.kk + 1
+            s.numpy(), a0, c0, self.hs, self.hi, self.bar, self.other, self.own, self.same
         )
 
     def cols(self, s: torch.Tensor, a0: int, c0: int) -> None:
-        self.fast.scan_cols(s.numpy(), a0, c0, *self._state(), self.own, self.other, self.kk + 1)
+        self.fast.scan_cols(s.numpy(), a0, c0, self.hs, self.hi, self.bar, self.own, self.other)
 
     def result(self) -> tuple[torch.Tensor, torch.Tensor]:
-        n = len(self.cnt)
+        n = len(self.bar)
         index = np.empty((n, self.kk), dtype=np.int64)
         dropped = np.empty(n, dtype=np.float32)
-        self.fast.candidates(*self._state()[:3], self.kk + 1, index, dropped)
+        self.fast.candidates(self.hs, self.hi, index, dropped)
         return torch.from_numpy(index), torch.from_numpy(dropped)
 
 
 def running(
     n: int, kk: int, own: torch.Tensor, other: torch.Tensor, same: bool = False
-) -> Running | Reservoirs:
+) -> Running | Heaps:
     """The state of n rows (validity ``own``) whose candidates have validity ``other``:
-    numba reservoirs on a CPU (positions below 2**31), else torch merges."""
+    numba heaps on a CPU (positions below 2**31), else torch merges."""
     fast = numba_kernels() if own.device.type == "cpu" and other.numel() < 2**31 else None
     if fast is None:
         return Running(n, kk, own, other, same)
-    return Reservoirs(fast, n, kk, own, other, same)
+    return Heaps(fast, n, kk, own, other, same)

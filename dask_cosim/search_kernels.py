@@ -15,8 +15,8 @@ float64 score are broken by position (the lower position first), so the result d
 depend on how the rows were split into tiles or partitions.
 
 Selection.  On CPUs each tile is reduced by numba kernels while it is still in cache
-(:mod:`dask_cosim._search_numba`: per row a reservoir of candidates behind a bar, most
-tile entries meet one vectorised comparison); elsewhere, or without numba, by a running
+(:mod:`dask_cosim._search_numba`: per row a heap of candidates whose root is a bar that
+most tile entries meet in one vectorised comparison); elsewhere, or without numba, by a running
 ``torch.topk`` merge.  Both keep, per row, the float32 top-(k + max(8, k // 4)) and the best
 float32 score outside it, which is all the exactness proof below needs.
 
@@ -36,7 +36,7 @@ import torch
 from dask_cosim._search_tiles import (
     THRESHOLD_CPU_TILE_BYTES,
     TOPK_CPU_TILE_BYTES,
-    Reservoirs,
+    Heaps,
     Running,
     Tile,
     numba_kernels,
@@ -250,7 +250,7 @@ def _order(score: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
 
 
 def _finish(
-    run: Running | Reservoirs, q: Prepared, r: Prepared, k: int, tile_bytes: int, self_pos: bool
+    run: Running | Heaps, q: Prepared, r: Prepared, k: int, tile_bytes: int, self_pos: bool
 ) -> TopK:
     ci, dropped32 = run.result()
     n, kk = ci.shape
@@ -337,7 +337,7 @@ def topk(
     kk = k + max(8, k // 4)  # candidates kept per row: room below the k-th for near-ties
     run_q = running(nq, kk, q.valid, r.valid, same)
     run_r = running(nr, kk, r.valid, q.valid) if both else None
-    if isinstance(run_q, Reservoirs):
+    if isinstance(run_q, Heaps):
         # The numba scan reads each tile right after the product wrote it: from cache.
         tq, tr = tiles(nq, nr, min(tile_bytes, TOPK_CPU_TILE_BYTES), run_q.fast.BLOCK)
     else:

@@ -1,4 +1,4 @@
-"""The CPU selection (numba reservoirs, one-pass normalisation, raw unit rows) against a
+"""The CPU selection (numba heaps, one-pass normalisation, raw unit rows) against a
 float64 brute force on adversarial inputs, and against the torch path it replaces."""
 
 from __future__ import annotations
@@ -237,7 +237,7 @@ def test_prepare_one_pass_matches_the_torch_path(
 
 @pytest.mark.parametrize("stream", ["random", "ascending", "descending", "equal", "few"])
 @pytest.mark.parametrize("keep", [2, 9, 21, 201])
-def test_reservoir_keeps_the_best_and_the_best_outside(stream: str, keep: int) -> None:
+def test_heap_keeps_the_best_and_the_best_outside(stream: str, keep: int) -> None:
     """scan_rows + candidates on one row: the keep - 1 best scores (a multiset: equal
     scores may be any of them) and the keep-th best as the best dropped."""
     rng = np.random.default_rng(keep)
@@ -251,18 +251,31 @@ def test_reservoir_keeps_the_best_and_the_best_outside(stream: str, keep: int) -
     }[stream].astype(np.float32)
     valid = np.ones(n, bool)
     valid[::7] = False  # never candidates
-    bs = np.empty((1, 2 * keep), np.float32)
-    bi = np.empty((1, 2 * keep), np.int32)
-    cnt = np.zeros(1, np.int64)
+    hs = np.full((1, keep), -np.inf, np.float32)
+    hi = np.full((1, keep), -1, np.int32)
     bar = np.full(1, -np.inf, np.float32)
     for c0 in range(0, n, 500):  # several tiles
         tile = values[None, c0 : c0 + 500].copy()
-        numba_kernels.scan_rows(tile, 0, c0, bs, bi, cnt, bar, valid, np.ones(1, bool), False, keep)
+        numba_kernels.scan_rows(tile, 0, c0, hs, hi, bar, valid, np.ones(1, bool), False)
     index = np.empty((1, keep - 1), np.int64)
     dropped = np.empty(1, np.float32)
-    numba_kernels.candidates(bs, bi, cnt, keep, index, dropped)
+    numba_kernels.candidates(hs, hi, index, dropped)
     ranked = np.sort(values[valid])[::-1]
     got = index[0][index[0] >= 0]
     assert len(set(got.tolist())) == len(got) and valid[got].all()
     np.testing.assert_array_equal(np.sort(values[got])[::-1], ranked[: keep - 1])
     assert dropped[0] == ranked[keep - 1]
+
+
+def test_heap_of_few_entries_drops_nothing() -> None:
+    hs = np.full((2, 9), -np.inf, np.float32)
+    hi = np.full((2, 9), -1, np.int32)
+    bar = np.full(2, -np.inf, np.float32)
+    tile = np.array([[0.5, 0.25, 0.75], [0.1, 0.2, 0.3]], np.float32)
+    valid = np.array([True, False, True])
+    numba_kernels.scan_rows(tile, 0, 0, hs, hi, bar, valid, np.array([True, False]), False)
+    index = np.empty((2, 8), np.int64)
+    dropped = np.empty(2, np.float32)
+    numba_kernels.candidates(hs, hi, index, dropped)
+    assert sorted(index[0][index[0] >= 0].tolist()) == [0, 2] and (index[1] == -1).all()
+    assert np.isneginf(dropped).all()
