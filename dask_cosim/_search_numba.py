@@ -25,7 +25,7 @@ from typing import Any
 import numba
 import numpy as np
 
-__all__ = ["BLOCK", "candidates", "norms", "scan_cols", "scan_rows", "units"]
+__all__ = ["BLOCK", "candidates", "merge", "norms", "rescore", "scan_cols", "scan_rows", "units"]
 
 # No "nnan"/"ninf": the tests for NaN and inf below must see them as they are.  The
 # kernels that take float64 data compile without "reassoc" and "arcp" (_EXACT): their
@@ -254,3 +254,15 @@ def _rescore32(xq, inv_q, scale_q, i, xr, inv_r, scale_r, j, out):  # type: igno
 @numba.njit(nogil=True, cache=True, fastmath=_EXACT, boundscheck=False)
 def _rescore64(xq, inv_q, scale_q, i, xr, inv_r, scale_r, j, out):  # type: ignore[no-untyped-def]  # pragma: no cover
     _rescore(xq, inv_q, scale_q, i, xr, inv_r, scale_r, j, out)
+
+
+@numba.njit(nogil=True, cache=True, fastmath=_FASTMATH, boundscheck=False)
+def merge(hs, hi, bar, hs2, hi2):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """Offer the entries of heaps (hs2, hi2) to heaps (hs, hi): the heaps of one set of
+    rows from two disjoint sets of columns become those of their union (what either
+    dropped scores at most its root, which is at most the union's root)."""
+    for r in range(hs.shape[0]):
+        for t in range(hs2.shape[1]):
+            v = hs2[r, t]
+            if hi2[r, t] >= 0 and v > bar[r]:
+                _push(hs, hi, bar, r, v, hi2[r, t])

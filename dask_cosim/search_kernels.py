@@ -41,6 +41,7 @@ from dask_cosim._search_tiles import (
     Tile,
     numba_kernels,
     running,
+    sweep,
     tiles,
 )
 
@@ -332,7 +333,6 @@ def topk(
     (TopK, TopK or None)
         Exact float64 results, ties broken by position.
     """
-    device = q.unit.device
     nq, nr = len(q), len(r)
     kk = k + max(8, k // 4)  # candidates kept per row: room below the k-th for near-ties
     run_q = running(nq, kk, q.valid, r.valid, same)
@@ -342,15 +342,8 @@ def topk(
         tq, tr = tiles(nq, nr, min(tile_bytes, TOPK_CPU_TILE_BYTES), run_q.fast.BLOCK)
     else:
         tq, tr = tiles(nq, nr, tile_bytes)
-    tile = Tile(tq, tr, device)
+    sweep(q.unit, r.unit, run_q, run_r, tq, tr)
     with torch.no_grad():
-        for a0 in range(0, nq, tq):
-            a1 = min(nq, a0 + tq)
-            for c0 in range(0, nr, tr):
-                s = tile.product(q.unit[a0:a1], r.unit[c0 : min(nr, c0 + tr)])
-                run_q.rows(s, a0, c0)
-                if run_r is not None:
-                    run_r.cols(s, a0, c0)
         res_q = _finish(run_q, q, r, k, tile_bytes, same)
         res_r = _finish(run_r, r, q, k, tile_bytes, False) if run_r is not None else None
     return res_q, res_r

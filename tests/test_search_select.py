@@ -137,6 +137,37 @@ def test_same_and_both_with_near_ties(path: str, d: int, k: int) -> None:
         check_strict(res_b, s[a:, :a], k)
 
 
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_columns_split_among_threads_give_the_same_answer(
+    threads: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The main thread splits big searches among torch's threads (each with its own
+    heaps, merged after): any split gives the brute force's answer, rows and columns."""
+    monkeypatch.setattr(_search_tiles, "PARALLEL_MIN_WORK", 1)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        q, r, null = adversarial(16, seed=21)
+        s = reference(q, r, null)
+        for k in (1, 10):
+            res, _ = sk.topk(prep(q), prep(r, null), k, tile_bytes=256)
+            check_strict(res, s, k)
+        x = np.concatenate([q, r])
+        nulls = np.concatenate([np.zeros(len(q), bool), null])
+        s = reference(x, x, nulls)
+        s[nulls, :] = -np.inf
+        p = prep(x, nulls)
+        res_a, res_b = sk.topk(
+            p.take(torch.arange(60)), p.take(torch.arange(60, len(x))), 5, tile_bytes=256, both=True
+        )
+        assert res_b is not None
+        check_strict(res_a, s[:60, 60:], 5)
+        check_strict(res_b, s[60:, :60], 5)
+        assert torch.get_num_threads() == threads  # restored
+    finally:
+        torch.set_num_threads(previous)
+
+
 def test_k_beyond_the_valid_rows(path: str) -> None:
     q, r, null = adversarial(7, seed=5)
     s = reference(q, r, null)
