@@ -25,7 +25,17 @@ from typing import Any
 import numba
 import numpy as np
 
-__all__ = ["BLOCK", "candidates", "merge", "norms", "rescore", "scan_cols", "scan_rows", "units"]
+__all__ = [
+    "BLOCK",
+    "candidates",
+    "merge",
+    "norms",
+    "rescore",
+    "scan_cols",
+    "scan_pairs",
+    "scan_rows",
+    "units",
+]
 
 # No "nnan"/"ninf": the tests for NaN and inf below must see them as they are.  The
 # kernels that take float64 data compile without "reassoc" and "arcp" (_EXACT): their
@@ -266,3 +276,37 @@ def merge(hs, hi, bar, hs2, hi2):  # type: ignore[no-untyped-def]  # pragma: no 
             v = hs2[r, t]
             if hi2[r, t] >= 0 and v > bar[r]:
                 _push(hs, hi, bar, r, v, hi2[r, t])
+
+
+@numba.njit(nogil=True, cache=True, fastmath=_FASTMATH, boundscheck=False)
+def scan_pairs(s, row0, col0, low, rvalid, pos, mode, out_i, out_j, out_s, n):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """Append (row0 + i, col0 + j, s[i, j]) for every tile entry >= low[row0 + i] of a
+    valid column to the outputs from ``n`` on (mode 1: only columns > pos[row]; mode 2:
+    not the column pos[row]).  Returns the new count, or -1 when the outputs are too
+    short (nothing from this tile counts then: grow them and call again)."""
+    m, w = s.shape
+    cap = out_i.shape[0]
+    for i in range(m):
+        r = row0 + i
+        lo = low[r]
+        p = pos[r] - col0
+        start = min(w, max(0, p + 1)) if mode == 1 else 0
+        skip = p if mode == 2 else -1
+        row = s[i]
+        for base in range(start, w, BLOCK):
+            width = min(BLOCK, w - base)
+            if width == BLOCK:
+                hits = 0
+                for t in range(BLOCK):
+                    hits += row[base + t] >= lo
+                if hits == 0:
+                    continue
+            for j in range(base, base + width):
+                if row[j] >= lo and rvalid[col0 + j] and j != skip:
+                    if n == cap:
+                        return -1
+                    out_i[n] = r
+                    out_j[n] = col0 + j
+                    out_s[n] = row[j]
+                    n += 1
+    return n

@@ -4,15 +4,12 @@ state a top-k search keeps per row between tiles.
 Kernels only (tensors in, tensors out; used by :mod:`dask_cosim.search_kernels`).  Two
 interchangeable states hold, per row, the float32 top-``kk`` candidates and the best
 float32 score outside them: :class:`Running` (``torch.topk`` merges, any device) and
-:class:`Heaps` (the numba kernels of :mod:`dask_cosim._search_numba`, CPUs), chosen
-by :func:`running`.
+:class:`Heaps` (the numba kernels of :mod:`dask_cosim._search_numba`, CPUs).
 """
 
 from __future__ import annotations
 
 import importlib
-import threading
-from concurrent.futures import ThreadPoolExecutor
 from types import ModuleType
 
 import numpy as np
@@ -25,8 +22,6 @@ __all__ = [
     "Running",
     "Tile",
     "numba_kernels",
-    "running",
-    "sweep",
     "tiles",
 ]
 
@@ -150,7 +145,6 @@ class Heaps:
         same: bool = False,
     ) -> None:
         self.fast, self.kk, self.same = fast, kk, same
-        self.own_t, self.other_t = own, other
         self.own, self.other = own.numpy(), other.numpy()
         self.hs = np.full((n, kk + 1), -np.inf, dtype=np.float32)
         # int32 positions: a third less memory for the widest state (a self-join's).
@@ -165,10 +159,6 @@ class Heaps:
     def cols(self, s: torch.Tensor, a0: int, c0: int) -> None:
         self.fast.scan_cols(s.numpy(), a0, c0, self.hs, self.hi, self.bar, self.own, self.other)
 
-    def empty_like(self) -> Heaps:
-        """A fresh state for the same rows."""
-        return Heaps(self.fast, len(self.bar), self.kk, self.own_t, self.other_t, self.same)
-
     def merge(self, other: Heaps) -> None:
         """Take in ``other``: the same rows' candidates among other columns."""
         self.fast.merge(self.hs, self.hi, self.bar, other.hs, other.hi)
@@ -179,88 +169,3 @@ class Heaps:
         dropped = np.empty(n, dtype=np.float32)
         self.fast.candidates(self.hs, self.hi, index, dropped)
         return torch.from_numpy(index), torch.from_numpy(dropped)
-
-
-def running(
-    n: int, kk: int, own: torch.Tensor, other: torch.Tensor, same: bool = False
-) -> Running | Heaps:
-    """The state of n rows (validity ``own``) whose candidates have validity ``other``:
-    numba heaps on a CPU (positions below 2**31), else torch merges."""
-    fast = numba_kernels() if own.device.type == "cpu" and other.numel() < 2**31 else None
-    if fast is None:
-        return Running(n, kk, own, other, same)
-    return Heaps(fast, n, kk, own, other, same)
-
-
-# Below this many multiply-adds a top-k search runs on the calling thread alone.
-PARALLEL_MIN_WORK = 1 << 26
-
-
-def sweep(
-    q: torch.Tensor,
-    r: torch.Tensor,
-    run_q: Running | Heaps,
-    run_r: Running | Heaps | None,
-    tq: int,
-    tr: int,
-) -> None:
-    """Offer every tile of ``q @ r.T`` (unit rows; ``tq`` x ``tr``, through one buffer)
-    to the rows' state ``run_q`` and, when given, the columns' ``run_r``.
-
-    On a CPU, called from the main thread with torch set to several threads, the columns
-    are split among that many threads instead, each multiplying on one thread and
-    selecting from its own tiles while they are in its cache, then the rows' states are
-    merged: one thread selecting while the others wait would idle them, and threads of
-    two OpenMP pools (torch's, numba's) would contend for the same cores.  torch runs on
-    one thread meanwhile (it is a process setting: the main thread alone does this).
-    """
-    threads = torch.get_num_threads() if isinstance(run_q, Heaps) else 1
-    nq, nr = len(q), len(r)
-    if (
-        threads < 2
-        or nq * nr * q.shape[1] < PARALLEL_MIN_WORK
-        or nr < 2 * tr
-        or threading.current_thread() is not threading.main_thread()
-    ):
-        _sweep(q, r, run_q, run_r, tq, tr, 0, nr)
-        return
-    assert isinstance(run_q, Heaps)
-    steps = -(-nr // tr)
-    threads = min(threads, steps)
-    bounds = [min(nr, (steps * t // threads) * tr) for t in range(threads + 1)]
-    states = [run_q] + [run_q.empty_like() for _ in range(threads - 1)]
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        with ThreadPoolExecutor(threads, thread_name_prefix="cosim-topk") as pool:
-            jobs = [
-                pool.submit(_sweep, q, r, states[t], run_r, tq, tr, bounds[t], bounds[t + 1])
-                for t in range(threads)
-            ]
-            for job in jobs:
-                job.result()
-    finally:
-        torch.set_num_threads(previous)
-    for other in states[1:]:
-        run_q.merge(other)
-
-
-def _sweep(
-    q: torch.Tensor,
-    r: torch.Tensor,
-    run_q: Running | Heaps,
-    run_r: Running | Heaps | None,
-    tq: int,
-    tr: int,
-    lo: int,
-    hi: int,
-) -> None:
-    tile = Tile(tq, tr, q.device)
-    with torch.no_grad():
-        for a0 in range(0, len(q), tq):
-            a1 = min(len(q), a0 + tq)
-            for c0 in range(lo, hi, tr):
-                s = tile.product(q[a0:a1], r[c0 : min(hi, c0 + tr)])
-                run_q.rows(s, a0, c0)
-                if run_r is not None:
-                    run_r.cols(s, a0, c0)

@@ -28,20 +28,20 @@ policy: cos = (a / max(|a|, eps)) . (b / max(|b|, eps))).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
 
+from dask_cosim._search_sweep import NumbaPairs, TopkPart, TorchPairs, sweep
 from dask_cosim._search_tiles import (
     THRESHOLD_CPU_TILE_BYTES,
     TOPK_CPU_TILE_BYTES,
     Heaps,
     Running,
-    Tile,
     numba_kernels,
-    running,
-    sweep,
     tiles,
 )
 
@@ -335,14 +335,28 @@ def topk(
     """
     nq, nr = len(q), len(r)
     kk = k + max(8, k // 4)  # candidates kept per row: room below the k-th for near-ties
-    run_q = running(nq, kk, q.valid, r.valid, same)
-    run_r = running(nr, kk, r.valid, q.valid) if both else None
-    if isinstance(run_q, Heaps):
-        # The numba scan reads each tile right after the product wrote it: from cache.
-        tq, tr = tiles(nq, nr, min(tile_bytes, TOPK_CPU_TILE_BYTES), run_q.fast.BLOCK)
-    else:
+    fast = numba_kernels() if q.unit.device.type == "cpu" and max(nq, nr) < 2**31 else None
+
+    def state(n: int, own: torch.Tensor, other: torch.Tensor, same: bool = False) -> Any:
+        return (
+            Running(n, kk, own, other, same)
+            if fast is None
+            else Heaps(fast, n, kk, own, other, same)
+        )
+
+    run_r = state(nr, r.valid, q.valid) if both else None
+    if fast is None:
         tq, tr = tiles(nq, nr, tile_bytes)
-    sweep(q.unit, r.unit, run_q, run_r, tq, tr)
+    else:
+        # The numba scan reads each tile right after the product wrote it: from cache.
+        tq, tr = tiles(nq, nr, min(tile_bytes, TOPK_CPU_TILE_BYTES), fast.BLOCK)
+    parts = sweep(
+        q.unit, r.unit, tq, tr, lambda: TopkPart(state(nq, q.valid, r.valid, same), run_r),
+        split=fast is not None,
+    )  # fmt: skip
+    run_q = parts[0].run_q
+    for part in parts[1:]:  # several parts: numba heaps of other columns
+        run_q.merge(part.run_q)  # type: ignore[union-attr,arg-type]
     with torch.no_grad():
         res_q = _finish(run_q, q, r, k, tile_bytes, same)
         res_r = _finish(run_r, r, q, k, tile_bytes, False) if run_r is not None else None
@@ -378,59 +392,37 @@ def threshold_pairs(
     # Invalid query rows get an unreachable bar.
     delta = margin(q.dim, q.err, r.err)
     low = torch.where(q.valid, thr - delta, torch.full_like(thr, math.inf))
+    # Rounded down: a float32 bar above ``low`` would narrow the margin.
     low32 = low.to(torch.float32)
+    below = torch.nextafter(low32, torch.full_like(low32, -math.inf))
+    low32 = torch.where(low32.to(torch.float64) > low, below, low32)
     identity = row_pos is None  # row i of q is row i of r (the self-join's diagonal pair)
-    if mode is not None and row_pos is None:
-        row_pos = torch.arange(nq, device=device)
+    pos = torch.arange(nq, device=device) if row_pos is None else row_pos
+    fast = numba_kernels() if device.type == "cpu" else None
     if device.type == "cpu":
         # The scan for hits reads each tile again: a tile that stays in the CPU's cache
-        # makes that scan cheap (top-k's merges, by contrast, gain from large tiles).
+        # makes that scan cheap.
         tile_bytes = min(tile_bytes, THRESHOLD_CPU_TILE_BYTES)
-    tq, tr = tiles(nq, nr, tile_bytes)
-    tile = Tile(tq, tr, device)
-    mask_r = not r.all_valid
-    out_i, out_j, out_s = [], [], []
+    tq, tr = tiles(nq, nr, tile_bytes, 1 if fast is None else fast.BLOCK)
+    make: Callable[[], NumbaPairs | TorchPairs]
+    if fast is not None:
+        make = lambda: NumbaPairs(fast, low32, r.valid, pos, mode, tq, tr)  # noqa: E731
+    else:
+        make = lambda: TorchPairs(low32, r.valid, pos, mode, tq, identity, r.all_valid)  # noqa: E731
+    parts: list[NumbaPairs | TorchPairs] = sweep(q.unit, r.unit, tq, tr, make, fast is not None)
+    found = [part.result() for part in parts]
     with torch.no_grad():
-        for a0 in range(0, nq, tq):
-            a1 = min(nq, a0 + tq)
-            for c0 in range(0, nr, tr):
-                c1 = min(nr, c0 + tr)
-                if mode == "upper" and row_pos is not None and c1 <= int(row_pos[a0:a1].min()):
-                    continue  # the tile lies wholly on or below the diagonal
-                s = tile.product(q.unit[a0:a1], r.unit[c0:c1])
-                hit = s >= low32[a0:a1, None]
-                if mask_r:
-                    hit &= r.valid[None, c0:c1]
-                if mode is not None and identity:
-                    # Row i of the tile is row a0 + i of r: the diagonal is at c = i + a0 - c0.
-                    if mode == "upper":
-                        hit.triu_(a0 - c0 + 1)
-                    elif a0 < c1 and c0 < a1:
-                        hit.diagonal(a0 - c0).fill_(False)
-                # One flat nonzero, then arithmetic: few ops per tile, each output-sized.
-                flat = hit.view(-1).nonzero().squeeze(1)
-                if mode is not None and not identity:
-                    assert row_pos is not None
-                    ii = torch.div(flat, c1 - c0, rounding_mode="floor")
-                    cols = flat - ii * (c1 - c0) + c0
-                    pos = row_pos[ii + a0]
-                    flat = flat[(cols > pos) if mode == "upper" else (cols != pos)]
-                if not len(flat):
-                    continue
-                ii = torch.div(flat, c1 - c0, rounding_mode="floor")
-                out_i.append(ii + a0)
-                out_j.append(flat - ii * (c1 - c0) + c0)
-                out_s.append(s.view(-1)[flat])
-        if not out_i:
+        if not any(len(f[0]) for f in found):
             return empty, empty.clone(), torch.zeros(0, dtype=torch.float64, device=device)
-        i = torch.cat(out_i)
-        j = torch.cat(out_j)
+        i = torch.cat([f[0] for f in found])
+        j = torch.cat([f[1] for f in found])
+        s32 = torch.cat([f[2] for f in found])
         bar = thr[i]
         if exact_scores:
             score = rescore(q, i, r, j)
             keep = score >= bar
         else:
-            score = torch.cat(out_s).to(torch.float64)
+            score = s32.to(torch.float64)
             near = (score - bar).abs_() < delta
             if bool(near.any()):
                 score[near] = rescore(q, i[near], r, j[near])

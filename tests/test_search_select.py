@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from dask_cosim import _search_tiles
+from dask_cosim import _search_sweep, _search_tiles
 from dask_cosim import search_kernels as sk
 from tests.test_search_kernels import brute, expected_topk
 
@@ -143,7 +143,7 @@ def test_columns_split_among_threads_give_the_same_answer(
 ) -> None:
     """The main thread splits big searches among torch's threads (each with its own
     heaps, merged after): any split gives the brute force's answer, rows and columns."""
-    monkeypatch.setattr(_search_tiles, "PARALLEL_MIN_WORK", 1)
+    monkeypatch.setattr(_search_sweep, "PARALLEL_MIN_WORK", 1)
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
@@ -164,6 +164,66 @@ def test_columns_split_among_threads_give_the_same_answer(
         check_strict(res_a, s[:60, 60:], 5)
         check_strict(res_b, s[60:, :60], 5)
         assert torch.get_num_threads() == threads  # restored
+    finally:
+        torch.set_num_threads(previous)
+
+
+def brute_pairs(
+    s: np.ndarray, thr: np.ndarray, pos: np.ndarray | None, mode: str | None
+) -> set[tuple[int, int]]:
+    keep = s >= thr[:, None]
+    cols = np.arange(s.shape[1])[None, :]
+    if mode == "upper":
+        keep &= cols > pos[:, None]
+    elif mode == "exclude_self":
+        keep &= cols != pos[:, None]
+    return set(zip(*(a.tolist() for a in np.nonzero(keep))))
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("d", [1, 7, 128])
+def test_threshold_pairs_near_ties_every_mode(
+    path: str, threads: int, d: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Bars placed inside the near-tie cluster (float32 cannot tell its rows apart;
+    float64 can), per row and shared; the three modes; split among threads or not."""
+    monkeypatch.setattr(_search_sweep, "PARALLEL_MIN_WORK", 1)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        q, r, null = adversarial(d, seed=d + threads)
+        x = np.concatenate([q, r])
+        nulls = np.concatenate([np.zeros(len(q), bool), null])
+        p = prep(x, nulls)
+        s = reference(x, x, nulls)
+        s[nulls, :] = -np.inf
+        # Each row's bar at its 15th best score: inside the cluster for the rows near it.
+        per_row = np.sort(np.where(np.isfinite(s), s, -2), axis=1)[:, -15]
+        for thr in (per_row, np.full(len(x), float(np.median(per_row)))):
+            for mode in (None, "upper", "exclude_self"):
+                for exact in (True, False):
+                    i, j, score = sk.threshold_pairs(
+                        p, p, torch.from_numpy(thr), tile_bytes=1 << 12, mode=mode,
+                        exact_scores=exact,
+                    )  # fmt: skip
+                    got = set(zip(i.tolist(), j.tolist()))
+                    assert len(got) == len(i)
+                    differ = got ^ brute_pairs(s, thr, np.arange(len(x)), mode)
+                    # Only scores equal to the bar up to float64 rounding may differ.
+                    assert all(abs(s[a, b] - thr[a]) < SAME for a, b in differ), mode
+                    atol = SAME if exact else sk.margin(d)
+                    np.testing.assert_allclose(score.numpy(), s[i, j], rtol=0, atol=atol)
+        # A block of rows against all rows, with their positions given (row_pos).
+        rows = torch.arange(30, 90)
+        sub = p.take(rows)
+        for mode in ("upper", "exclude_self"):
+            i, j, _ = sk.threshold_pairs(
+                sub, p, torch.from_numpy(per_row[30:90]), tile_bytes=1 << 12, row_pos=rows,
+                mode=mode,
+            )  # fmt: skip
+            want = brute_pairs(s[30:90], per_row[30:90], rows.numpy(), mode)
+            differ = set(zip(i.tolist(), j.tolist())) ^ want
+            assert all(abs(s[30 + a, b] - per_row[30 + a]) < SAME for a, b in differ)
     finally:
         torch.set_num_threads(previous)
 
