@@ -9,33 +9,68 @@ float32 score outside them: :class:`Running` (``torch.topk`` merges, any device)
 
 from __future__ import annotations
 
+import functools
 import importlib
+from pathlib import Path
 from types import ModuleType
 
 import numpy as np
 import torch
 
 __all__ = [
-    "THRESHOLD_CPU_TILE_BYTES",
-    "TOPK_CPU_TILE_BYTES",
     "Heaps",
     "Running",
     "Tile",
+    "cpu_tile_bytes",
     "numba_kernels",
     "tiles",
 ]
 
 _NEG_INF = float("-inf")
 
-# The most bytes of one tile of a threshold-only search on a CPU (see threshold_pairs):
-# benchmarks/NOTES.md, section 8, has the measurement.
-THRESHOLD_CPU_TILE_BYTES = 4 * 2**20
-# The most bytes of one tile of a top-k search on a CPU: the numba scan reads each tile
-# right after torch.mm wrote it, from the shared L3 cache.
-TOPK_CPU_TILE_BYTES = 4 * 2**20
 # The most query rows of one tile: beyond it the product gains nothing, and the rows of
 # r read per tile would outgrow the caches.
 _MAX_TILE_ROWS = 1024
+_MiB = 2**20
+
+
+@functools.cache
+def _cache_per_core() -> int:
+    """Bytes of last-level cache per CPU that shares it (Linux sysfs; 16 MiB, a 2-core
+    share of 32 MiB, where unknown)."""
+    root = Path("/sys/devices/system/cpu/cpu0/cache")
+    try:
+        for index in sorted(root.glob("index*")):
+            if (index / "level").read_text().strip() == "3":
+                size = (index / "size").read_text().strip().upper()
+                scale = {"K": 2**10, "M": _MiB, "G": 2**30}.get(size[-1:], 1)
+                nbytes = int(size.rstrip("KMG")) * scale
+                shared = (index / "shared_cpu_list").read_text().strip()
+                cpus = sum(
+                    int(b) - int(a) + 1 if "-" in part else 1
+                    for part in shared.split(",")
+                    for a, _, b in [part.partition("-")]
+                )
+                return max(_MiB, nbytes // max(1, cpus))
+    except (OSError, ValueError):
+        pass
+    return 16 * _MiB
+
+
+def cpu_tile_bytes(op: str) -> int:
+    """The most bytes of one tile of scores on a CPU for ``op``: a share of the
+    last-level cache of each core, which multiplies and then scans its own tiles.
+
+    "topk" (and the self-join's both-ways top-k): a quarter of the share, 1-8 MiB (its
+    products gain from larger tiles); "threshold": an eighth, 0.5-4 MiB (its scan
+    writes pairs, which compete for the cache).  On 2 cores sharing 32 MiB: 4 and 2 MiB,
+    the best of 0.5-8 MiB measured there (benchmarks/NOTES.md, section 8).
+    """
+    share = _cache_per_core()
+    if op == "threshold":
+        return min(4 * _MiB, max(_MiB // 2, share // 8))
+    return min(8 * _MiB, max(_MiB, share // 4))
+
 
 _numba_loaded: list[ModuleType | None] = []
 

@@ -36,14 +36,7 @@ import numpy as np
 import torch
 
 from dask_cosim._search_sweep import NumbaPairs, TopkPart, TorchPairs, sweep
-from dask_cosim._search_tiles import (
-    THRESHOLD_CPU_TILE_BYTES,
-    TOPK_CPU_TILE_BYTES,
-    Heaps,
-    Running,
-    numba_kernels,
-    tiles,
-)
+from dask_cosim._search_tiles import Heaps, Running, cpu_tile_bytes, numba_kernels, tiles
 
 __all__ = ["Prepared", "TopK", "margin", "prepare", "rescore", "threshold_pairs", "topk"]
 
@@ -349,7 +342,7 @@ def topk(
         tq, tr = tiles(nq, nr, tile_bytes)
     else:
         # The numba scan reads each tile right after the product wrote it: from cache.
-        tq, tr = tiles(nq, nr, min(tile_bytes, TOPK_CPU_TILE_BYTES), fast.BLOCK)
+        tq, tr = tiles(nq, nr, min(tile_bytes, cpu_tile_bytes("topk")), fast.BLOCK)
     parts = sweep(
         q.unit, r.unit, tq, tr, lambda: TopkPart(state(nq, q.valid, r.valid, same), run_r),
         split=fast is not None,
@@ -400,9 +393,8 @@ def threshold_pairs(
     pos = torch.arange(nq, device=device) if row_pos is None else row_pos
     fast = numba_kernels() if device.type == "cpu" else None
     if device.type == "cpu":
-        # The scan for hits reads each tile again: a tile that stays in the CPU's cache
-        # makes that scan cheap.
-        tile_bytes = min(tile_bytes, THRESHOLD_CPU_TILE_BYTES)
+        # The scan for hits reads each tile again: from the cache, if the tile fits.
+        tile_bytes = min(tile_bytes, cpu_tile_bytes("threshold"))
     tq, tr = tiles(nq, nr, tile_bytes, 1 if fast is None else fast.BLOCK)
     make: Callable[[], NumbaPairs | TorchPairs]
     if fast is not None:

@@ -370,3 +370,12 @@ def test_heap_of_few_entries_drops_nothing() -> None:
     numba_kernels.candidates(hs, hi, index, dropped)
     assert sorted(index[0][index[0] >= 0].tolist()) == [0, 2] and (index[1] == -1).all()
     assert np.isneginf(dropped).all()
+
+
+def test_cpu_tiles_follow_the_cache_share(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert _search_tiles._cache_per_core() >= 1 << 20  # read from sysfs, or the default
+    for share, topk, threshold in [(16 << 20, 4 << 20, 2 << 20), (1 << 20, 1 << 20, 512 << 10),
+                                   (256 << 20, 8 << 20, 4 << 20)]:  # fmt: skip
+        monkeypatch.setattr(_search_tiles, "_cache_per_core", lambda share=share: share)
+        assert _search_tiles.cpu_tile_bytes("topk") == topk
+        assert _search_tiles.cpu_tile_bytes("threshold") == threshold
