@@ -32,6 +32,7 @@ __all__ = [
     "norms",
     "rescore",
     "scan_cols",
+    "scan_direct",
     "scan_pairs",
     "scan_rows",
     "units",
@@ -310,3 +311,24 @@ def scan_pairs(s, row0, col0, low, rvalid, pos, mode, out_i, out_j, out_s, n):  
                     out_s[n] = row[j]
                     n += 1
     return n
+
+
+@numba.njit(nogil=True, cache=True, fastmath=_FASTMATH, boundscheck=False)
+def scan_direct(q, r, col0, col1, hs, hi, bar, rvalid, qvalid, same):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """For a few queries: the float32 dot of each query with each row of r[col0:col1],
+    offered to the queries' heaps as it is made (one read of r, no tile; a float32 sum
+    in any order meets the same rounding bound as the tile product's)."""
+    nq, d = q.shape
+    for j in range(col0, col1):
+        if not rvalid[j]:
+            continue
+        rj = r[j]
+        for i in range(nq):
+            if not qvalid[i]:
+                continue
+            qi = q[i]
+            acc = np.float32(0.0)
+            for c in range(d):
+                acc += qi[c] * rj[c]
+            if acc > bar[i] and not (same and i == j):
+                _push(hs, hi, bar, i, acc, j)

@@ -191,6 +191,12 @@ class Heaps:
             s.numpy(), a0, c0, self.hs, self.hi, self.bar, self.other, self.own, self.same
         )
 
+    def direct(self, q: np.ndarray, r: np.ndarray, c0: int, c1: int) -> None:
+        """Rows c0:c1 of r against every query (unit rows), dot by dot with no tile."""
+        self.fast.scan_direct(
+            q, r, c0, c1, self.hs, self.hi, self.bar, self.other, self.own, self.same
+        )
+
     def cols(self, s: torch.Tensor, a0: int, c0: int) -> None:
         self.fast.scan_cols(s.numpy(), a0, c0, self.hs, self.hi, self.bar, self.own, self.other)
 

@@ -35,7 +35,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from dask_cosim._search_sweep import NumbaPairs, TopkPart, TorchPairs, sweep
+from dask_cosim._search_sweep import (
+    DIRECT_BLOCK_ROWS,
+    DIRECT_MAX_QUERIES,
+    DirectPart,
+    NumbaPairs,
+    TopkPart,
+    TorchPairs,
+    sweep,
+)
 from dask_cosim._search_tiles import Heaps, Running, cpu_tile_bytes, numba_kernels, tiles
 
 __all__ = ["Prepared", "TopK", "margin", "prepare", "rescore", "threshold_pairs", "topk"]
@@ -338,15 +346,18 @@ def topk(
         )
 
     run_r = state(nr, r.valid, q.valid) if both else None
+    make: Callable[[], TopkPart]
     if fast is None:
         tq, tr = tiles(nq, nr, tile_bytes)
+        make = lambda: TopkPart(state(nq, q.valid, r.valid, same), run_r)  # noqa: E731
+    elif nq <= DIRECT_MAX_QUERIES and not both:
+        tq, tr = nq, DIRECT_BLOCK_ROWS
+        make = lambda: DirectPart(state(nq, q.valid, r.valid, same), q.unit, r.unit)  # noqa: E731
     else:
         # The numba scan reads each tile right after the product wrote it: from cache.
         tq, tr = tiles(nq, nr, min(tile_bytes, cpu_tile_bytes("topk")), fast.BLOCK)
-    parts = sweep(
-        q.unit, r.unit, tq, tr, lambda: TopkPart(state(nq, q.valid, r.valid, same), run_r),
-        split=fast is not None,
-    )  # fmt: skip
+        make = lambda: TopkPart(state(nq, q.valid, r.valid, same), run_r)  # noqa: E731
+    parts = sweep(q.unit, r.unit, tq, tr, make, fast is not None)
     run_q = parts[0].run_q
     for part in parts[1:]:  # several parts: numba heaps of other columns
         run_q.merge(part.run_q)  # type: ignore[union-attr,arg-type]

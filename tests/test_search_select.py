@@ -105,9 +105,14 @@ def reference(q: np.ndarray, r: np.ndarray, null: np.ndarray) -> np.ndarray:
     return s
 
 
+@pytest.mark.parametrize("route", ["tiles", "direct"])
 @pytest.mark.parametrize("d", [1, 7, 128, 384])
 @pytest.mark.parametrize("k", [1, 10, 100])
-def test_topk_near_ties_duplicates_and_invalid_rows(path: str, d: int, k: int) -> None:
+def test_topk_near_ties_duplicates_and_invalid_rows(
+    path: str, route: str, d: int, k: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Tile products (torch.mm + scan) or, for a few queries, dots one by one (numba)."""
+    monkeypatch.setattr(sk, "DIRECT_MAX_QUERIES", 100 if route == "direct" else 0)
     q, r, null = adversarial(d, seed=d * 1000 + k)
     s = reference(q, r, null)
     pq, pr = prep(q), prep(r, null)
@@ -150,8 +155,11 @@ def test_columns_split_among_threads_give_the_same_answer(
         q, r, null = adversarial(16, seed=21)
         s = reference(q, r, null)
         for k in (1, 10):
-            res, _ = sk.topk(prep(q), prep(r, null), k, tile_bytes=256)
-            check_strict(res, s, k)
+            for direct in (0, 100):
+                monkeypatch.setattr(sk, "DIRECT_MAX_QUERIES", direct)
+                monkeypatch.setattr(sk, "DIRECT_BLOCK_ROWS", 50)
+                res, _ = sk.topk(prep(q), prep(r, null), k, tile_bytes=256)
+                check_strict(res, s, k)
         x = np.concatenate([q, r])
         nulls = np.concatenate([np.zeros(len(q), bool), null])
         s = reference(x, x, nulls)
