@@ -76,13 +76,34 @@ def _push(hs, hi, bar, r, v, c):  # type: ignore[no-untyped-def]  # pragma: no c
     bar[r] = hs[r, 0]
 
 
+@numba.njit(inline="always", nogil=True, cache=True, fastmath=_FASTMATH, boundscheck=False)
+def _quiet(row, blk, width, b):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """Whether block ``blk`` of ``row`` (``width`` entries from blk * BLOCK) surely holds
+    no entry above b: a full block is counted at once (a fixed-length count LLVM
+    vectorises, given an index it can prove is not negative); a short one is not."""
+    hits = 0
+    if width == BLOCK:
+        for t in range(BLOCK):
+            hits += row[blk * BLOCK + t] > b
+    return width == BLOCK and hits == 0
+
+
+@numba.njit(inline="always", nogil=True, cache=True, fastmath=_FASTMATH, boundscheck=False)
+def _quiet_each(row, bars, blk, width):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """The same against each entry's own bar, bars[blk * BLOCK + t]."""
+    above = 0
+    if width == BLOCK:
+        for t in range(BLOCK):
+            above += row[blk * BLOCK + t] > bars[blk * BLOCK + t]
+    return above == 0 and width == BLOCK
+
+
 @numba.njit(nogil=True, cache=True, fastmath=_FASTMATH, boundscheck=False)
 def scan_rows(s, row0, col0, hs, hi, bar, rvalid, qvalid, same):  # type: ignore[no-untyped-def]  # pragma: no cover
     """Offer tile ``s`` (rows ``row0..`` of q x columns ``col0..`` of r) to the rows'
     heaps: entries of invalid rows or columns, and with ``same`` the row itself
     (column == row), never enter."""
     m, w = s.shape
-    nb = w // BLOCK
     for i in range(m):
         r = row0 + i
         if not qvalid[r]:
@@ -90,15 +111,11 @@ def scan_rows(s, row0, col0, hs, hi, bar, rvalid, qvalid, same):  # type: ignore
         row = s[i]
         b = bar[r]
         own = r if same else -1
-        for blk in range(nb + 1):
+        for blk in range(-(-w // BLOCK)):
             base = blk * BLOCK
-            width = BLOCK if blk < nb else w - base
-            if width == BLOCK:
-                hits = 0
-                for t in range(BLOCK):
-                    hits += row[base + t] > b
-                if hits == 0:
-                    continue
+            width = min(BLOCK, w - base)
+            if _quiet(row, blk, width, b):
+                continue
             for j in range(base, base + width):
                 v = row[j]
                 if v > b:
@@ -113,21 +130,16 @@ def scan_cols(s, row0, col0, hs, hi, bar, rvalid, qvalid):  # type: ignore[no-un
     """The same for the columns: column ``col0 + j`` (a row of r) is offered the rows
     ``row0 + i`` of q (the self-join's off-diagonal pairs reduce both ways)."""
     m, w = s.shape
-    nb = w // BLOCK
     cb = bar[col0 : col0 + w]
     for i in range(m):
         if not qvalid[row0 + i]:
             continue
         row = s[i]
-        for blk in range(nb + 1):
+        for blk in range(-(-w // BLOCK)):
             base = blk * BLOCK
-            width = BLOCK if blk < nb else w - base
-            if width == BLOCK:
-                hits = 0
-                for t in range(BLOCK):
-                    hits += row[base + t] > cb[base + t]
-                if hits == 0:
-                    continue
+            width = min(BLOCK, w - base)
+            if _quiet_each(row, cb, blk, width):
+                continue
             for j in range(base, base + width):
                 if row[j] > cb[j] and rvalid[col0 + j]:
                     _push(hs, hi, bar, col0 + j, row[j], row0 + i)
@@ -289,25 +301,24 @@ def scan_pairs(s, row0, col0, low, rvalid, pos, mode, out_i, out_j, out_s, n):  
     cap = out_i.shape[0]
     for i in range(m):
         r = row0 + i
-        lo = low[r]
+        # x >= low  <=>  x > the float32 just below low (one comparison for all scans).
+        below = np.nextafter(low[r], np.float32(-np.inf))
         p = pos[r] - col0
         start = min(w, max(0, p + 1)) if mode == 1 else 0
         skip = p if mode == 2 else -1
-        row = s[i]
-        for base in range(start, w, BLOCK):
-            width = min(BLOCK, w - base)
-            if width == BLOCK:
-                hits = 0
-                for t in range(BLOCK):
-                    hits += row[base + t] >= lo
-                if hits == 0:
-                    continue
+        row = s[i, start:]  # from its first column that may count
+        c0 = col0 + start
+        for blk in range(-(-(w - start) // BLOCK)):
+            base = blk * BLOCK
+            width = min(BLOCK, w - start - base)
+            if _quiet(row, blk, width, below):
+                continue
             for j in range(base, base + width):
-                if row[j] >= lo and rvalid[col0 + j] and j != skip:
+                if row[j] > below and rvalid[c0 + j] and j + start != skip:
                     if n == cap:
                         return -1
                     out_i[n] = r
-                    out_j[n] = col0 + j
+                    out_j[n] = c0 + j
                     out_s[n] = row[j]
                     n += 1
     return n
