@@ -47,7 +47,8 @@ demo: $(VENV)/.installed-demo
 	$(PY) -m dask_cosim demo
 
 # The default benchmark: our pipeline, the floors and the peers side by side, one run;
-# prints the table and writes benchmarks/results/<name>.json and .png.
+# prints the table and writes benchmarks/results/<name>.json and .png.  On a CUDA machine,
+# python -m benchmarks.pairwise_gpu runs the same table plus the GPU rows.
 bench: $(VENV)/.installed
 	$(PY) -m benchmarks.pairwise
 

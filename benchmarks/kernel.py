@@ -3,7 +3,8 @@
     python -m benchmarks.kernel --rows 1000000 --dim 300
 
 Cases, timed in rounds (each round runs every case once, so drift in the machine hits
-every case alike); the table shows the best and the median round:
+every case alike), each result checked against float64; the table shows the best and the
+median round and the largest error:
 
 - floors: numpy ``a.sum(); b.sum()`` (one core) and torch's (all cores);
 - ours: ``pairwise_cosine`` with its fused kernel (numba on a CPU) and with the torch
@@ -16,7 +17,8 @@ every case alike); the table shows the best and the median round:
 
 "x torch floor" = torch floor time / case time (1.00 = as fast as reading both inputs
 with every core).  The machine's load average is printed with the table: timings on a
-shared machine are only comparable within one run.
+shared machine are only comparable within one run.  ``--out DIR`` also writes
+``DIR/<name>.json``.
 """
 
 from __future__ import annotations
@@ -33,23 +35,12 @@ import click
 import numpy as np
 import torch
 
-from benchmarks.harness import load_text
+import dask_cosim
+from benchmarks import harness
+from benchmarks.harness import Case, Row
 from dask_cosim import kernels
 
 BUSY = "import time\nend = time.time() + 600\nwhile time.time() < end: pass\n"
-
-
-def rounds(cases: dict[str, Callable[[], object]], repeat: int) -> dict[str, list[float]]:
-    """One untimed warm-up call per case, then ``repeat`` rounds of one call per case."""
-    for fn in cases.values():
-        fn()
-    times: dict[str, list[float]] = {name: [] for name in cases}
-    for _ in range(repeat):
-        for name, fn in cases.items():
-            t0 = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - t0)
-    return times
 
 
 def contention(
@@ -90,14 +81,12 @@ def first_call_in_fresh_worker(dim: int, cold: bool) -> dict[str, float]:
         import numpy as np
         import torch
 
-        from dask_cosim import kernels
-
         rng = np.random.default_rng(0)
         a = torch.from_numpy(rng.standard_normal((rows, dim), dtype=np.float32))
         t0 = time.perf_counter()
-        kernels.pairwise_cosine(a, a)
+        dask_cosim.pairwise_cosine(a, a)
         t1 = time.perf_counter()
-        kernels.pairwise_cosine(a, a)
+        dask_cosim.pairwise_cosine(a, a)
         t2 = time.perf_counter()
         return {"first": t1 - t0, "second": t2 - t1}
 
@@ -116,62 +105,144 @@ def first_call_in_fresh_worker(dim: int, cold: bool) -> dict[str, float]:
             return client.submit(task, 50_000, dim, pure=False).result()
 
 
+NUMPY_FLOOR = "floor: numpy sum of a and b (1 core)"
+TORCH_FLOOR = "floor: torch sum of a and b (all cores)"
+TABLE = [
+    harness.Column("case", "case", align="<"),
+    harness.Column("best s", "best", ".3f"),
+    harness.Column("median", "median", ".3f"),
+    harness.Column("GB/s", "gb_per_s", ".1f"),
+    harness.Column("x torch floor", "x_torch_floor", ".2f"),
+    harness.Column("max err", "max_error", ".0e", 8),
+]
+CONTENTION_TABLE = [
+    harness.Column("case", "case", align="<"),
+    harness.Column("alone s", "alone", ".3f"),
+    harness.Column("busy s", "busy", ".3f"),
+    harness.Column("busy / alone", lambda r: r["busy"] / r["alone"], ".2f"),
+]
+FIRST_CALL_TABLE = [
+    harness.Column("numba cache", "cache", align="<"),
+    harness.Column("first s", "first", ".3f"),
+    harness.Column("second s", "second", ".3f"),
+]
+
+
+def kernel_rows(a: np.ndarray, b: np.ndarray) -> list[Row]:
+    """The floors, our kernel both ways and two peers."""
+    ta, tb, n = torch.from_numpy(a), torch.from_numpy(b), len(a)
+    fused = kernels.fused_kernel_for(ta, tb)
+
+    def einsum() -> np.ndarray:
+        return np.einsum("ij,ij->i", a, b) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+
+    cases = [
+        (NUMPY_FLOOR, lambda: (a.sum(), b.sum()), "floor"),
+        (TORCH_FLOOR, lambda: (ta.sum(), tb.sum()), "floor"),
+        (
+            f"ours: pairwise_cosine, fused ({fused})",
+            lambda: dask_cosim.pairwise_cosine(ta, tb),
+            "ours",
+        ),
+        (
+            "ours: pairwise_cosine, torch kernel",
+            lambda: dask_cosim.pairwise_cosine(ta, tb, fused=False),
+            "ours",
+        ),
+        (
+            "peer: F.cosine_similarity",
+            lambda: torch.nn.functional.cosine_similarity(ta, tb),
+            "peer",
+        ),
+        ("peer: numpy einsum / norms", einsum, "peer"),
+    ]
+    return [
+        Row(Case(name, fn, n), kind, expect="none" if kind == "floor" else "rows")
+        for name, fn, kind in cases
+    ]
+
+
 @click.command()
 @click.option("--rows", default=1_000_000, show_default=True)
 @click.option("--dim", default=300, show_default=True)
 @click.option("--repeat", default=5, show_default=True)
 @click.option("--contention/--no-contention", "with_contention", default=True, show_default=True)
 @click.option("--first-call/--no-first-call", default=True, show_default=True)
-def main(rows: int, dim: int, repeat: int, with_contention: bool, first_call: bool) -> None:
-    rng = np.random.default_rng(0)
-    a = rng.standard_normal((rows, dim), dtype=np.float32)
-    b = rng.standard_normal((rows, dim), dtype=np.float32)
-    ta, tb = torch.from_numpy(a), torch.from_numpy(b)
-    nbytes = a.nbytes + b.nbytes
-    fused = kernels.fused_kernel_for(ta, tb)
-    cases: dict[str, Callable[[], object]] = {
-        "floor: numpy sum of a and b (1 core)": lambda: (a.sum(), b.sum()),
-        "floor: torch sum of a and b (all cores)": lambda: (ta.sum(), tb.sum()),
-        f"ours: pairwise_cosine, fused ({fused})": lambda: kernels.pairwise_cosine(ta, tb),
-        "ours: pairwise_cosine, torch kernel": lambda: kernels.pairwise_cosine(ta, tb, fused=False),
-        "peer: F.cosine_similarity": lambda: torch.nn.functional.cosine_similarity(ta, tb),
-        "peer: numpy einsum / norms": lambda: (
-            np.einsum("ij,ij->i", a, b) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
-        ),
-    }
-    times = rounds(cases, repeat)
-    floor = min(times["floor: torch sum of a and b (all cores)"])
-    print(
-        f"N={rows:,} D={dim} float32, torch threads={torch.get_num_threads()}, "
-        f"{os.cpu_count()} cores, best and median of {repeat} rounds"
-    )
-    print(f"load average before: {load_text()}")
-    print(f"{'case':42} {'best s':>7} {'median':>7} {'GB/s':>6} {'x torch floor':>14}")
-    for name, ts in times.items():
-        best = min(ts)
-        print(
-            f"{name:42} {best:7.3f} {statistics.median(ts):7.3f} {nbytes / best / 1e9:6.1f} "
-            f"{floor / best:14.2f}"
-        )
+@harness.results_options(out=None)
+def main(
+    rows: int,
+    dim: int,
+    repeat: int,
+    with_contention: bool,
+    first_call: bool,
+    output: harness.Output,
+) -> None:
+    """The kernels against this machine's streaming floors, one process, one run."""
 
-    if with_contention:
-        kernel_cases = {
-            f"fused ({fused})": lambda: kernels.pairwise_cosine(ta, tb),
-            "torch kernel": lambda: kernels.pairwise_cosine(ta, tb, fused=False),
-            "torch floor": lambda: (ta.sum(), tb.sum()),
+    def run(log: harness.Log) -> harness.Record:
+        a, b = harness.normal_pairs(rows, dim)
+        ta, tb = torch.from_numpy(a), torch.from_numpy(b)
+        record: harness.Record = {
+            "params": {"rows": rows, "dim": dim, "repeat": repeat},
+            "load_before": harness.load_text(),
         }
-        print("\ncontention: a second process spinning on one core (best of each, same rounds)")
-        print(f"{'case':42} {'alone s':>7} {'busy s':>7} {'busy / alone':>13}")
-        for name, (alone, busy) in contention(kernel_cases, repeat).items():
-            print(f"{name:42} {alone:7.3f} {busy:7.3f} {busy / alone:13.2f}")
+        cases = kernel_rows(a, b)
+        harness.time_rows(cases, repeat, harness.reference(a, b), log)
+        floor = min(next(r for r in cases if r.case.name == TORCH_FLOOR).times)
+        record["cases"] = [
+            {
+                "case": r.case.name,
+                "best": min(r.times),
+                "median": statistics.median(r.times),
+                "gb_per_s": (a.nbytes + b.nbytes) / min(r.times) / 1e9,
+                "x_torch_floor": floor / min(r.times),
+                "max_error": r.error,
+            }
+            for r in cases
+        ]
+        if with_contention:
+            log("contention: a second process spinning on one core")
+            kernel_cases = {
+                f"fused ({kernels.fused_kernel_for(ta, tb)})": lambda: dask_cosim.pairwise_cosine(
+                    ta, tb
+                ),
+                "torch kernel": lambda: dask_cosim.pairwise_cosine(ta, tb, fused=False),
+                "torch floor": lambda: (ta.sum(), tb.sum()),
+            }
+            record["contention"] = [
+                {"case": case, "alone": alone, "busy": busy}
+                for case, (alone, busy) in contention(kernel_cases, repeat).items()
+            ]
+        if first_call:
+            log("first call in fresh LocalCluster workers")
+            record["first_call"] = [
+                {"cache": "numba cache filled", **first_call_in_fresh_worker(dim, cold=False)},
+                {"cache": "empty numba cache", **first_call_in_fresh_worker(dim, cold=True)},
+            ]
+        record["load_after"] = harness.load_text()
+        return record
 
-    if first_call:
-        print("\nfirst call in a fresh LocalCluster worker (50,000 rows; compile or cache load)")
-        for cold in (False, True):
-            r = first_call_in_fresh_worker(dim, cold)
-            label = "empty numba cache" if cold else "numba cache filled"
-            print(f"  {label:20} first {r['first']:.3f} s, second {r['second']:.3f} s")
-    print(f"load average after: {load_text()}")
+    def report(record: harness.Record) -> None:
+        print(
+            f"N={rows:,} D={dim} float32, torch threads={torch.get_num_threads()}, "
+            f"{os.cpu_count()} cores, best and median of {repeat} rounds"
+        )
+        print(f"load average before: {record['load_before']}")
+        harness.print_table(TABLE, record["cases"])
+        if "contention" in record:
+            title = (
+                "\ncontention: a second process spinning on one core (best of each, same rounds)"
+            )
+            harness.print_table(CONTENTION_TABLE, record["contention"], title)
+        if "first_call" in record:
+            title = (
+                "\nfirst call in a fresh LocalCluster worker (50,000 rows; compile or cache load)"
+            )
+            harness.print_table(FIRST_CALL_TABLE, record["first_call"], title)
+        print(f"load average after: {record['load_after']}")
+
+    name = output.name or f"kernel-cpu{os.cpu_count()}-{rows}x{dim}"
+    harness.execute_benchmark(harness.Config(output, name, run, report))
 
 
 if __name__ == "__main__":

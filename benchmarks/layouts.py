@@ -6,7 +6,8 @@ Writes the same pairs in each candidate layout (list / fixed_size_list with each
 compression and encoding, row-group sizes, one fixed-size binary value per vector) into a
 temporary folder, then times ``pyarrow.parquet.read_table`` of the embedding columns with
 all cores, and the same read followed by the zero-copy view as (N, D) tensors.  Prints
-the median of --repeat reads after a warm-up, and the files' size.
+the median of --repeat reads after a warm-up, and the files' size.  ``--out DIR`` also
+writes ``DIR/<name>.json``.
 """
 
 from __future__ import annotations
@@ -22,10 +23,11 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from benchmarks import harness
 from benchmarks.harness import median_seconds
 from dask_cosim import backends, io
 
-COLUMNS = ["embeds_a", "embeds_b"]
+COLUMNS = [harness.A, harness.B]
 
 
 def _list_table(a: np.ndarray, b: np.ndarray, fixed: bool) -> pa.Table:
@@ -70,22 +72,17 @@ def build(kind: str, a: np.ndarray, b: np.ndarray) -> pa.Table:
     return _list_table(a, b, fixed=(kind == "fixed"))
 
 
-@click.command()
-@click.option("--rows", default=1_000_000, show_default=True)
-@click.option("--dim", default=300, show_default=True)
-@click.option("--files", default=8, show_default=True, help="Files the rows are split into.")
-@click.option("--repeat", default=3, show_default=True)
-def main(rows: int, dim: int, files: int, repeat: int) -> None:
-    rng = np.random.default_rng(0)
-    a = rng.standard_normal((rows, dim), dtype=np.float32)
-    b = rng.standard_normal((rows, dim), dtype=np.float32)
-    nbytes = a.nbytes + b.nbytes
+def measure(
+    a: np.ndarray, b: np.ndarray, files: int, repeat: int, log: harness.Log
+) -> list[harness.Record]:
+    """Each candidate written into a temporary folder, read, measured and removed."""
+    rows, nbytes = len(a), a.nbytes + b.nbytes
     per_file = -(-rows // files)
+    out = []
     tmp = Path(tempfile.mkdtemp(prefix="cosim-layouts-"))
     try:
-        print(f"N={rows:,} D={dim} float32 in {files} files, {nbytes / 1e9:.2f} GB of vectors")
-        print(f"{'layout':38} {'MB':>6} {'write s':>8} {'read s':>7} {'GB/s':>5} {'+view s':>8}")
         for name, (kind, options) in CANDIDATES.items():
+            log(name)
             folder = tmp / name.replace(" ", "_").replace(",", "").replace("/", "")
             folder.mkdir()
             t0 = time.perf_counter()
@@ -94,7 +91,7 @@ def main(rows: int, dim: int, files: int, repeat: int) -> None:
                 table = build(kind, a[start:stop], b[start:stop])
                 pq.write_table(table, folder / f"part.{i}.parquet", **options)
             write_s = time.perf_counter() - t0
-            size = sum(f.stat().st_size for f in folder.iterdir()) / 1e6
+            size = sum(f.stat().st_size for f in folder.iterdir())
 
             def read(folder: Path = folder) -> pa.Table:
                 return pq.read_table(folder, columns=COLUMNS)
@@ -105,14 +102,54 @@ def main(rows: int, dim: int, files: int, repeat: int) -> None:
                     backends.to_vectors(frame[column], column)
 
             read_s = median_seconds(read, repeat)
-            view_s = median_seconds(read_and_view, repeat)
-            print(
-                f"{name:38} {size:6.0f} {write_s:8.2f} {read_s:7.3f} "
-                f"{nbytes / read_s / 1e9:5.1f} {view_s:8.3f}"
+            out.append(
+                {
+                    "layout": name,
+                    "bytes": size,
+                    "write_s": write_s,
+                    "read_s": read_s,
+                    "read_gb_per_s": nbytes / read_s / 1e9,
+                    "read_and_view_s": median_seconds(read_and_view, repeat),
+                }
             )
             shutil.rmtree(folder)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+TABLE = [
+    harness.Column("layout", "layout", align="<"),
+    harness.Column("MB", lambda r: r["bytes"] / 1e6, ".0f"),
+    harness.Column("write s", "write_s", ".2f"),
+    harness.Column("read s", "read_s", ".3f"),
+    harness.Column("GB/s", "read_gb_per_s", ".1f"),
+    harness.Column("+view s", "read_and_view_s", ".3f"),
+]
+
+
+@click.command()
+@click.option("--rows", default=1_000_000, show_default=True)
+@click.option("--dim", default=300, show_default=True)
+@click.option("--files", default=8, show_default=True, help="Files the rows are split into.")
+@click.option("--repeat", default=3, show_default=True)
+@harness.results_options(out=None)
+def main(rows: int, dim: int, files: int, repeat: int, output: harness.Output) -> None:
+    """Read speed of Parquet layouts of vectors, on this machine, in one run."""
+
+    def run(log: harness.Log) -> harness.Record:
+        a, b = harness.normal_pairs(rows, dim)
+        params = {"rows": rows, "dim": dim, "files": files, "repeat": repeat}
+        return {"params": params, "layouts": measure(a, b, files, repeat, log)}
+
+    def report(record: harness.Record) -> None:
+        title = (
+            f"N={rows:,} D={dim} float32 in {files} files, {rows * dim * 8 / 1e9:.2f} GB of vectors"
+        )
+        harness.print_table(TABLE, record["layouts"], title)
+
+    name = output.name or f"layouts-{rows}x{dim}"
+    harness.execute_benchmark(harness.Config(output, name, run, report))
 
 
 if __name__ == "__main__":

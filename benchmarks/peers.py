@@ -20,10 +20,7 @@ from __future__ import annotations
 import multiprocessing
 import pathlib
 import socket
-from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
-from typing import Any
 
 import dask.dataframe as dd
 import numpy as np
@@ -33,21 +30,7 @@ import torch.distributed as dist
 import torch.multiprocessing
 import torch.nn.functional as F
 
-
-@dataclass
-class Case:
-    """One peer: ``run()`` returns cos per row, 1-D, ``rows`` long, in row order.
-
-    The runner times floors and sums with the same class: their ``run()`` returns what
-    the row's ``expect`` says (anything for a floor, a number for a sum), hence ``Any``.
-    """
-
-    name: str
-    run: Callable[[], Any]
-    rows: int
-    note: str = ""
-    repeat: int | None = None  # cap on timed repeats for slow cases (None: runner's default)
-    cleanup: Callable[[], None] | None = None
+from benchmarks.harness import Case
 
 
 def _tensor_cells(x: np.ndarray, *, copy: bool) -> list[torch.Tensor]:

@@ -7,16 +7,15 @@ over partitions persisted in worker memory and from our Parquet files.  Prints n
 per pair (flat = constant time per pair) and, for the D sweep, per pair per 100 dimensions
 (flat = linear in D), each also relative to the largest size.  Sizes whose pairs would not
 fit in this machine's memory are skipped and reported as such.  Writes
-``benchmarks/results/scaling-<name>.json`` (``benchmarks.harness.write_results``: with the
-machine and its load average).
+``benchmarks/results/scaling-<name>.json`` (with the machine and its load average).
 """
 
 from __future__ import annotations
 
 import os
 import shutil
-import sys
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -25,16 +24,15 @@ import torch
 from distributed import wait
 
 import dask_cosim
-from benchmarks.harness import RESULTS, median_seconds, write_results
-from benchmarks.pairwise import make_pairs, write_our_layout
-from dask_cosim import kernels
+from benchmarks import harness
+from benchmarks.harness import generate_pairs, median_seconds, write_our_layout
 
 
 def measure(rows: int, dim: int, repeat: int, tmp: Path) -> dict[str, float]:
     """ns per pair: kernel in-process; dask over persisted partitions; dask from Parquet."""
-    a, b = make_pairs(rows, dim, "float32")
+    a, b = generate_pairs(rows, dim)
     ta, tb = torch.from_numpy(a), torch.from_numpy(b)
-    kernel = median_seconds(lambda: kernels.pairwise_cosine(ta, tb), repeat)
+    kernel = median_seconds(lambda: dask_cosim.pairwise_cosine(ta, tb), repeat)
     folder = tmp / f"{rows}x{dim}"
     write_our_layout(a, b, folder, max(4, round(a.nbytes * 2 / 2**27)))
 
@@ -55,9 +53,35 @@ def measure(rows: int, dim: int, repeat: int, tmp: Path) -> dict[str, float]:
     }
 
 
-def _per(run: dict[str, float], column: str, sweep: str) -> float:
+def _per(run: Mapping[str, Any], column: str, sweep: str) -> float:
     """ns per pair (N sweep) or per pair per 100 dims (D sweep)."""
     return run[column] * (100 / run["dim"] if sweep == "dims" else 1.0)
+
+
+def _cell(column: str, sweep: str, last: dict[str, float]) -> harness.Column:
+    """A column of a sweep's table: its value per pair, and relative to the largest size."""
+
+    def text(run: Mapping[str, Any]) -> str:
+        per = _per(run, column, sweep)
+        return f"{per:8.2f} ({per / _per(last, column, sweep):4.2f})"
+
+    title = {"kernel_ns": "kernel", "persisted_ns": "dask persisted", "parquet_ns": "dask Parquet"}
+    return harness.Column(title[column], text)
+
+
+def report(results: harness.Record) -> None:
+    for sweep in ("rows", "dims"):
+        runs = results[sweep]
+        if not runs:
+            continue
+        label = "ns per pair" if sweep == "rows" else "ns per pair per 100 dims"
+        columns = [
+            harness.Column("N", "rows", ","),
+            harness.Column("D", "dim"),
+            *(_cell(c, sweep, runs[-1]) for c in ("kernel_ns", "persisted_ns", "parquet_ns")),
+        ]
+        title = f"\n{label} (and relative to the largest {'N' if sweep == 'rows' else 'D'})"
+        harness.print_table(columns, runs, title)
 
 
 @click.command()
@@ -74,49 +98,36 @@ def _per(run: dict[str, float], column: str, sweep: str) -> float:
 )
 @click.option("--dim-rows", default=500_000, show_default=True, help="N for the D sweep.")
 @click.option("--repeat", default=3, show_default=True)
-@click.option("--name", default=None, help="Results file: scaling-<name>.json.")
-@click.option(
-    "--out", "out_dir", type=click.Path(path_type=Path), default=RESULTS, show_default=True
-)
+@harness.results_options()
 def main(
-    row_sizes: str, dim: int, dims: str, dim_rows: int, repeat: int, name: str | None, out_dir: Path
+    row_sizes: str, dim: int, dims: str, dim_rows: int, repeat: int, output: harness.Output
 ) -> None:
-    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    results: dict[str, list[dict[str, float]]] = {"rows": [], "dims": []}
+    """Time per pair against N and against D."""
+
     sweeps = [("rows", int(float(r)), dim) for r in row_sizes.split(",")]
     sweeps += [("dims", dim_rows, int(d)) for d in dims.split(",")]
-    client = dask_cosim.local_cluster(gpus=False, dashboard_address=None)
-    tmp = Path(tempfile.mkdtemp(prefix="cosim-scaling-"))
-    try:
-        for sweep, rows, d in sweeps:
-            # The arrays here plus a persisted copy in the workers, with room to spare.
-            if 2.5 * 2 * rows * d * 4 > 0.6 * memory:
-                print(f"skip N={rows:,} D={d}: {8 * rows * d / 1e9:.1f} GB of pairs won't fit")
-                continue
-            print(f"{sweep} sweep: N={rows:,} D={d}", file=sys.stderr, flush=True)
-            results[sweep].append(measure(rows, d, repeat, tmp))
-    finally:
-        client.close()
-        client.cluster.close()
-        shutil.rmtree(tmp, ignore_errors=True)
 
-    cols = ("kernel_ns", "persisted_ns", "parquet_ns")
-    for sweep in ("rows", "dims"):
-        runs = results[sweep]
-        if not runs:
-            continue
-        label = "ns per pair" if sweep == "rows" else "ns per pair per 100 dims"
-        print(f"\n{label} (and relative to the largest {'N' if sweep == 'rows' else 'D'})")
-        print(f"{'N':>11} {'D':>5} {'kernel':>14} {'dask persisted':>16} {'dask Parquet':>16}")
+    def run(log: harness.Log) -> harness.Record:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        results: dict[str, list[dict[str, float]]] = {"rows": [], "dims": []}
+        client = dask_cosim.local_cluster(gpus=False, dashboard_address=None)
+        tmp = Path(tempfile.mkdtemp(prefix="cosim-scaling-"))
+        try:
+            for sweep, rows, d in sweeps:
+                # The arrays here plus a persisted copy in the workers, with room to spare.
+                if 2.5 * 2 * rows * d * 4 > 0.6 * memory:
+                    print(f"skip N={rows:,} D={d}: {8 * rows * d / 1e9:.1f} GB of pairs won't fit")
+                    continue
+                log(f"{sweep} sweep: N={rows:,} D={d}")
+                results[sweep].append(measure(rows, d, repeat, tmp))
+        finally:
+            client.close()
+            client.cluster.close()
+            shutil.rmtree(tmp, ignore_errors=True)
+        return dict(results)
 
-        for r in runs:
-            cells = [
-                f"{_per(r, c, sweep):8.2f} ({_per(r, c, sweep) / _per(runs[-1], c, sweep):4.2f})"
-                for c in cols
-            ]
-            print(f"{r['rows']:>11,} {r['dim']:>5} {cells[0]:>14} {cells[1]:>16} {cells[2]:>16}")
-    name = name or f"cpu{os.cpu_count()}"
-    write_results(out_dir / f"scaling-{name}.json", results)
+    name = f"scaling-{output.name or f'cpu{os.cpu_count()}'}"
+    harness.execute_benchmark(harness.Config(output, name, run, report))
 
 
 if __name__ == "__main__":

@@ -9,57 +9,39 @@ One run, same process, same threads, ratios measured side by side:
 - ``neighbors(threshold)`` vs faiss ``range_search`` on the same rows, same pair set;
 - ``join(k)`` against the machine's matrix-multiply rate (a large ``torch.mm``);
 - ``dedup``: rows/s on data with planted near-duplicates, checked against float64;
-- scaling of ``topk`` with N, and ``join(k)`` on a 2-worker LocalCluster giving the same
-  result as the eager frame;
+- scaling of ``topk`` with N, and ``neighbors(k)`` on a 2-worker LocalCluster giving the
+  same result as the eager frame;
 - peak RSS growth of one pair task (a subprocess, every allocation above 1 MiB mapped on
   its own, so RSS follows the live tensors).
 
-Writes ``benchmarks/results/<name>.json`` and prints a table.  Usage::
+Prints a table per case and writes ``benchmarks/results/<name>.json`` (default
+``search-cpu<cores>``; with the machine and its load average), one key per case.  Usage::
 
     python -m benchmarks.search              # the default run, ~2 minutes on 2 cores
     python -m benchmarks.search --quick      # seconds, for the smoke test
+
+A new case is a ``bench_`` function that measures, checks and returns its record, a
+``report_`` function that prints it, and a line in ``CASES`` with its sizes.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
-import platform
 import subprocess
 import sys
 import textwrap
 import time
-from pathlib import Path
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
+import click
 import numpy as np
 import pandas as pd
-import pyarrow as pa
 import torch
 
 import dask_cosim
-from benchmarks.harness import load_text, median_seconds
-
-
-def embeddings(n: int, d: int, seed: int, clusters: int = 0, noise: float = 0.3) -> np.ndarray:
-    """Rows around ``clusters`` centres (as real embeddings are), L2-normalised."""
-    rng = np.random.default_rng(seed)
-    if clusters:
-        centres = rng.standard_normal((clusters, d)).astype(np.float32)
-        x = centres[rng.integers(0, clusters, n)] + noise * rng.standard_normal((n, d)).astype(
-            np.float32
-        )
-    else:
-        x = rng.standard_normal((n, d)).astype(np.float32)
-    x /= np.linalg.norm(x, axis=1, keepdims=True)
-    return x
-
-
-def frame(x: np.ndarray) -> pd.DataFrame:
-    t = pa.list_(pa.float32(), x.shape[1])
-    col = pa.FixedSizeListArray.from_arrays(pa.array(x.reshape(-1)), x.shape[1])
-    return pd.DataFrame({"emb": pd.array(col, dtype=pd.ArrowDtype(t))})
+from benchmarks import harness
+from benchmarks.harness import embeddings, load_text, median_seconds, vector_frame
 
 
 def same_sets(ours: np.ndarray, theirs: np.ndarray, exact: np.ndarray, k: int) -> dict[str, Any]:
@@ -85,7 +67,7 @@ def bench_topk(n: int, q: int, d: int, k: int, repeat: int) -> dict[str, Any]:
 
     x = embeddings(n, d, seed=0, clusters=max(1, n // 100))
     queries = embeddings(q, d, seed=1, clusters=0)
-    df = frame(x)
+    df = vector_frame(x)
     out: dict[str, Any] = {"rows": n, "queries": q, "dim": d, "k": k, "load_before": load_text()}
 
     def ours() -> pd.DataFrame:
@@ -132,7 +114,7 @@ def bench_range(n: int, d: int, threshold: float, repeat: int) -> dict[str, Any]
     import faiss
 
     x = embeddings(n, d, seed=2, clusters=max(1, n // 50), noise=0.25)
-    df = frame(x)
+    df = vector_frame(x)
 
     def ours() -> pd.DataFrame:
         return df.cosim.neighbors("emb", threshold=threshold)
@@ -172,8 +154,8 @@ def bench_range(n: int, d: int, threshold: float, repeat: int) -> dict[str, Any]
 def bench_join(nl: int, nr: int, d: int, k: int, repeat: int) -> dict[str, Any]:
     import dask
 
-    left = frame(embeddings(nl, d, seed=3, clusters=nl // 100))
-    right = frame(embeddings(nr, d, seed=4, clusters=nr // 100))
+    left = vector_frame(embeddings(nl, d, seed=3, clusters=nl // 100))
+    right = vector_frame(embeddings(nr, d, seed=4, clusters=nr // 100))
     a, b = torch.randn(4096, d), torch.randn(d, 32768)
 
     def mm() -> torch.Tensor:
@@ -210,7 +192,7 @@ def bench_dedup(n: int, d: int, threshold: float, check_rows: int) -> dict[str, 
     copies = base[rng.integers(0, len(base), n - len(base))]
     copies = copies + 0.02 * rng.standard_normal(copies.shape).astype(np.float32)
     x = np.concatenate([base, copies])[rng.permutation(n)].astype(np.float32)
-    df = frame(x)
+    df = vector_frame(x)
     t0 = time.perf_counter()
     kept = df.cosim.dedup("emb", threshold)
     seconds = time.perf_counter() - t0
@@ -219,7 +201,7 @@ def bench_dedup(n: int, d: int, threshold: float, check_rows: int) -> dict[str, 
     sub /= np.linalg.norm(sub, axis=1, keepdims=True)
     s = sub @ sub.T
     want = ~np.tril(s >= threshold, -1).any(axis=1)
-    got = frame(x[:check_rows]).cosim.dedup("emb", threshold)
+    got = vector_frame(x[:check_rows]).cosim.dedup("emb", threshold)
     near = np.tril(np.abs(s - threshold) < 1e-6, -1).any(axis=1)
     mismatch = (np.isin(np.arange(check_rows), got.index.to_numpy()) != want) & ~near
     return {
@@ -240,8 +222,12 @@ def bench_scaling(sizes: list[int], q: int, d: int, k: int) -> list[dict[str, An
     queries = embeddings(q, d, seed=1)
     rows = []
     for n in sizes:
-        df = frame(embeddings(n, d, seed=0, clusters=n // 100))
-        s = median_seconds(lambda df=df: df.cosim.topk(queries, "emb", k=k), 1)
+        df = vector_frame(embeddings(n, d, seed=0, clusters=n // 100))
+
+        def topk(df: pd.DataFrame = df) -> pd.DataFrame:
+            return df.cosim.topk(queries, "emb", k=k)
+
+        s = median_seconds(topk, 1)
         rows.append({"rows": n, "seconds": s, "rows_per_s": n * q / s, "load": load_text()})
     return rows
 
@@ -250,7 +236,7 @@ def bench_cluster(n: int, d: int, k: int) -> dict[str, Any]:
     from distributed import Client, LocalCluster
 
     x = embeddings(n, d, seed=7, clusters=n // 100)
-    df = frame(x)
+    df = vector_frame(x)
     eager = df.cosim.neighbors("emb", k=k)
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True) as cluster:
         with Client(cluster):
@@ -274,7 +260,7 @@ def peak_memory(nq: int, nr: int, d: int) -> dict[str, Any]:
     code = textwrap.dedent(
         f"""
         import threading, time, torch, pandas as pd
-        from dask_cosim import search
+        from dask_cosim import search_partition as search
         def rss():
             with open("/proc/self/statm") as f:
                 return int(f.read().split()[1]) * 4096
@@ -293,7 +279,7 @@ def peak_memory(nq: int, nr: int, d: int) -> dict[str, Any]:
         t = threading.Thread(target=sample)
         t.start()
         search.join_pair_topk(q, r, 10, None, tiles)
-        search.join_pair_threshold(q, r, 0.5, tiles)
+        search.pair_threshold(q, r, 0.5, tiles)
         done[0] = True
         t.join()
         print(base, peak[0] - base)
@@ -318,80 +304,77 @@ def peak_memory(nq: int, nr: int, d: int) -> dict[str, Any]:
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="tiny sizes (smoke test)")
-    parser.add_argument("--name", default="search-cpu2")
-    parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
-    args = parser.parse_args()
-    torch.set_num_threads(os.cpu_count() or 1)
-    quick = args.quick
-    result: dict[str, Any] = {
-        "machine": {
-            "python": platform.python_version(),
-            "platform": platform.platform(),
-            "cpus": os.cpu_count(),
-            "torch": torch.__version__,
-            "torch_threads": torch.get_num_threads(),
-        },
-        "command": "python -m benchmarks.search" + (" --quick" if quick else ""),
-    }
-    r = 1 if quick else 2
-    d = 64 if quick else 128
-    result["topk"] = bench_topk(2000 if quick else 100_000, 50 if quick else 1000, d, 10, r)
-    result["range"] = bench_range(1000 if quick else 10_000, d, 0.9, r)
-    result["join"] = bench_join(500 if quick else 5000, 2000 if quick else 50_000, d, 10, 1)
-    result["dedup"] = bench_dedup(2000 if quick else 20_000, d, 0.95, 1000 if quick else 6000)
-    sizes = [1000, 2000] if quick else [25_000, 50_000, 100_000]
-    result["scaling"] = bench_scaling(sizes, 50 if quick else 500, d, 10)
-    result["cluster"] = bench_cluster(600 if quick else 10_000, d, 5)
-    result["peak_memory"] = peak_memory(200 if quick else 1000, 5000 if quick else 200_000, d)
-    out_dir = Path(args.out)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / f"{args.name}.json").write_text(json.dumps(result, indent=1))
-    print_table(result)
+SECONDS = harness.Column("s", "seconds", ".3f")
 
 
-def print_table(res: dict[str, Any]) -> None:
-    t = res["topk"]
+def _case_table(seconds: dict[str, float], *more: harness.Column) -> None:
+    """One line per case: its seconds and ``more`` (keyed by the case's name)."""
+    harness.print_table(
+        [harness.Column("case", "case", align="<"), SECONDS, *more],
+        [{"case": name, "seconds": s} for name, s in seconds.items()],
+    )
+
+
+def report_topk(t: dict[str, Any]) -> None:
     print(
         f"topk  N={t['rows']:,} Q={t['queries']} D={t['dim']} k={t['k']}  load {t['load_before']}"
     )
-    for name, s in t["seconds"].items():
-        print(f"  {name:<42} {s:8.3f} s  {t['throughput_vs_faiss'][name]:5.2f}x faiss")
+    _case_table(
+        t["seconds"],
+        harness.Column("x faiss", lambda r: t["throughput_vs_faiss"][r["case"]], ".2f"),
+        harness.Column("queries/s", lambda r: t["queries_per_s"][r["case"]], ",.0f"),
+    )
     print(f"  result sets vs faiss: {t['result_sets_vs_faiss']}")
-    g = res["range"]
+    print(f"  result sets vs sentence-transformers: {t['result_sets_vs_sentence_transformers']}")
+
+
+def report_range(g: dict[str, Any]) -> None:
     print(
         f"range N={g['rows']:,} D={g['dim']} thr={g['threshold']}  pairs {g['pairs']:,}  "
         f"load {g['load']}"
     )
-    for name, s in g["seconds"].items():
-        print(f"  {name:<42} {s:8.3f} s")
+    _case_table(g["seconds"])
     print(
         f"  ours vs faiss range_search: {g['throughput_vs_faiss']:.2f}x; pair sets differ "
         f"beyond near-ties: {g['pair_sets_differ_beyond_near_ties']}"
     )
-    j = res["join"]
+
+
+def report_join(j: dict[str, Any]) -> None:
     print(
         f"join  {j['left_rows']:,} x {j['right_rows']:,} D={j['dim']} k={j['k']}: "
         f"{j['seconds']:.2f} s, "
         f"{j['join_gflops']:.1f} GFLOP/s = {j['fraction_of_mm']:.2f} of torch.mm "
         f"({j['torch_mm_gflops']:.1f})  load {j['load']}"
     )
-    d = res["dedup"]
+
+
+def report_dedup(d: dict[str, Any]) -> None:
     print(
         f"dedup {d['rows']:,} rows D={d['dim']} thr={d['threshold']}: kept {d['kept']:,}, "
         f"{d['rows_per_s']:,.0f} rows/s, mismatches vs float64 {d['mismatches_vs_float64']}"
         f"  load {d['load']}"
     )
-    for row in res["scaling"]:
-        print(f"scaling topk N={row['rows']:,}: {row['seconds']:.2f} s  load {row['load']}")
-    c = res["cluster"]
+
+
+def report_scaling(rows: list[dict[str, Any]]) -> None:
+    columns = [
+        harness.Column("scaling topk N", "rows", ",", align="<"),
+        SECONDS,
+        harness.Column("rows x queries/s", "rows_per_s", ",.0f"),
+        harness.Column("load", "load", align="<"),
+    ]
+    harness.print_table(columns, rows)
+
+
+def report_cluster(c: dict[str, Any]) -> None:
     print(
-        f"cluster 2 workers neighbors k={c['k']} N={c['rows']:,}: {c['seconds']:.2f} s, "
-        f"same as eager: {c['same_result_as_eager']}"
+        f"cluster {c['workers']} workers neighbors k={c['k']} N={c['rows']:,}: "
+        f"{c['seconds']:.2f} s, same as eager: {c['same_result_as_eager']}"
     )
-    m = res["peak_memory"]
+
+
+def report_peak_memory(m: dict[str, Any]) -> None:
     print(
         f"peak RSS growth over the inputs of one pair task {m['queries']} x {m['rows']:,}: "
         f"{m['peak_rss_growth_bytes'] / 2**20:.0f} MiB "
@@ -399,6 +382,59 @@ def print_table(res: dict[str, Any]) -> None:
         f"{m['inputs_bytes'] / 2**20:.0f} MiB, score matrix "
         f"{m['score_matrix_bytes'] / 2**20:.0f} MiB, tile budget 32 MiB)"
     )
+
+
+class SearchCase(NamedTuple):
+    """One case of the run: ``run(*full)`` (``run(*quick)`` with --quick) measures and
+    checks, and returns its record in the results file; ``report(record)`` prints it."""
+
+    run: Callable[..., Any]
+    report: Callable[[Any], None]
+    full: tuple[Any, ...]
+    quick: tuple[Any, ...]
+
+
+# The results file's keys, in the order the cases run, with each case's arguments.
+CASES = {
+    "topk": SearchCase(bench_topk, report_topk, (100_000, 1000, 128, 10, 2), (2000, 50, 64, 10, 1)),
+    "range": SearchCase(bench_range, report_range, (10_000, 128, 0.9, 2), (1000, 64, 0.9, 1)),
+    "join": SearchCase(bench_join, report_join, (5000, 50_000, 128, 10, 1), (500, 2000, 64, 10, 1)),
+    "dedup": SearchCase(
+        bench_dedup, report_dedup, (20_000, 128, 0.95, 6000), (2000, 64, 0.95, 1000)
+    ),
+    "scaling": SearchCase(
+        bench_scaling,
+        report_scaling,
+        ([25_000, 50_000, 100_000], 500, 128, 10),
+        ([1000, 2000], 50, 64, 10),
+    ),
+    "cluster": SearchCase(bench_cluster, report_cluster, (10_000, 128, 5), (600, 64, 5)),
+    "peak_memory": SearchCase(
+        peak_memory, report_peak_memory, (1000, 200_000, 128), (200, 5000, 64)
+    ),
+}
+
+
+@click.command()
+@click.option("--quick", is_flag=True, help="Tiny sizes, seconds: the smoke test.")
+@harness.results_options()
+def main(quick: bool, output: harness.Output) -> None:
+    """Similarity search: ours against faiss, scikit-learn and sentence-transformers."""
+    torch.set_num_threads(os.cpu_count() or 1)
+
+    def run(log: harness.Log) -> harness.Record:
+        record = {}
+        for key, case in CASES.items():
+            log(f"{key}{' (quick)' if quick else ''}")
+            record[key] = case.run(*(case.quick if quick else case.full))
+        return record
+
+    def report(record: harness.Record) -> None:
+        for key, case in CASES.items():
+            case.report(record[key])
+
+    name = output.name or f"search-cpu{os.cpu_count()}"
+    harness.execute_benchmark(harness.Config(output, name, run, report))
 
 
 if __name__ == "__main__":

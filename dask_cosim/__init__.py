@@ -28,7 +28,7 @@ _LAZY = {
     "from_pandas": "dask_cosim.io",
     "kernels": "dask_cosim.kernels",
     "local_cluster": "dask_cosim.cluster",
-    "pairwise_cosine": "dask_cosim.kernels",
+    "pairwise_cosine": "dask_cosim.partition",
     "pairwise_partition": "dask_cosim.partition",
     "read_parquet": "dask_cosim.io",
     "summarize": "dask_cosim.summary",
@@ -53,8 +53,7 @@ if TYPE_CHECKING:
     from dask_cosim.accessor import CosimAccessor
     from dask_cosim.cluster import local_cluster
     from dask_cosim.io import from_pandas, read_parquet, to_parquet
-    from dask_cosim.kernels import pairwise_cosine
-    from dask_cosim.partition import pairwise_partition
+    from dask_cosim.partition import pairwise_cosine, pairwise_partition
     from dask_cosim.summary import Summary, summarize
 
 

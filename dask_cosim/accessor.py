@@ -15,7 +15,7 @@ import pandas as pd
 import torch
 from dask.dataframe.extensions import register_dataframe_accessor as register_dask_accessor
 
-from dask_cosim import backends, options, partition, search
+from dask_cosim import backends, errors, options, partition, search
 
 __all__ = ["CosimAccessor", "register_cudf_accessor"]
 
@@ -83,14 +83,11 @@ class CosimAccessor:
 
         for column in (a, b):
             if column not in meta.columns:
-                raise backends.column_not_found(column, meta.columns)
+                raise errors.column_not_found(column, meta.columns)
         spec_a = backends.vector_spec(meta[a], a)
         spec_b = backends.vector_spec(meta[b], b)
         if spec_a.dim is not None and spec_b.dim is not None and spec_a.dim != spec_b.dim:
-            raise ValueError(
-                f"column {a!r} holds vectors of {spec_a.dim} values and column {b!r} of "
-                f"{spec_b.dim}; cosine similarity needs vectors of the same length"
-            )
+            raise errors.dims_differ(f"column {a!r}", spec_a.dim, f"column {b!r}", spec_b.dim)
         kwargs: dict[str, Any] = {
             "eps": eps,
             "device": device,

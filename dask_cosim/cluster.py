@@ -1,4 +1,5 @@
-"""``local_cluster()``: every GPU with dask-cuda when there are GPUs, else every CPU core.
+"""``local_cluster()``: every GPU with dask-cuda when there are GPUs, else every CPU core;
+``describe(client)``: the cluster a client computes on, in one line.
 
 All GPU specifics of cluster set-up live here.  Nothing in this module touches CUDA in the
 client process: GPUs are counted through NVML (dask-cuda's helper), so workers are the
@@ -8,11 +9,9 @@ first processes to create a CUDA context.
 from __future__ import annotations
 
 import ast
-import difflib
 import importlib.util
 import inspect
 import multiprocessing
-import numbers
 import sys
 from types import FrameType
 from typing import Any
@@ -20,12 +19,21 @@ from typing import Any
 import dask.config
 from dask.system import CPU_COUNT
 from dask.typing import no_default
-from dask.utils import parse_bytes
+from dask.utils import format_bytes
 from distributed import Client, LocalCluster, Nanny, Worker
 from distributed.diagnostics.plugin import WorkerPlugin
 from distributed.security import Security
 
-__all__ = ["ClusterClient", "TorchThreads", "gpu_count", "local_cluster", "torch_threads"]
+from dask_cosim import errors, options
+
+__all__ = [
+    "ClusterClient",
+    "TorchThreads",
+    "describe",
+    "gpu_count",
+    "local_cluster",
+    "torch_threads",
+]
 
 _LOCAL_HOSTS = ("127.0.0.1", "localhost")
 
@@ -117,11 +125,11 @@ def local_cluster(
     _check_main_guard()
     if gpus not in ("auto", True, False):
         raise ValueError(f"gpus={gpus!r}; use 'auto', True or False, e.g. gpus=False")
-    n_workers = _positive_int("n_workers", n_workers, "n_workers=2")
-    threads_per_worker = _positive_int("threads_per_worker", threads_per_worker,
-                                       "threads_per_worker=1") or 1  # fmt: skip
-    check_size("memory_limit", memory_limit, '"4GiB"')
-    check_size("rmm_pool_size", rmm_pool_size, '"20GB"')
+    n_workers = options.positive_int("n_workers", n_workers, "n_workers=2")
+    threads_per_worker = options.positive_int("threads_per_worker", threads_per_worker,
+                                              "threads_per_worker=1") or 1  # fmt: skip
+    options.memory_size("memory_limit", memory_limit, '"4GiB"')
+    options.memory_size("rmm_pool_size", rmm_pool_size, '"20GB"')
     dashboard_address = _local_dashboard(dashboard_address)
     if security not in (None, True, False) and not isinstance(security, Security):
         raise TypeError(
@@ -184,6 +192,17 @@ def local_cluster(
     except BaseException:
         cluster.close()
         raise
+
+
+def describe(client: Client) -> str:
+    """ "2 workers of 4.00 GiB, dashboard http://...": the cluster a client computes on."""
+    workers = client.scheduler_info()["workers"].values()
+    limits = {w.get("memory_limit") for w in workers}
+    memory = ""
+    if len(limits) == 1 and (limit := limits.pop()):
+        memory = f" of {format_bytes(limit)}"
+    count = f"{len(workers):,} worker{'' if len(workers) == 1 else 's'}"
+    return f"{count}{memory}, dashboard {client.dashboard_link}"
 
 
 class TorchThreads(WorkerPlugin):
@@ -276,33 +295,6 @@ def _is_main_test(test: ast.expr) -> bool:
     return len(names) == 1 and len(texts) == 1
 
 
-def _positive_int(name: str, value: Any, example: str) -> int | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        raise ValueError(f"{name}={value!r} must be a positive integer, e.g. {example}")
-    return int(value)
-
-
-def check_size(name: str, value: Any, example: str) -> None:
-    """Sizes as dask takes them: bytes, "4GiB", a fraction in (0, 1], "auto" or None."""
-    if value is None or value == "auto":
-        return
-    ok = False
-    if isinstance(value, str):
-        try:
-            ok = parse_bytes(value) > 0
-        except ValueError:
-            ok = False
-    elif isinstance(value, (int, float)) and not isinstance(value, bool):
-        ok = value > 0
-    if not ok:
-        raise ValueError(
-            f"{name}={value!r} is not a size: give bytes, a string like {example}, a "
-            "fraction of the memory like 0.5, 'auto' or None"
-        )
-
-
 def _rmm_pool(size: Any) -> Any:
     if size == "auto":
         return 0.5 if importlib.util.find_spec("rmm") is not None else None
@@ -334,6 +326,5 @@ def _check_kwargs(kwargs: dict[str, Any], cluster_class: type) -> None:
                 known.add(p.name)
     for name in kwargs:
         if name not in known:
-            close = difflib.get_close_matches(name, sorted(known | {"n_workers"}), n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
+            hint = errors.did_you_mean(name, sorted(known | {"n_workers"}))
             raise TypeError(f"local_cluster() got an unexpected keyword argument {name!r}{hint}")

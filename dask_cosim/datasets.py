@@ -7,8 +7,10 @@ cosines spread over the whole of [-1, 1] and every run with the same seed is ide
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
+import dask
 import numpy as np
 import pandas as pd
 import pyarrow as pa
@@ -16,7 +18,7 @@ import pyarrow.parquet as pq
 
 from dask_cosim.io.layouts import vectors_to_arrow
 
-__all__ = ["make_pairs", "pair_arrays", "write_pairs"]
+__all__ = ["make_pairs", "pair_arrays", "write_pairs", "write_pairs_folder"]
 
 
 def pair_arrays(rows: int, dim: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -44,3 +46,18 @@ def write_pairs(path: Path, rows: int, dim: int, first_id: int) -> None:
         make_pairs(rows, dim, seed=first_id, first_id=first_id), preserve_index=False
     )
     pq.write_table(table.replace_schema_metadata(None), path)
+
+
+def write_pairs_folder(folder: Path, rows: int, dim: int, files: int | None = None) -> int:
+    """``rows`` pairs as :func:`write_pairs` files in ``folder`` (which must exist), about
+    64 MiB each unless ``files`` says how many, written in parallel by the active dask
+    scheduler (a ``distributed.Client`` if there is one).  Returns the number of files."""
+    if files is None:
+        files = max(1, min(rows, (rows * dim * 8) // (64 * 2**20)))
+    bounds = np.linspace(0, rows, files + 1).astype(int)
+    writes = [
+        dask.delayed(write_pairs)(folder / f"part.{i:05d}.parquet", int(hi - lo), dim, int(lo))
+        for i, (lo, hi) in enumerate(itertools.pairwise(bounds))
+    ]
+    dask.compute(*writes)
+    return files

@@ -4,8 +4,9 @@
 Triton on CUDA: each row read once, the three sums a.b, a.a, b.b kept in registers) and a
 chunked torch kernel everywhere else.  Rows whose sums leave the floating-point range
 (huge or tiny magnitudes, zero vectors, NaN and inf) are answered by one careful rule
-(:func:`_careful_rows`) whatever kernel ran.  Options arrive as arguments: this module
-reads no configuration.
+(:func:`_careful_rows`) whatever kernel ran.  Options (``eps``, ``chunk_bytes``) arrive
+as arguments, without defaults of their own: this module reads no configuration, and
+the defaults live in ``cosim.yaml`` alone (:mod:`dask_cosim.options` reads them).
 """
 
 from __future__ import annotations
@@ -19,18 +20,11 @@ import torch
 from dask.utils import parse_bytes
 
 __all__ = [
-    "DEFAULT_CHUNK_BYTES",
-    "DEFAULT_EPS",
     "chunk_rows_for",
     "compute_dtype_for",
     "fused_kernel_for",
     "pairwise_cosine",
 ]
-
-#: Lower bound on a vector's norm in the cosine (the ``cosim.eps`` default).
-DEFAULT_EPS = 1e-8
-#: Temporaries budget of the torch kernel per device type (``cosim.chunk-bytes``).
-DEFAULT_CHUNK_BYTES: Mapping[str, int | str] = {"cpu": "512KiB", "cuda": "256MiB"}
 
 _SMALL_FLOATS = (torch.float16, torch.bfloat16)
 
@@ -54,7 +48,7 @@ def chunk_rows_for(
     device: torch.device | str = "cpu",
     *,
     converts: bool = False,
-    chunk_bytes: int | str | Mapping[str, int | str] | None = None,
+    chunk_bytes: int | str | Mapping[str, int | str],
 ) -> int:
     """Rows per chunk so that one chunk's temporaries fit in ``chunk_bytes``.
 
@@ -68,13 +62,11 @@ def chunk_rows_for(
         Picks the budget's entry when ``chunk_bytes`` is a mapping by device type.
     converts : bool, default False
         Whether each chunk of ``a`` and ``b`` is also copied (dtype or device change).
-    chunk_bytes : int, str or mapping, default :data:`DEFAULT_CHUNK_BYTES`
+    chunk_bytes : int, str or mapping
         The budget: "1MiB", 1048576, or a mapping by device type like
         ``{"cpu": "1MiB", "cuda": "256MiB"}`` (the shape of config ``cosim.chunk-bytes``).
     """
     kind = "cuda" if torch.device(device).type == "cuda" else "cpu"
-    if chunk_bytes is None:
-        chunk_bytes = DEFAULT_CHUNK_BYTES
     if isinstance(chunk_bytes, Mapping):
         chunk_bytes = chunk_bytes[kind]
     budget = parse_bytes(chunk_bytes) if isinstance(chunk_bytes, str) else int(chunk_bytes)
@@ -88,9 +80,9 @@ def pairwise_cosine(
     a: torch.Tensor,
     b: torch.Tensor,
     *,
-    eps: float = DEFAULT_EPS,
+    eps: float,
+    chunk_bytes: int | str | Mapping[str, int | str],
     chunk_rows: int | None = None,
-    chunk_bytes: int | str | Mapping[str, int | str] | None = None,
     device: torch.device | str | None = None,
     dtype: torch.dtype | None = None,
     fused: bool | str | None = None,
@@ -109,13 +101,15 @@ def pairwise_cosine(
     ----------
     a, b : torch.Tensor
         Two tensors of the same shape (N, D), any floating or integer dtype, any device.
-    eps : float, default :data:`DEFAULT_EPS` (1e-8)
-        Lower bound on each vector's norm.
+    eps : float
+        Lower bound on each vector's norm (``cosim.eps``, 1e-8 by default, is what the
+        accessor passes).
+    chunk_bytes : int, str or mapping
+        Budget for one chunk's temporaries in the torch kernel (see
+        :func:`chunk_rows_for`; ``options.chunk_bytes()`` gives the configured one); the
+        fused kernels need none.
     chunk_rows : int, optional
         Rows per chunk of the torch kernel; default from ``chunk_bytes``.
-    chunk_bytes : int, str or mapping, default :data:`DEFAULT_CHUNK_BYTES`
-        Budget for one chunk's temporaries in the torch kernel (see
-        :func:`chunk_rows_for`); the fused kernels need none.
     device : torch.device or str, optional
         Where to compute; default ``a.device``.  Chunks are moved there one at a time,
         so a host tensor is never copied to the device whole.  When the device runs out
@@ -285,7 +279,7 @@ def _torch_kernel(
     target: torch.device,
     dtype: torch.dtype,
     chunk_rows: int | None,
-    chunk_bytes: int | str | Mapping[str, int | str] | None,
+    chunk_bytes: int | str | Mapping[str, int | str],
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(res, redo) from three chunked reductions per chunk; any dtype, any device."""
     n, dim = a.shape

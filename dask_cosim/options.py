@@ -1,16 +1,19 @@
-"""The ``cosim`` options: their defaults (``cosim.yaml``), and one check per option.
+"""The ``cosim`` options and the arguments users give: one check (and one error text) each.
 
-Every option is read through ``dask.config`` under the ``cosim`` namespace, so it can be
-set per block (``with dask.config.set({"cosim.eps": 1e-6}): ...``), in a YAML file in
+The defaults are in ``cosim.yaml`` alone (described by ``cosim-schema.yaml``).  Every
+option is read through ``dask.config`` under the ``cosim`` namespace, so it can be set per
+block (``with dask.config.set({"cosim.eps": 1e-6}): ...``), in a YAML file in
 ``~/.config/dask/`` or through ``DASK_COSIM__EPS``-style environment variables.  The
 functions below take the value a caller was given (None: use the config), check it and
-return it in the form the lower layers take as plain arguments; each option has exactly
-one error text.  The kernels read no config: only the layers above them call this module.
+return it in the form the lower layers take as plain arguments.  Arguments that no config
+key holds are checked here too: the searches' ``k`` and ``threshold``, worker counts and
+memory sizes.  The kernels read no config: only the layers above them call this module.
 """
 
 from __future__ import annotations
 
 import math
+import numbers
 import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -28,9 +31,16 @@ __all__ = [
     "device",
     "eps",
     "gpu_partition_bytes",
+    "k_or_threshold",
     "load_defaults",
     "memory_map",
+    "memory_size",
+    "positive_int",
+    "search_k",
+    "search_max_blocks",
+    "search_precision",
     "search_split_every",
+    "search_threshold",
     "search_tile_bytes",
     "torch_dtype",
 ]
@@ -127,6 +137,29 @@ def search_split_every(value: Any = None) -> int:
     return value
 
 
+SEARCH_PRECISIONS = ("exact", "fp32", "fast")
+
+
+def search_precision(value: Any = None) -> str:
+    """Config ``cosim.search.precision``: "exact", "fp32" or "fast"."""
+    value = _given(value, "search.precision")
+    if value not in SEARCH_PRECISIONS:
+        raise ValueError(
+            f"cosim.search.precision={value!r}; use 'exact' (float64 decisions, the "
+            "default), 'fp32' (the same decisions from float32 tiles) or 'fast' "
+            "(float16 alone on GPUs, approximate)"
+        )
+    return str(value)
+
+
+def search_max_blocks(value: Any = None) -> int:
+    """Config ``cosim.search.max-blocks``: an int >= 1."""
+    value = _given(value, "search.max-blocks")
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ValueError(f"cosim.search.max-blocks={value!r} must be an integer >= 1, e.g. 64")
+    return int(value)
+
+
 def _device_sizes(value: Any, key: str, label: str) -> dict[str, int]:
     """A size per device kind from one size or a mapping, the config filling the gaps."""
     configured = dask.config.get(f"cosim.{key}")
@@ -170,3 +203,75 @@ def gpu_partition_bytes(value: Any = None) -> int:
     files are read as one partition of up to about this many bytes (their size on disk)."""
     value = _given(value, "read.gpu-partition-bytes")
     return _positive_size(value, "cosim.read.gpu-partition-bytes", "'1GiB'")
+
+
+# --------------------------------------------------------------------------- arguments
+# Checked here too, though no config key holds them: one error text per argument.
+
+
+def search_k(value: Any, *, required: bool = False) -> int | None:
+    """``k`` of the searches: an integer >= 1, or None (unless ``required``)."""
+    if value is None and required:
+        raise ValueError("k=None: topk needs k, an integer >= 1")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ValueError(f"k={value!r} must be an integer >= 1 (the matches kept per row)")
+    return int(value)
+
+
+def search_threshold(value: Any, *, required: bool = False) -> float | None:
+    """``threshold`` of the searches: a cosine similarity in [-1, 1], or None (unless
+    ``required``)."""
+    if value is None and not required:
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        number = math.nan
+    if not -1.0 <= number <= 1.0:
+        raise ValueError(
+            f"threshold={value!r} must be a number in [-1, 1] (a cosine similarity), "
+            "e.g. threshold=0.9"
+        )
+    return number
+
+
+def k_or_threshold(k: Any, threshold: Any) -> tuple[int | None, float | None]:
+    """``k`` and ``threshold`` of a join or neighbours search: either or both."""
+    k, threshold = search_k(k), search_threshold(threshold)
+    if k is None and threshold is None:
+        raise ValueError(
+            "give k (the best matches of each row), threshold (every pair scoring at "
+            "least it), or both; e.g. k=10 or threshold=0.9"
+        )
+    return k, threshold
+
+
+def positive_int(name: str, value: Any, example: str) -> int | None:
+    """A count such as ``n_workers``: a positive integer, or None (the default)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ValueError(f"{name}={value!r} must be a positive integer, e.g. {example}")
+    return int(value)
+
+
+def memory_size(name: str, value: Any, example: str) -> None:
+    """A memory size as dask takes it (``memory_limit``, ``rmm_pool_size``): bytes,
+    "4GiB", a fraction of the memory in (0, 1], "auto" or None."""
+    if value is None or value == "auto":
+        return
+    ok = False
+    if isinstance(value, str):
+        try:
+            ok = parse_bytes(value) > 0
+        except ValueError:
+            ok = False
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        ok = value > 0
+    if not ok:
+        raise ValueError(
+            f"{name}={value!r} is not a size: give bytes, a string like {example}, a "
+            "fraction of the memory like 0.5, 'auto' or None"
+        )

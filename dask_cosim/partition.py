@@ -13,10 +13,30 @@ from typing import Any
 import numpy as np
 import torch
 
-from dask_cosim import backends, kernels, options
+from dask_cosim import backends, errors, kernels, options
 from dask_cosim.options import DEVICE_HELP, torch_dtype
 
-__all__ = ["default_result_dtype", "pairwise_partition", "resolve_device"]
+__all__ = ["default_result_dtype", "pairwise_cosine", "pairwise_partition", "resolve_device"]
+
+
+def pairwise_cosine(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    *,
+    eps: float | None = None,
+    chunk_bytes: Any = None,
+    **kwargs: Any,
+) -> torch.Tensor:
+    """res[i] = cos(a[i], b[i]) for two (N, D) tensors, with the configured options.
+
+    :func:`dask_cosim.kernels.pairwise_cosine` (which reads no configuration) with ``eps``
+    and ``chunk_bytes`` taken from config ``cosim.eps`` and ``cosim.chunk-bytes`` when not
+    given; every other keyword (``device``, ``dtype``, ``fused``, ``chunk_rows``) is passed
+    on as it is.  This is ``dask_cosim.pairwise_cosine``.
+    """
+    return kernels.pairwise_cosine(
+        a, b, eps=options.eps(eps), chunk_bytes=options.chunk_bytes(chunk_bytes), **kwargs
+    )
 
 
 def default_result_dtype(input_dtypes: list[Any]) -> torch.dtype:
@@ -66,7 +86,7 @@ def pairwise_partition(
     df : pandas.DataFrame or cudf.DataFrame
         One partition.
     a, b : str
-        Embedding columns (see :data:`dask_cosim.backends.ACCEPTED`).
+        Embedding columns (see :data:`dask_cosim.errors.ACCEPTED`).
     eps : float, default config ``cosim.eps``
         Lower bound on each vector's norm (see :func:`dask_cosim.kernels.pairwise_cosine`).
     dtype : {None, "float32", "float64"}, default None
@@ -99,10 +119,7 @@ def pairwise_partition(
         both = _valid_positions(null, n)
         if len(both):
             label = backends.row_label(df.index, int(both[0]))
-            raise ValueError(
-                f"row {label!r}: column {a!r} has {va.dim} values and column {b!r} has "
-                f"{vb.dim}; both columns need vectors of the same length"
-            )
+            raise errors.dims_differ(f"column {a!r}", va.dim, f"column {b!r}", vb.dim, label)
         # Not one row has both vectors: every result is null.
         return backends.make_result(df[a], result, null, name)
 

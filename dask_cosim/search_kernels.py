@@ -3,22 +3,20 @@
 Two reductions over blocks of the score matrix ``S = U_q @ U_r.T`` of two sets of
 unit vectors, one tile at a time (the whole matrix never exists):
 
-- :func:`topk`: for each query row its ``k`` best rows, by a running top-k merge;
+- :func:`topk`: for each query row its ``k`` best rows, kept per row between tiles;
 - :func:`threshold_pairs`: every pair (i, j, score) with score >= a threshold.
 
 Exactness.  Tiles are float32 products, but every answer is decided on float64 scores
 re-computed from the original values for the candidates only: a float32 score differs
-from the exact one by at most ``margin(D) = (D + 8) * 2**-24`` (the worst-case bound of a
-float32 dot product of two unit vectors), so keeping every candidate within that margin
-of the boundary and re-scoring it in float64 gives the float64 answer.  Ties of the
-float64 score are broken by position (the lower position first), so the result does not
-depend on how the rows were split into tiles or partitions.
-
-Selection.  On CPUs each tile is reduced by numba kernels while it is still in cache
-(:mod:`dask_cosim._search_numba`: per row a heap of candidates whose root is a bar that
-most tile entries meet in one vectorised comparison); elsewhere, or without numba, by a running
-``torch.topk`` merge.  Both keep, per row, the float32 top-(k + max(8, k // 4)) and the best
-float32 score outside it, which is all the exactness proof below needs.
+from the exact one by at most :func:`margin` (``(D + 8) * 2**-24`` for rows normalised
+in float32), so keeping every candidate within that margin of the boundary and
+re-scoring it in float64 gives the float64 answer.  Ties of the float64 score are
+broken by position (the lower position first), so the result does not depend on how
+the rows were split into tiles or partitions.  A top-k row keeps its float32 best
+k + max(8, k // 4) and the best float32 score outside them: if that score plus the
+margin is below the row's k-th float64 score, the row is certain; else an exact
+threshold pass decides it.  On CPUs numba kernels select from each tile while it is
+in cache (:mod:`dask_cosim._search_sweep`); elsewhere ``torch.topk`` merges do.
 
 Validity.  Rows holding NaN or inf, and rows marked null, are invalid: they never match
 and get no matches.  A zero vector is valid and scores 0.0 with every row (the numerics
@@ -58,15 +56,15 @@ _TINY = 2.0**-1000  # as in dask_cosim._search_numba.TINY
 class Prepared:
     """One side of a search, normalised once.
 
-    ``unit`` (N, D) float32 rows of length 1 (0 for zero and invalid rows) for the tile
-    products; ``raw`` the original values, and ``inv`` (1 / max |x|) and ``scale``
-    (max |x| / max(|x|_2, eps)), float64, for the exact re-score
-    ``(raw_i * inv_i) . (raw_j * inv_j) * scale_i * scale_j``, which cannot overflow even
-    for values near 1e308.  ``valid`` (N,) bool marks rows that take part, and
-    ``all_valid`` whether all do.  ``err`` bounds the distance between a valid row of
-    ``unit`` and the exact ``x / max(|x|_2, eps)`` (see :func:`margin`).  Nothing in it
-    depends on a search: a side prepared once serves any number of searches (and
-    pickles, for a dask worker to keep).
+    ``unit`` (N, D) float32 rows of length 1 (0 for invalid rows) for the tile products;
+    ``raw`` the original values, and ``inv`` and ``scale``, float64, for the exact
+    re-score ``(raw_i * inv_i) . (raw_j * inv_j) * scale_i * scale_j``: ``inv`` keeps
+    ``raw * inv`` in float64's range (1 / max |x| up to 2**1000; on CPUs 1 for float32
+    rows, whose products cannot leave it), ``scale`` = 1 / (inv * max(|x|_2, eps)).
+    ``valid`` (N,) bool marks rows that take part, ``all_valid`` whether all do; ``err``
+    bounds the distance of a valid ``unit`` row from the exact ``x / max(|x|_2, eps)``
+    (see :func:`margin`).  Nothing in it depends on a search: a side prepared once
+    serves any number of searches (and pickles, for a dask worker to keep).
     """
 
     unit: torch.Tensor
@@ -312,6 +310,7 @@ def topk(
     tile_bytes: int,
     same: bool = False,
     both: bool = False,
+    precision: str = "fp32",
 ) -> tuple[TopK, TopK | None]:
     """For each row of ``q`` its ``k`` best rows of ``r`` (and, with ``both``, for each row
     of ``r`` its ``k`` best rows of ``q``, from the same tiles).
@@ -328,12 +327,20 @@ def topk(
         ``q`` and ``r`` are the same rows: a row never matches itself.
     both : bool, default False
         Also reduce the columns (the self-join's off-diagonal partition pairs).
+    precision : {"fp32", "exact", "fast"}, default "fp32"
+        On CUDA, "exact" and "fast" hand over to :mod:`dask_cosim.search_twopass` (a
+        float16 first pass; "fast" ranks on it alone); elsewhere all three run this.
 
     Returns
     -------
     (TopK, TopK or None)
         Exact float64 results, ties broken by position.
     """
+    if precision != "fp32" and q.unit.device.type == "cuda":
+        from dask_cosim import search_twopass
+
+        exact = precision == "exact"
+        return search_twopass.topk_prepared(q, r, k, same=same, both=both, exact=exact)
     nq, nr = len(q), len(r)
     kk = k + max(8, k // 4)  # candidates kept per row: room below the k-th for near-ties
     fast = numba_kernels() if q.unit.device.type == "cpu" and max(nq, nr) < 2**31 else None
@@ -376,6 +383,7 @@ def threshold_pairs(
     row_pos: torch.Tensor | None = None,
     mode: str | None = None,
     exact_scores: bool = True,
+    precision: str = "fp32",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Every pair with float64 cos(q[i], r[j]) >= threshold: (i, j, score), unsorted.
 
@@ -385,8 +393,16 @@ def threshold_pairs(
     among the rows of ``r``.  The pair set is always decided on float64 scores; with
     ``exact_scores`` False only the pairs within :func:`margin` of the threshold are
     re-scored and the others keep their float32 tile score (within the margin of the
-    exact one, typically 1e-7), which saves a gather of two rows per pair.
+    exact one, typically 1e-7), which saves a gather of two rows per pair.  ``precision``
+    as for :func:`topk` (one threshold for all rows, no ``row_pos``).
     """
+    if precision != "fp32" and q.unit.device.type == "cuda" and row_pos is None:
+        from dask_cosim import search_twopass
+
+        exact = precision == "exact"
+        return search_twopass.threshold_prepared(
+            q, r, float(threshold), mode=mode, exact_scores=exact_scores, exact=exact
+        )
     device = q.unit.device
     nq, nr = len(q), len(r)
     empty = torch.zeros(0, dtype=torch.int64, device=device)

@@ -1,4 +1,5 @@
-"""``summarize(series)``: count, nulls, mean, min, max and a histogram in one pass.
+"""``summarize(series)``: count, nulls, mean, min, max and a histogram in one pass, and
+the :class:`Summary` it returns, which prints itself as text and draws its histogram.
 
 On a dask Series it is one tree reduction (one ``compute``, each partition read once); on
 an eager pandas or cudf Series the same two functions run directly.
@@ -7,6 +8,7 @@ an eager pandas or cudf Series the same two functions run directly.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -14,6 +16,8 @@ from typing import Any
 import dask
 import numpy as np
 import pandas as pd
+
+from dask_cosim import backends
 
 __all__ = ["Summary", "summarize"]
 
@@ -40,15 +44,24 @@ class Summary:
     counts: np.ndarray
     outside: int
 
-    def format(self) -> str:
-        """The summary as lines of text, with a histogram of ``#`` bars."""
+    def format(self, seconds: float | None = None, embedding_bytes: int | None = None) -> str:
+        """The summary as lines of text, with a histogram of ``#`` bars.
+
+        With ``seconds`` (how long the run took), a line of time and throughput (pairs/s,
+        and GB/s of ``embedding_bytes`` read) comes before the histogram.
+        """
         lines = [
             f"rows        {self.rows:,}",
             f"nulls       {self.nulls:,}",
             f"mean        {self.mean:+.6f}",
             f"min / max   {self.min:+.6f} / {self.max:+.6f}",
-            "histogram",
         ]
+        if seconds is not None:
+            rate = f"{self.rows / seconds:,.0f} pairs/s"
+            if embedding_bytes is not None:
+                rate += f", {embedding_bytes / seconds / 1e9:.2f} GB/s of embeddings"
+            lines.append(f"time        {seconds:.2f} s  ({rate})")
+        lines.append("histogram")
         top = max(1, int(np.max(self.counts))) if len(self.counts) else 1
         for lo, hi, c in zip(self.edges[:-1], self.edges[1:], self.counts):
             bar = "#" * int(40 * c / top)
@@ -58,6 +71,27 @@ class Summary:
                 f"  outside [{self.edges[0]:+.2g}, {self.edges[-1]:+.2g}]  {self.outside:,}"
             )
         return "\n".join(lines)
+
+    def plot(self, path: str | os.PathLike[str]) -> str:
+        """Draw the histogram into the image file ``path`` and return where it went, or,
+        without matplotlib (an optional dependency: the ``bench`` extra), why not."""
+        try:
+            import matplotlib
+
+            matplotlib.use("Agg")
+            import matplotlib.pyplot as plt
+        except ImportError:
+            return "not drawn: pip install matplotlib (or dask-cosim[bench])"
+        fig, ax = plt.subplots(figsize=(6, 3.5))
+        edges = self.edges
+        ax.bar(edges[:-1], self.counts, width=np.diff(edges), align="edge", edgecolor="white")
+        ax.set_xlabel("cosine similarity")
+        ax.set_ylabel("pairs")
+        ax.set_title(f"{self.rows:,} pairs, mean {self.mean:+.3f}")
+        fig.tight_layout()
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        return str(path)
 
 
 def summarize(
@@ -167,8 +201,7 @@ def _edges(bins: Any, span: Any) -> np.ndarray:
 
 def _partial(s: Any, edges: np.ndarray) -> pd.Series:
     """One partition's rows, nulls, sum, min, max and bin counts."""
-    if not isinstance(s, pd.Series):
-        s = s.to_pandas()  # cudf: one float per row, cheap to bring to the host
+    s = backends.to_pandas(s)  # cudf: one float per row, cheap to bring to the host
     values = s.to_numpy(dtype=np.float64, na_value=np.nan)
     valid = values[~np.isnan(values)]
     counts = np.histogram(valid, bins=edges)[0] if len(valid) else np.zeros(len(edges) - 1)

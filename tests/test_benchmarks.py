@@ -7,6 +7,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+import torch
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -42,6 +45,30 @@ def test_pairwise_runner_runs(tmp_path: Path) -> None:
     assert cases["ours: kernel"]["max_error"] < 1e-6
     assert cases["ours: our Parquet -> Parquet"]["max_error"] < 1e-6
     assert (tmp_path / "smoke.png").stat().st_size > 0
+    assert list(result)[4:] == [
+        "name", "params", "cases", "targets", "memory", "failed", "host_round_trips"
+    ]  # fmt: skip
+
+
+def test_pairwise_gpu_script_answers_help() -> None:
+    out = run_script("pairwise_gpu", "--help")
+    assert "--no-peers" in out and "--rows" in out
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="with CUDA it runs the whole benchmark")
+def test_pairwise_gpu_script_without_cuda_says_so() -> None:
+    assert "no CUDA device: nothing run" in run_script("pairwise_gpu", "--rows", "10")
+
+
+@pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="peak RSS needs Linux")
+def test_memory_benchmark_runs(tmp_path: Path) -> None:
+    out = run_script(
+        "memory", "--rows", "2000", "--dim", "8", "--quiet", "--name", "smoke",
+        "--out", str(tmp_path),
+    )  # fmt: skip
+    assert "peak RSS of pairwise beyond its input partition (2,000 rows" in out
+    memory = json.loads((tmp_path / "smoke.json").read_text())["memory"]
+    assert memory["rows"] == 2000 and memory["input_bytes"] == 2 * 2000 * 8 * 4
 
 
 def test_from_pandas_benchmark_runs() -> None:
@@ -61,3 +88,18 @@ def test_scaling_benchmark_runs(tmp_path: Path) -> None:
     )  # fmt: skip
     assert "ns per pair per 100 dims" in out
     assert json.loads((tmp_path / "scaling-smoke.json").read_text())["rows"][0]["rows"] == 2000
+
+
+def test_search_gpu_benchmark_smoke(tmp_path: Path) -> None:
+    """The GPU search benchmark's tiny mode (on the CPU here: the torch engine): every
+    case runs, every exact contender gives the float64 answer, the file is written."""
+    out = run_script(
+        "search_gpu", "--smoke", "--repeat", "1", "--quiet", "--name", "smoke",
+        "--out", str(tmp_path),
+    )  # fmt: skip
+    assert "ours: exact (float16 pass + float64)" in out and "NeMo-style" in out
+    result = json.loads((tmp_path / "smoke.json").read_text())
+    rows = [r for part in ("topk", "threshold") for case in result[part] for r in case["rows"]]
+    assert all(r["identical_to_float64"] for r in rows if r["exact"])
+    assert result["scale"]["dedup 0.95"]["result_rows"] > 0
+    assert (tmp_path / "smoke.png").stat().st_size > 0

@@ -18,7 +18,7 @@ import pytest
 from distributed import Client, KilledWorker, LocalCluster, get_task_stream
 
 import dask_cosim
-from dask_cosim.cli import _failure_message
+from dask_cosim._cli import failure_message as _failure_message
 from dask_cosim.io import vectors_to_arrow
 from tests.helpers import pairs_frame, random_pairs, reference
 

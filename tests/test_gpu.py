@@ -14,16 +14,21 @@ import pytest
 import torch
 
 import dask_cosim
-from dask_cosim import kernels
+from dask_cosim import kernels, options
 from dask_cosim.partition import pairwise_partition
 from tests.helpers import pairs_frame, random_pairs, reference
+
+# The kernels take their options as arguments: the configured defaults (cosim.yaml).
+EPS, CHUNK_BYTES = options.eps(), options.chunk_bytes()
 
 pytestmark = pytest.mark.gpu
 
 
 def test_kernel_on_cuda_matches_reference() -> None:
     a, b = random_pairs(5000, 300)
-    res = kernels.pairwise_cosine(torch.from_numpy(a).cuda(), torch.from_numpy(b).cuda())
+    res = kernels.pairwise_cosine(
+        torch.from_numpy(a).cuda(), torch.from_numpy(b).cuda(), eps=EPS, chunk_bytes=CHUNK_BYTES
+    )
     assert res.device.type == "cuda" and res.dtype == torch.float32
     np.testing.assert_allclose(res.cpu().numpy(), reference(a, b), atol=1e-6)
 
@@ -31,7 +36,12 @@ def test_kernel_on_cuda_matches_reference() -> None:
 def test_kernel_moves_host_chunks_to_the_device() -> None:
     a, b = random_pairs(3000, 64)
     res = kernels.pairwise_cosine(
-        torch.from_numpy(a), torch.from_numpy(b), device="cuda", chunk_rows=700
+        torch.from_numpy(a),
+        torch.from_numpy(b),
+        device="cuda",
+        chunk_rows=700,
+        eps=EPS,
+        chunk_bytes=CHUNK_BYTES,
     )
     assert res.device.type == "cuda"
     np.testing.assert_allclose(res.cpu().numpy(), reference(a, b), atol=1e-6)
@@ -39,7 +49,7 @@ def test_kernel_moves_host_chunks_to_the_device() -> None:
 
 def test_fp16_on_cuda_no_overflow() -> None:
     a = torch.full((4, 4096), 60000.0, dtype=torch.float16, device="cuda")
-    res = kernels.pairwise_cosine(a, -a)
+    res = kernels.pairwise_cosine(a, -a, eps=EPS, chunk_bytes=CHUNK_BYTES)
     torch.testing.assert_close(res, -torch.ones(4, device="cuda"), atol=1e-6, rtol=0)
 
 
@@ -48,7 +58,7 @@ def test_cuda_chunk_budget_bounds_peak_memory() -> None:
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
-    kernels.pairwise_cosine(a, b, chunk_bytes="16MiB")
+    kernels.pairwise_cosine(a, b, chunk_bytes="16MiB", eps=EPS)
     peak = torch.cuda.max_memory_allocated() - base
     # Three N-sized float32 outputs plus one chunk of temporaries (and allocator rounding).
     assert peak <= 3 * 200_000 * 4 + 16 * 2**20 + 4 * 2**20
@@ -144,7 +154,7 @@ def test_kernel_halves_chunks_on_a_full_gpu() -> None:
     free, _ = torch.cuda.mem_get_info()
     filler = torch.empty(max(0, free - 64 * 2**20), dtype=torch.uint8, device="cuda")
     try:
-        res = kernels.pairwise_cosine(ga, gb, chunk_bytes="8GiB")
+        res = kernels.pairwise_cosine(ga, gb, chunk_bytes="8GiB", eps=EPS)
     finally:
         del filler
         torch.cuda.empty_cache()

@@ -14,10 +14,9 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
-import torch
 
 import dask_cosim
-from tests.helpers import pairs_frame, random_pairs, reference
+from tests.helpers import device_to_host_bytes, pairs_frame, random_pairs, reference
 
 pytestmark = pytest.mark.gpu
 
@@ -137,21 +136,6 @@ def test_gpu_writer_writes_the_files_pyarrow_writes(tmp_path: Path, layout: str)
     np.testing.assert_array_equal(back_gpu["id"].to_numpy(), want["id"].to_numpy())
 
 
-def _device_to_host_bytes(run: Any, tmp_path: Path) -> tuple[int, int]:
-    """(copies, bytes) from the device to the host while ``run()`` runs, as CUPTI sees
-    them (every library in the process: torch, cupy, cudf)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        run()
-        torch.cuda.synchronize()
-    trace = tmp_path / "trace.json"
-    prof.export_chrome_trace(str(trace))
-    events = json.loads(trace.read_text())["traceEvents"]
-    copies = [e for e in events if e.get("cat") == "gpu_memcpy" and "DtoH" in e.get("name", "")]
-    return len(copies), sum(int(e.get("args", {}).get("bytes", 0)) for e in copies)
-
-
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_cudf_path_makes_no_host_round_trip(tmp_path: Path, layout: str) -> None:
     """Read (GPU decode), pairwise and a sum on the cudf path: what comes back to the host
@@ -166,7 +150,7 @@ def test_cudf_path_makes_no_host_round_trip(tmp_path: Path, layout: str) -> None
         return float(df.cosim.pairwise("embeds_a", "embeds_b").sum().compute(scheduler="sync"))
 
     assert run() == pytest.approx(float(reference(a, b).sum()), rel=1e-5)
-    copies, nbytes = _device_to_host_bytes(run, tmp_path)
+    copies, nbytes = device_to_host_bytes(run, tmp_path)
     print(f"{layout}: {copies} device-to-host copies, {nbytes} bytes")
     assert nbytes < 0.01 * (a.nbytes + b.nbytes), (copies, nbytes)
 
@@ -196,7 +180,7 @@ def test_gpu_writer_moves_each_byte_to_the_host_once(tmp_path: Path, layout: str
             dask_cosim.to_parquet(ddf, tmp_path / "out", layout=layout, overwrite=True)
 
     run()
-    copies, nbytes = _device_to_host_bytes(run, tmp_path)
+    copies, nbytes = device_to_host_bytes(run, tmp_path)
     # The encoded file leaves the device once, on its way to the disk; nothing else does.
     written = sum(f.stat().st_size for f in (tmp_path / "out").glob("*.parquet"))
     print(f"writer: {copies} device-to-host copies, {nbytes} bytes; files {written} bytes")
@@ -210,10 +194,10 @@ def test_gpu_writer_moves_each_byte_to_the_host_once(tmp_path: Path, layout: str
 def test_wide_binary_vectors_are_written_through_pyarrow(tmp_path: Path) -> None:
     """libcudf keeps a FIXED_LEN_BYTE_ARRAY's width in 8 bits: 300 float32 (1,200 bytes)
     go through pyarrow, and the files read back whole, by pyarrow and by cudf."""
-    from dask_cosim import backends
+    from dask_cosim.io import cudf_parquet
 
     a, b = random_pairs(5_000, 300)
-    assert 300 * 4 > backends.CUDF_WRITER_MAX_BINARY_WIDTH
+    assert 300 * 4 > cudf_parquet.MAX_BINARY_WIDTH
     dask_cosim.to_parquet(_device_pairs(a, b, 2), tmp_path / "out", layout="binary")
     schema = pq.read_schema(next((tmp_path / "out").glob("*.parquet")))
     assert schema.field("embeds_a").type.byte_width == 1200
@@ -229,14 +213,14 @@ def test_binary_bytes_become_lists_without_a_copy() -> None:
     import cupy
     import pylibcudf as plc
 
-    from dask_cosim import backends
+    from dask_cosim.io import cudf_parquet
 
     values = cupy.arange(12, dtype=cupy.float32)
     strings = plc.Column(
         plc.DataType(plc.TypeId.STRING), 3, plc.gpumemoryview(values.view(cupy.uint8)),
         None, 0, 0, [plc.Column.from_array(cupy.arange(4, dtype=cupy.int32) * 16)],
     )  # fmt: skip
-    lists = backends._cudf_bytes_to_lists(strings, "v", 4, "float32")
+    lists = cudf_parquet._bytes_to_lists(strings, "v", 4, "float32")
     series = cudf.Series.from_pylibcudf(lists)
     assert series.to_arrow().to_pylist() == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
     assert series.list.leaves.values.data.ptr == values.data.ptr

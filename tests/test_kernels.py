@@ -15,8 +15,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sklearn.metrics.pairwise import paired_cosine_distances
 
-from dask_cosim import kernels
+from dask_cosim import kernels, options
 from tests.helpers import random_pairs, reference
+
+# The kernels take their options as arguments: the configured defaults (cosim.yaml).
+EPS, CHUNK_BYTES = options.eps(), options.chunk_bytes()
 
 # Every CPU kernel: the torch kernel and the fused one (numba is a core dependency).
 KERNELS = [pytest.param(False, id="torch"), pytest.param("numba", id="numba")]
@@ -27,7 +30,12 @@ KERNELS = [pytest.param(False, id="torch"), pytest.param("numba", id="numba")]
 def test_matches_reference_and_sklearn(chunk_rows: int | None, fused: bool | str) -> None:
     a, b = random_pairs(513, 300)
     res = kernels.pairwise_cosine(
-        torch.from_numpy(a), torch.from_numpy(b), chunk_rows=chunk_rows, fused=fused
+        torch.from_numpy(a),
+        torch.from_numpy(b),
+        chunk_rows=chunk_rows,
+        fused=fused,
+        eps=EPS,
+        chunk_bytes=CHUNK_BYTES,
     )
     assert res.dtype == torch.float32 and res.shape == (513,)
     np.testing.assert_allclose(res.numpy(), reference(a, b), atol=1e-6, rtol=0)
@@ -39,25 +47,39 @@ def test_zero_vector_gives_zero_and_nonfinite_gives_nan(fused: bool | str) -> No
     a = torch.tensor([[0.0, 0.0], [1.0, 0.0], [np.nan, 1.0], [np.inf, 0.0], [1.0, 1.0], [0.0, 0.0]])
     b = torch.tensor([[1.0, 2.0], [0.0, 0.0], [1.0, 1.0], [1.0, 0.0], [-np.inf, 1.0], [0.0, 0.0]])
     for dtype in (torch.float32, torch.float64):
-        res = kernels.pairwise_cosine(a.to(dtype), b.to(dtype), fused=fused)
+        res = kernels.pairwise_cosine(
+            a.to(dtype), b.to(dtype), fused=fused, eps=EPS, chunk_bytes=CHUNK_BYTES
+        )
         assert res[:2].tolist() == [0.0, 0.0]
         assert torch.isnan(res[2:5]).all()
         assert res[5].item() == 0.0
         # eps = 0 is the plain formula: a zero vector is 0/0, NaN.
-        res = kernels.pairwise_cosine(a.to(dtype), b.to(dtype), eps=0.0, fused=fused)
+        res = kernels.pairwise_cosine(
+            a.to(dtype), b.to(dtype), eps=0.0, fused=fused, chunk_bytes=CHUNK_BYTES
+        )
         assert torch.isnan(res[[0, 1, 2, 3, 4, 5]]).all()
-        assert kernels.pairwise_cosine(a[4:5], a[4:5], eps=0.0, fused=fused).item() == 1.0
+        assert (
+            kernels.pairwise_cosine(
+                a[4:5], a[4:5], eps=0.0, fused=fused, chunk_bytes=CHUNK_BYTES
+            ).item()
+            == 1.0
+        )
     # A zero row beside NaN is NaN: the NaN rule comes first.
-    nan_zero = kernels.pairwise_cosine(torch.zeros(1, 3), torch.full((1, 3), np.nan), fused=fused)
+    nan_zero = kernels.pairwise_cosine(
+        torch.zeros(1, 3), torch.full((1, 3), np.nan), fused=fused, eps=EPS, chunk_bytes=CHUNK_BYTES
+    )
     assert torch.isnan(nan_zero).all()
 
 
 @pytest.mark.parametrize("fused", KERNELS)
 def test_parallel_and_antiparallel_clamped(fused: bool | str) -> None:
     a = torch.full((3, 1000), 0.1)
-    res = kernels.pairwise_cosine(a, a * 3, fused=fused)
+    res = kernels.pairwise_cosine(a, a * 3, fused=fused, eps=EPS, chunk_bytes=CHUNK_BYTES)
     assert (res <= 1).all() and torch.allclose(res, torch.ones(3))
-    assert torch.allclose(kernels.pairwise_cosine(a, -a, fused=fused), -torch.ones(3))
+    assert torch.allclose(
+        kernels.pairwise_cosine(a, -a, fused=fused, eps=EPS, chunk_bytes=CHUNK_BYTES),
+        -torch.ones(3),
+    )
 
 
 def test_fp16_accumulates_in_float32_without_overflow() -> None:
@@ -66,7 +88,7 @@ def test_fp16_accumulates_in_float32_without_overflow() -> None:
     b = a.clone()
     b[1] = -b[1]
     b[2, :2048] = 0
-    res = kernels.pairwise_cosine(a, b)
+    res = kernels.pairwise_cosine(a, b, eps=EPS, chunk_bytes=CHUNK_BYTES)
     assert res.dtype == torch.float32
     np.testing.assert_allclose(
         res.numpy(), reference(a.float().numpy(), b.float().numpy()), atol=1e-6
@@ -76,18 +98,22 @@ def test_fp16_accumulates_in_float32_without_overflow() -> None:
 @pytest.mark.parametrize("fused", KERNELS)
 def test_float64(fused: bool | str) -> None:
     a, b = random_pairs(100, 33, dtype=np.float64)
-    res64 = kernels.pairwise_cosine(torch.from_numpy(a), torch.from_numpy(b), fused=fused)
+    res64 = kernels.pairwise_cosine(
+        torch.from_numpy(a), torch.from_numpy(b), fused=fused, eps=EPS, chunk_bytes=CHUNK_BYTES
+    )
     assert res64.dtype == torch.float64
     np.testing.assert_allclose(res64.numpy(), reference(a, b), atol=1e-12)
 
 
 def test_bf16_and_float64() -> None:
     a, b = random_pairs(100, 33, dtype=np.float64)
-    res64 = kernels.pairwise_cosine(torch.from_numpy(a), torch.from_numpy(b))
+    res64 = kernels.pairwise_cosine(
+        torch.from_numpy(a), torch.from_numpy(b), eps=EPS, chunk_bytes=CHUNK_BYTES
+    )
     assert res64.dtype == torch.float64
     np.testing.assert_allclose(res64.numpy(), reference(a, b), atol=1e-12)
     abf, bbf = torch.from_numpy(a).bfloat16(), torch.from_numpy(b).bfloat16()
-    res = kernels.pairwise_cosine(abf, bbf)
+    res = kernels.pairwise_cosine(abf, bbf, eps=EPS, chunk_bytes=CHUNK_BYTES)
     assert res.dtype == torch.float32
     np.testing.assert_allclose(
         res.numpy(), reference(abf.float().numpy(), bbf.float().numpy()), atol=1e-6
@@ -98,7 +124,12 @@ def test_bf16_and_float64() -> None:
 def test_requested_float64_accumulation(fused: bool | str) -> None:
     a, b = random_pairs(50, 20)
     res = kernels.pairwise_cosine(
-        torch.from_numpy(a), torch.from_numpy(b), dtype=torch.float64, fused=fused
+        torch.from_numpy(a),
+        torch.from_numpy(b),
+        dtype=torch.float64,
+        fused=fused,
+        eps=EPS,
+        chunk_bytes=CHUNK_BYTES,
     )
     assert res.dtype == torch.float64
     np.testing.assert_allclose(res.numpy(), reference(a, b), atol=1e-12)
@@ -112,7 +143,12 @@ def test_float32_overflow_rows_are_recomputed(fused: bool | str) -> None:
     b[3] *= 1e30
     b[5] *= 1e25
     res = kernels.pairwise_cosine(
-        torch.from_numpy(a), torch.from_numpy(b), chunk_rows=4, fused=fused
+        torch.from_numpy(a),
+        torch.from_numpy(b),
+        chunk_rows=4,
+        fused=fused,
+        eps=EPS,
+        chunk_bytes=CHUNK_BYTES,
     )
     np.testing.assert_allclose(res.numpy(), reference(a, b), atol=1e-6)
 
@@ -120,14 +156,18 @@ def test_float32_overflow_rows_are_recomputed(fused: bool | str) -> None:
 def test_integer_inputs_are_upcast() -> None:
     a = torch.tensor([[1, 2, 3], [0, 0, 0]])
     b = torch.tensor([[2, 4, 6], [1, 1, 1]])
-    assert kernels.pairwise_cosine(a, b).tolist() == pytest.approx([1.0, 0.0])
+    assert kernels.pairwise_cosine(
+        a, b, eps=EPS, chunk_bytes=CHUNK_BYTES
+    ).tolist() == pytest.approx([1.0, 0.0])
 
 
 def test_shape_errors() -> None:
     with pytest.raises(ValueError, match=r"a \(3, 2\) and b \(3, 4\)"):
-        kernels.pairwise_cosine(torch.ones(3, 2), torch.ones(3, 4))
+        kernels.pairwise_cosine(
+            torch.ones(3, 2), torch.ones(3, 4), eps=EPS, chunk_bytes=CHUNK_BYTES
+        )
     with pytest.raises(ValueError, match="two \\(N, D\\) tensors"):
-        kernels.pairwise_cosine(torch.ones(3), torch.ones(3))
+        kernels.pairwise_cosine(torch.ones(3), torch.ones(3), eps=EPS, chunk_bytes=CHUNK_BYTES)
 
 
 def test_chunk_budget() -> None:
@@ -140,26 +180,46 @@ def test_chunk_budget() -> None:
         kernels.chunk_rows_for(300, torch.float32, "cuda", chunk_bytes={"cpu": 1, "cuda": "12KB"})
         == 10
     )
-    assert kernels.chunk_rows_for(10**9, torch.float64, "cpu") == 1
-    # The default is the module's (512 KiB on a CPU), not the configuration's.
+    assert kernels.chunk_rows_for(10**9, torch.float64, "cpu", chunk_bytes=CHUNK_BYTES) == 1
+    # The budget is the argument, not the configuration's.
     with dask.config.set({"cosim.chunk-bytes.cpu": "2400B"}):
-        assert kernels.chunk_rows_for(300, torch.float32) == 2**19 // 1200
+        assert kernels.chunk_rows_for(300, torch.float32, chunk_bytes="512KiB") == 2**19 // 1200
 
 
 def test_kernels_read_no_configuration() -> None:
-    """Options arrive as arguments; the defaults are the configuration's defaults."""
-    assert dask.config.get("cosim.eps") == kernels.DEFAULT_EPS
-    assert dict(dask.config.get("cosim.chunk-bytes")) == dict(kernels.DEFAULT_CHUNK_BYTES)
+    """Options arrive as arguments, with no defaults of the kernels' own (the defaults
+    are cosim.yaml's, which the layers above pass down)."""
     a = torch.tensor([[1e-9, 0.0], [1.0, 1.0]])
     b = torch.tensor([[1.0, 0.0], [1.0, 0.0]])
-    before = kernels.pairwise_cosine(a, b)
-    before_torch = kernels.pairwise_cosine(a, b, fused=False)
+    with pytest.raises(TypeError, match="eps"):
+        kernels.pairwise_cosine(a, b, chunk_bytes=CHUNK_BYTES)  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match="chunk_bytes"):
+        kernels.pairwise_cosine(a, b, eps=EPS)  # type: ignore[call-arg]
+    before = kernels.pairwise_cosine(a, b, eps=1e-8, chunk_bytes=CHUNK_BYTES)
+    before_torch = kernels.pairwise_cosine(a, b, fused=False, eps=1e-8, chunk_bytes=CHUNK_BYTES)
     with dask.config.set({"cosim.eps": 1.0, "cosim.chunk-bytes.cpu": "1B"}):
-        assert torch.equal(kernels.pairwise_cosine(a, b), before)
-        assert torch.equal(kernels.pairwise_cosine(a, b, fused=False), before_torch)
+        after = kernels.pairwise_cosine(a, b, eps=1e-8, chunk_bytes=CHUNK_BYTES)
+        after_torch = kernels.pairwise_cosine(a, b, fused=False, eps=1e-8, chunk_bytes=CHUNK_BYTES)
+    assert torch.equal(after, before) and torch.equal(after_torch, before_torch)
     # |a| = 1e-9 < eps: 1e-9 / (1e-8 * 1) = 0.1; with eps = 1, 1e-9.
     assert before.tolist() == pytest.approx([0.1, 2**-0.5])
-    assert kernels.pairwise_cosine(a, b, eps=1.0)[0].item() == pytest.approx(1e-9)
+    with_eps_1 = kernels.pairwise_cosine(a, b, eps=1.0, chunk_bytes=CHUNK_BYTES)
+    assert with_eps_1[0].item() == pytest.approx(1e-9)
+
+
+def test_top_level_pairwise_cosine_takes_the_configured_options() -> None:
+    """``dask_cosim.pairwise_cosine`` is the kernel with eps and chunk_bytes from the
+    config when not given (the kernel itself has no defaults)."""
+    import dask_cosim
+
+    a = torch.tensor([[1e-9, 0.0], [1.0, 1.0]])
+    b = torch.tensor([[1.0, 0.0], [1.0, 0.0]])
+    assert dask_cosim.pairwise_cosine(a, b).tolist() == pytest.approx([0.1, 2**-0.5])
+    with dask.config.set({"cosim.eps": 1.0}):
+        assert dask_cosim.pairwise_cosine(a, b)[0].item() == pytest.approx(1e-9)
+    assert dask_cosim.pairwise_cosine(a, b, eps=1.0)[0].item() == pytest.approx(1e-9)
+    with pytest.raises(ValueError, match="eps"):
+        dask_cosim.pairwise_cosine(a, b, eps=-1.0)
 
 
 def test_does_not_materialise_whole_partition(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -181,7 +241,7 @@ def test_does_not_materialise_whole_partition(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setattr(torch.nn.functional, "cosine_similarity", forbidden)
     a, b = random_pairs(10_000, 300)
     res = kernels.pairwise_cosine(
-        torch.from_numpy(a), torch.from_numpy(b), chunk_bytes="1MiB", fused=False
+        torch.from_numpy(a), torch.from_numpy(b), chunk_bytes="1MiB", fused=False, eps=EPS
     )
     assert max(sizes) == 873 and sum(sizes) == 3 * 10_000  # a.b, a.a, b.b
     assert len(buffers) == 1
@@ -229,7 +289,12 @@ def test_property_matches_float64_reference(
 ) -> None:
     a, b = pair
     res = kernels.pairwise_cosine(
-        torch.from_numpy(a), torch.from_numpy(b), chunk_rows=chunk_rows, fused=fused
+        torch.from_numpy(a),
+        torch.from_numpy(b),
+        chunk_rows=chunk_rows,
+        fused=fused,
+        eps=EPS,
+        chunk_bytes=CHUNK_BYTES,
     ).numpy()
     ref = reference(a, b)
     np.testing.assert_array_equal(np.isnan(res), np.isnan(ref))
@@ -247,11 +312,16 @@ def test_property_matches_float64_reference(
 def test_property_symmetric_scale_invariant_self_is_one(d: int, seed: int, k: float) -> None:
     a, b = random_pairs(8, d, seed=seed)
     ta, tb = torch.from_numpy(a), torch.from_numpy(b)
-    ab = kernels.pairwise_cosine(ta, tb)
-    assert torch.equal(ab, kernels.pairwise_cosine(tb, ta))
-    scaled = kernels.pairwise_cosine(ta * k, tb)
+    ab = kernels.pairwise_cosine(ta, tb, eps=EPS, chunk_bytes=CHUNK_BYTES)
+    assert torch.equal(ab, kernels.pairwise_cosine(tb, ta, eps=EPS, chunk_bytes=CHUNK_BYTES))
+    scaled = kernels.pairwise_cosine(ta * k, tb, eps=EPS, chunk_bytes=CHUNK_BYTES)
     torch.testing.assert_close(scaled, ab * np.sign(k), atol=2e-6, rtol=0)
-    torch.testing.assert_close(kernels.pairwise_cosine(ta, ta), torch.ones(8), atol=2e-6, rtol=0)
+    torch.testing.assert_close(
+        kernels.pairwise_cosine(ta, ta, eps=EPS, chunk_bytes=CHUNK_BYTES),
+        torch.ones(8),
+        atol=2e-6,
+        rtol=0,
+    )
 
 
 @pytest.mark.parametrize("error", [torch.cuda.OutOfMemoryError, MemoryError])
@@ -273,7 +343,12 @@ def test_out_of_memory_halves_the_chunk(monkeypatch: pytest.MonkeyPatch, error: 
     monkeypatch.setattr(torch, "empty", small_device)
     a, b = random_pairs(1000, 300)
     res = kernels.pairwise_cosine(
-        torch.from_numpy(a), torch.from_numpy(b), chunk_rows=800, fused=False
+        torch.from_numpy(a),
+        torch.from_numpy(b),
+        chunk_rows=800,
+        fused=False,
+        eps=EPS,
+        chunk_bytes=CHUNK_BYTES,
     )
     np.testing.assert_allclose(res.numpy(), reference(a, b), atol=1e-6)
     assert sizes == [800, 400, 200, 100]
@@ -288,7 +363,14 @@ def test_out_of_memory_halves_the_chunk(monkeypatch: pytest.MonkeyPatch, error: 
     monkeypatch.setattr(torch, "empty", no_memory)
     sizes.clear()
     with pytest.raises(error, match="simulated"):
-        kernels.pairwise_cosine(torch.from_numpy(a), torch.from_numpy(b), chunk_rows=8, fused=False)
+        kernels.pairwise_cosine(
+            torch.from_numpy(a),
+            torch.from_numpy(b),
+            chunk_rows=8,
+            fused=False,
+            eps=EPS,
+            chunk_bytes=CHUNK_BYTES,
+        )
     assert sizes == [8, 4, 2, 1]
 
 
@@ -296,12 +378,23 @@ def test_out_of_memory_halves_the_chunk(monkeypatch: pytest.MonkeyPatch, error: 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_zero_length_vectors_give_zero(fused: bool | str | None, dtype: torch.dtype) -> None:
     """D = 0: every vector is the zero vector, so every row is 0.0 (no error)."""
-    res = kernels.pairwise_cosine(torch.empty(5, 0, dtype=dtype), torch.empty(5, 0, dtype=dtype))
+    res = kernels.pairwise_cosine(
+        torch.empty(5, 0, dtype=dtype),
+        torch.empty(5, 0, dtype=dtype),
+        eps=EPS,
+        chunk_bytes=CHUNK_BYTES,
+    )
     assert res.dtype == dtype and res.tolist() == [0.0] * 5
     empty = torch.empty(5, 0, dtype=dtype)
-    assert torch.isnan(kernels.pairwise_cosine(empty, empty, eps=0.0, fused=fused)).all()
-    assert kernels.pairwise_cosine(torch.empty(0, 0), torch.empty(0, 0)).shape == (0,)
-    assert kernels.pairwise_cosine(torch.empty(0, 3), torch.empty(0, 3), fused=fused).shape == (0,)
+    assert torch.isnan(
+        kernels.pairwise_cosine(empty, empty, eps=0.0, fused=fused, chunk_bytes=CHUNK_BYTES)
+    ).all()
+    assert kernels.pairwise_cosine(
+        torch.empty(0, 0), torch.empty(0, 0), eps=EPS, chunk_bytes=CHUNK_BYTES
+    ).shape == (0,)
+    assert kernels.pairwise_cosine(
+        torch.empty(0, 3), torch.empty(0, 3), fused=fused, eps=EPS, chunk_bytes=CHUNK_BYTES
+    ).shape == (0,)
 
 
 def test_which_kernel_runs() -> None:
@@ -317,7 +410,9 @@ def test_which_kernel_runs() -> None:
     a, b = random_pairs(20, 6)
     ta, tb = torch.from_numpy(a), torch.from_numpy(b)
     np.testing.assert_allclose(
-        kernels.pairwise_cosine(ta.T.contiguous().T, tb).numpy(), reference(a, b), atol=1e-6
+        kernels.pairwise_cosine(ta.T.contiguous().T, tb, eps=EPS, chunk_bytes=CHUNK_BYTES).numpy(),
+        reference(a, b),
+        atol=1e-6,
     )
 
 
@@ -325,10 +420,14 @@ def test_fused_argument_errors() -> None:
     f32 = torch.ones(4, 3)
     with pytest.raises(RuntimeError, match=r"fused=True but no fused kernel applies: numba "
                        r"takes float32 or float64 pairs, got torch.int64"):  # fmt: skip
-        kernels.pairwise_cosine(f32.long(), f32.long(), fused=True)
+        kernels.pairwise_cosine(
+            f32.long(), f32.long(), fused=True, eps=EPS, chunk_bytes=CHUNK_BYTES
+        )
     with pytest.raises(ValueError, match=r"fused='cuda'; use None, True, False, 'numba'"):
-        kernels.pairwise_cosine(f32, f32, fused="cuda")
-    assert kernels.pairwise_cosine(f32, f32, fused=True).tolist() == pytest.approx([1.0] * 4)
+        kernels.pairwise_cosine(f32, f32, fused="cuda", eps=EPS, chunk_bytes=CHUNK_BYTES)
+    assert kernels.pairwise_cosine(
+        f32, f32, fused=True, eps=EPS, chunk_bytes=CHUNK_BYTES
+    ).tolist() == pytest.approx([1.0] * 4)
 
 
 def test_fused_kernel_releases_grad_and_follows_torch_threads() -> None:
@@ -340,7 +439,9 @@ def test_fused_kernel_releases_grad_and_follows_torch_threads() -> None:
 
     a, b = random_pairs(64, 10)
     ta = torch.from_numpy(a).requires_grad_()
-    res = kernels.pairwise_cosine(ta, torch.from_numpy(b), fused="numba")
+    res = kernels.pairwise_cosine(
+        ta, torch.from_numpy(b), fused="numba", eps=EPS, chunk_bytes=CHUNK_BYTES
+    )
     np.testing.assert_allclose(res.numpy(), reference(a, b), atol=1e-6)
 
     big = torch.ones(_kernels_numba.PARALLEL_MIN_VALUES // 64, 64)
@@ -350,7 +451,12 @@ def test_fused_kernel_releases_grad_and_follows_torch_threads() -> None:
         for threads in (1, 2):
             numba.set_num_threads(1)
             torch.set_num_threads(threads)
-            assert kernels.pairwise_cosine(big, big, fused="numba").min().item() == 1.0
+            assert (
+                kernels.pairwise_cosine(big, big, fused="numba", eps=EPS, chunk_bytes=CHUNK_BYTES)
+                .min()
+                .item()
+                == 1.0
+            )
             assert numba.get_num_threads() == min(threads, most)
     finally:
         torch.set_num_threads(before)
@@ -362,10 +468,14 @@ def test_without_numba_the_torch_kernel_runs(monkeypatch: pytest.MonkeyPatch) ->
     a, b = random_pairs(50, 12)
     ta, tb = torch.from_numpy(a), torch.from_numpy(b)
     assert kernels.fused_kernel_for(ta, tb) is None
-    np.testing.assert_allclose(kernels.pairwise_cosine(ta, tb).numpy(), reference(a, b), atol=1e-6)
+    np.testing.assert_allclose(
+        kernels.pairwise_cosine(ta, tb, eps=EPS, chunk_bytes=CHUNK_BYTES).numpy(),
+        reference(a, b),
+        atol=1e-6,
+    )
     with pytest.raises(RuntimeError, match=r"fused=True but no fused kernel applies: numba is "
                        r"not installed \(pip install numba\); use fused=None"):  # fmt: skip
-        kernels.pairwise_cosine(ta, tb, fused=True)
+        kernels.pairwise_cosine(ta, tb, fused=True, eps=EPS, chunk_bytes=CHUNK_BYTES)
 
 
 @pytest.mark.parametrize("layout", ["fixed_size_list", "list"])

@@ -1,13 +1,10 @@
 """Every finite input gives the right cosine: magnitudes from 1e-300 to 1e308, both dtypes.
 
-The reference is exact: sums of products of the inputs as fractions (no rounding, no
-overflow), rounded to float once at the end.
+The reference is exact (``tests.helpers.exact_reference``): sums of products of the inputs
+as fractions (no rounding, no overflow), rounded to float once at the end.
 """
 
 from __future__ import annotations
-
-import math
-from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -15,34 +12,13 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dask_cosim import kernels
+from dask_cosim import kernels, options
+from tests.helpers import exact_reference, reference
+
+# The kernels take their options as arguments: the configured defaults (cosim.yaml).
+EPS, CHUNK_BYTES = options.eps(), options.chunk_bytes()
 
 KERNELS = [pytest.param(False, id="torch"), pytest.param("numba", id="numba")]
-
-
-def exact_cosine(x: np.ndarray, y: np.ndarray, eps: float = 1e-8) -> float:
-    """(x / max(|x|, eps)) . (y / max(|y|, eps)) for one pair of rows, exactly."""
-    if not (np.isfinite(x).all() and np.isfinite(y).all()):
-        return math.nan
-    fx = [Fraction(float(v)) for v in x]
-    fy = [Fraction(float(v)) for v in y]
-    dot = sum((p * q for p, q in zip(fx, fy)), Fraction(0))
-    xx = sum((p * p for p in fx), Fraction(0))
-    yy = sum((q * q for q in fy), Fraction(0))
-    if xx == 0 or yy == 0:
-        return 0.0 if eps > 0 else math.nan  # 0 / eps, or 0 / 0
-    # cos^2 = dot^2 / (xx yy), times (|x| / eps)^2 where |x| < eps, likewise for y.
-    sq = dot * dot / (xx * yy)
-    e2 = Fraction(eps) ** 2
-    if xx < e2:
-        sq *= xx / e2
-    if yy < e2:
-        sq *= yy / e2
-    return math.sqrt(float(sq)) * (-1.0 if dot < 0 else 1.0)
-
-
-def exact_reference(a: np.ndarray, b: np.ndarray, eps: float = 1e-8) -> np.ndarray:
-    return np.array([exact_cosine(x, y, eps) for x, y in zip(a, b)])
 
 
 @pytest.mark.parametrize("fused", KERNELS)
@@ -56,11 +32,11 @@ def test_the_extremes_of_float64(fused: bool | str) -> None:
         [[-big] * 3, [3e200, 4e200, 0.0], [1.0, 0.0, 0.0], [big, 0.0, 0.0], [5e-324, 0, 0]],
         dtype=torch.float64,
     )
-    res = kernels.pairwise_cosine(a, b, fused=fused)
+    res = kernels.pairwise_cosine(a, b, fused=fused, eps=EPS, chunk_bytes=CHUNK_BYTES)
     assert res.tolist()[:4] == pytest.approx([-1.0, 1.0, 1.0, 2**-0.5], abs=1e-15)
     # The smallest subnormal is far below eps: (a / eps) . (b / eps) = 2.5e-631, i.e. 0.
     assert res[4].item() == 0.0
-    zero_eps = kernels.pairwise_cosine(a, b, eps=0.0, fused=fused)
+    zero_eps = kernels.pairwise_cosine(a, b, eps=0.0, fused=fused, chunk_bytes=CHUNK_BYTES)
     assert zero_eps.tolist() == pytest.approx([-1.0, 1.0, 1.0, 2**-0.5, 1.0], abs=1e-15)
 
 
@@ -69,7 +45,7 @@ def test_the_extremes_of_float32(fused: bool | str) -> None:
     big = 3e38
     a = torch.tensor([[big] * 3, [3e30, 4e30, 0.0], [1e30, 0.0, 0.0], [1e-40, 1e-40, 0]])
     b = torch.tensor([[-big] * 3, [3e30, 4e30, 0.0], [1.0, 0.0, 0.0], [1e-40, 0.0, 0]])
-    res = kernels.pairwise_cosine(a, b, eps=0.0, fused=fused)
+    res = kernels.pairwise_cosine(a, b, eps=0.0, fused=fused, chunk_bytes=CHUNK_BYTES)
     assert res.dtype == torch.float32
     assert res.tolist() == pytest.approx([-1.0, 1.0, 1.0, 2**-0.5], abs=1e-7)
 
@@ -99,7 +75,7 @@ def extreme_pairs(draw: st.DrawFn, dtype: type) -> tuple[np.ndarray, np.ndarray]
 
 def _check(a: np.ndarray, b: np.ndarray, eps: float, fused: bool | None, atol: float) -> None:
     res = kernels.pairwise_cosine(
-        torch.from_numpy(a), torch.from_numpy(b), eps=eps, fused=fused
+        torch.from_numpy(a), torch.from_numpy(b), eps=eps, fused=fused, chunk_bytes=CHUNK_BYTES
     ).numpy()
     ref = exact_reference(a, b, eps)
     np.testing.assert_array_equal(np.isnan(res), np.isnan(ref))  # zero rows when eps = 0
@@ -127,10 +103,8 @@ def test_property_float32_any_magnitude(
 
 
 def test_exact_reference_agrees_with_float64_where_float64_suffices() -> None:
-    """The reference itself, against the plain float64 formula on ordinary rows."""
+    """The exact reference against the float64 one on ordinary rows: one policy, twice."""
     rng = np.random.default_rng(1)
     a, b = rng.standard_normal((2, 20, 30))
     a[3] *= 1e-9  # |a| < eps: the eps factor
-    plain = (a * b).sum(1) / np.maximum(np.linalg.norm(a, axis=1), 1e-8)
-    plain /= np.linalg.norm(b, axis=1)
-    np.testing.assert_allclose(exact_reference(a, b), plain, atol=1e-14, rtol=0)
+    np.testing.assert_allclose(exact_reference(a, b), reference(a, b), atol=1e-14, rtol=0)

@@ -9,18 +9,17 @@ compiled kernel.
 from __future__ import annotations
 
 import importlib.util
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from dask_cosim import kernels
-from tests.helpers import random_pairs, reference
-from tests.test_kernels_numerics import exact_reference
+from dask_cosim import kernels, options
+from tests.helpers import exact_reference, random_pairs, reference, run_in_triton_interpreter
+
+# The kernels take their options as arguments: the configured defaults (cosim.yaml).
+EPS, CHUNK_BYTES = options.eps(), options.chunk_bytes()
 
 ROOT = Path(__file__).resolve().parent.parent
 needs_triton = pytest.mark.skipif(
@@ -45,7 +44,7 @@ def check_against_reference(device: str) -> None:
             tb = torch.from_numpy(b).to(device=device, dtype=dtype)
             if dtype != torch.float64:
                 ta[7], tb[7] = 1.0, 2.0  # 1e200 is inf in the smaller types
-            res = kernels.pairwise_cosine(ta, tb, fused="triton")
+            res = kernels.pairwise_cosine(ta, tb, fused="triton", eps=EPS, chunk_bytes=CHUNK_BYTES)
             want = exact_reference(ta.double().cpu().numpy(), tb.double().cpu().numpy())
             assert res.dtype == (torch.float64 if dtype == torch.float64 else torch.float32)
             got = res.cpu().numpy()
@@ -55,19 +54,20 @@ def check_against_reference(device: str) -> None:
             assert got[5] == 0.0
     big = torch.tensor([[1e308] * 3, [3e200, 4e200, 0.0]], dtype=torch.float64, device=device)
     flip = torch.tensor([[-1.0, -1.0, -1.0], [1.0, 0.0, 0.0]], dtype=torch.float64, device=device)
-    res = kernels.pairwise_cosine(big, flip * big.abs().amax(1, keepdim=True), fused="triton")
+    res = kernels.pairwise_cosine(
+        big,
+        flip * big.abs().amax(1, keepdim=True),
+        fused="triton",
+        eps=EPS,
+        chunk_bytes=CHUNK_BYTES,
+    )
     np.testing.assert_allclose(res.cpu().numpy(), [-1.0, 0.6], atol=1e-15)
 
 
 @needs_triton
 def test_triton_kernel_in_the_interpreter() -> None:
-    env = dict(os.environ, TRITON_INTERPRET="1")
     code = "from tests.test_kernels_triton import check_against_reference as c; c('cpu')"
-    proc = subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
-        timeout=240,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    run_in_triton_interpreter(code, timeout=240)
 
 
 @pytest.mark.gpu
@@ -87,8 +87,8 @@ def test_triton_matches_torch_kernel_on_gpu(dim: int, dtype: torch.dtype) -> Non
     a, b = random_pairs(10_000, dim)
     ta = torch.from_numpy(a).to("cuda", dtype)
     tb = torch.from_numpy(b).to("cuda", dtype)
-    fused = kernels.pairwise_cosine(ta, tb)
-    plain = kernels.pairwise_cosine(ta, tb, fused=False)
+    fused = kernels.pairwise_cosine(ta, tb, eps=EPS, chunk_bytes=CHUNK_BYTES)
+    plain = kernels.pairwise_cosine(ta, tb, fused=False, eps=EPS, chunk_bytes=CHUNK_BYTES)
     torch.testing.assert_close(fused, plain, atol=1e-6, rtol=0)
     want = reference(ta.double().cpu().numpy(), tb.double().cpu().numpy())
     np.testing.assert_allclose(fused.cpu().numpy(), want, atol=1e-6)

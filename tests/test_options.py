@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import importlib.resources
 from typing import Any
 
 import dask
+import jsonschema
 import numpy as np
 import pytest
 import torch
+import yaml
 
 import dask_cosim  # noqa: F401  (loads the defaults)
 from dask_cosim import options
@@ -53,11 +56,32 @@ def test_config_and_arguments() -> None:
         (options.memory_map, "yes", "cosim.read.memory-map='yes'; use 'auto', true or false"),
         (options.gpu_partition_bytes, 0, "cosim.read.gpu-partition-bytes=0 must be a positive"),
         (options.gpu_partition_bytes, True, "cosim.read.gpu-partition-bytes=True must be"),
+        (options.search_k, 0, "k=0 must be an integer >= 1"),
+        (options.search_k, 2.0, "k=2.0 must be an integer >= 1"),
+        (options.search_threshold, 1.5, "threshold=1.5 must be a number in [-1, 1]"),
+        (options.search_threshold, "high", "threshold='high' must be a number in [-1, 1]"),
+        (options.search_precision, "half", "cosim.search.precision='half'; use 'exact'"),
+        (options.search_max_blocks, 0, "cosim.search.max-blocks=0 must be an integer >= 1"),
+        (lambda v: options.positive_int("workers", v, "workers=2"), 0, "workers=0 must be a"),
+        (lambda v: options.memory_size("memory_limit", v, "4GiB"), "lots", "'lots' is not a size"),
     ],
 )
 def test_each_option_has_one_error(check: Any, value: Any, message: str) -> None:
     with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("(", r"\(")):
         check(value)
+
+
+def test_search_arguments() -> None:
+    assert options.search_k(None) is None and options.search_k(np.int64(3)) == 3
+    assert options.search_threshold(None) is None and options.search_threshold("0.5") == 0.5
+    with pytest.raises(ValueError, match="topk needs k"):
+        options.search_k(None, required=True)
+    with pytest.raises(ValueError, match="threshold=None must be a number"):
+        options.search_threshold(None, required=True)
+    with pytest.raises(ValueError, match=r"give k .*, threshold .*, or both"):
+        options.k_or_threshold(None, None)
+    assert options.k_or_threshold(2, None) == (2, None)
+    assert options.memory_size("memory_limit", 0.5, "4GiB") is None
 
 
 def test_bad_config_is_reported_where_it_is_used() -> None:
@@ -68,9 +92,63 @@ def test_bad_config_is_reported_where_it_is_used() -> None:
 def test_search_options() -> None:
     assert options.search_tile_bytes() == {"cpu": 32 * 2**20, "cuda": 512 * 2**20}
     assert options.search_split_every() == 8
+    assert options.search_precision() == "exact" and options.search_max_blocks() == 64
+    with dask.config.set({"cosim.search.precision": "fast"}):
+        assert options.search_precision() == "fast"
     with dask.config.set({"cosim.search.tile-bytes": "1MiB"}):
         assert options.search_tile_bytes() == {"cpu": 2**20, "cuda": 2**20}
     with pytest.raises(ValueError, match=r"cosim\.search\.split-every=1 must be an integer >= 2"):
         options.search_split_every(1)
     with pytest.raises(ValueError, match=r"cosim.search.tile-bytes\['cpu'\]=0 must be a positive"):
         options.search_tile_bytes({"cpu": 0})
+
+
+# --------------------------------------------------------------------------- the schema
+
+
+def _package_yaml(name: str) -> Any:
+    return yaml.safe_load(importlib.resources.files("dask_cosim").joinpath(name).read_text())
+
+
+def _config_keys(node: Any, prefix: str = "") -> set[str]:
+    """Dotted keys of the leaves of a config tree."""
+    if not isinstance(node, dict):
+        return {prefix.rstrip(".")}
+    return {key for name, child in node.items() for key in _config_keys(child, f"{prefix}{name}.")}
+
+
+def _schema_keys(schema: dict[str, Any], prefix: str = "") -> set[str]:
+    """Dotted keys of the leaves a schema describes ($ref followed into definitions)."""
+    ref = schema.get("$ref")
+    if ref is not None:
+        schema = _SCHEMA["definitions"][ref.rsplit("/", 1)[1]]
+    if "properties" not in schema:
+        return {prefix.rstrip(".")}
+    children = schema["properties"].items()
+    return {key for name, child in children for key in _schema_keys(child, f"{prefix}{name}.")}
+
+
+_SCHEMA = _package_yaml("cosim-schema.yaml")
+
+
+def test_cosim_yaml_follows_its_schema() -> None:
+    defaults = _package_yaml("cosim.yaml")
+    jsonschema.validate(defaults, _SCHEMA)
+    # Every default is described, and every described key has a default.
+    assert _config_keys(defaults) == _schema_keys(_SCHEMA)
+    assert {"cosim.dtype", "cosim.search.tile-bytes.cuda"} <= _config_keys(defaults)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"cosim": {"eps": -1}},
+        {"cosim": {"device": "gpu"}},
+        {"cosim": {"search": {"split-every": 1}}},
+        {"cosim": {"chunk-bytes": {"tpu": "1MiB"}}},
+        {"cosim": {"unknown": 1}},
+    ],
+)
+def test_the_schema_rejects_bad_values(bad: dict[str, Any]) -> None:
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(bad, _SCHEMA)

@@ -17,38 +17,11 @@ import torch
 from distributed import Client
 
 import dask_cosim
-from tests.helpers import FORMATS, as_column, no_computes
-from tests.test_search_kernels import brute
+from tests.helpers import FORMATS, as_column, brute, no_computes, to_dask
+from tests.helpers import search_frame as frame
+from tests.helpers import search_vectors as vectors
 
 N, D = 97, 12
-
-
-def vectors(n: int = N, d: int = D, seed: int = 0) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    x = rng.standard_normal((n, d)).astype(np.float32)
-    if n > 60:
-        x[40:44] = x[5]  # exact duplicates: ties broken by position
-        x[60] = x[6] + 1e-3 * rng.standard_normal(d).astype(np.float32)  # a near-duplicate
-    return x
-
-
-def frame(
-    x: np.ndarray, fmt: str = "fixed_size_list", null: np.ndarray | None = None
-) -> pd.DataFrame:
-    n = len(x)
-    return pd.DataFrame(
-        {
-            "emb": as_column(x, fmt, null),
-            "id": np.arange(n),
-            "text": [f"row {i}" for i in range(n)],
-        },
-        index=pd.Index(np.arange(n) * 10 + 3, name="key"),
-    )
-
-
-def to_dask(pdf: pd.DataFrame, npartitions: int) -> dd.DataFrame:
-    with dask.config.set({"dataframe.convert-string": False}):
-        return dd.from_pandas(pdf, npartitions=npartitions, sort=False)
 
 
 def expected_pairs(
@@ -330,7 +303,7 @@ def test_peak_memory_of_a_pair_task_is_bounded_by_the_tile() -> None:
     code = textwrap.dedent(
         """
         import resource, torch, pandas as pd
-        from dask_cosim import search
+        from dask_cosim import search_partition as search
         torch.manual_seed(0)
         def side(n):
             prep = search.sk.prepare(torch.randn(n, 16), eps=1e-8)
@@ -340,7 +313,7 @@ def test_peak_memory_of_a_pair_task_is_bounded_by_the_tile() -> None:
         search.join_pair_topk(q, r, 10, None, tiles)  # warm up the allocator and BLAS
         before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         out = search.join_pair_topk(q, r, 10, None, tiles)
-        search.join_pair_threshold(q, r, 0.8, tiles)
+        search.pair_threshold(q, r, 0.8, tiles)
         after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         assert len(out) == 10000
         print(before, after, (after - before) * 1024)
@@ -397,7 +370,8 @@ def test_cudf_frames_give_the_pandas_answer() -> None:
     ddf = dask_cudf.from_cudf(gdf, npartitions=3)
     want = pdf.cosim.neighbors("emb", k=3)
     got = ddf.cosim.neighbors("emb", k=3).compute()
-    pd.testing.assert_frame_equal(got.reset_index(drop=True), want)
+    assert isinstance(got, cudf.DataFrame)  # cudf in, cudf out
+    pd.testing.assert_frame_equal(got.to_pandas().reset_index(drop=True), want)
     kept = ddf.cosim.dedup("emb", 0.6).compute()
     assert kept["id"].to_pandas().tolist() == pdf.cosim.dedup("emb", 0.6)["id"].tolist()
     hits = gdf.cosim.topk(x[:2], "emb", k=2, columns=["id"])

@@ -14,7 +14,7 @@ import pytest
 
 import dask_cosim
 from dask_cosim import io
-from tests.test_search_kernels import brute
+from tests.helpers import brute
 
 
 def cli(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:

@@ -10,26 +10,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from dask_cosim import search_kernels as sk
-
-
-def brute(x: np.ndarray, y: np.ndarray, eps: float = 1e-8) -> np.ndarray:
-    """The numerics policy in float64, element by element (no BLAS: duplicate vectors get
-    bit-identical scores); rows with NaN/inf score -inf (they never match)."""
-    x = x.astype(np.float64)
-    y = y.astype(np.float64)
-    with np.errstate(all="ignore"):
-        mx = np.where(np.isfinite(x).all(1), np.abs(x).max(1, initial=0), 1.0)
-        my = np.where(np.isfinite(y).all(1), np.abs(y).max(1, initial=0), 1.0)
-        mx[mx == 0] = 1
-        my[my == 0] = 1
-        xs, ys = x / mx[:, None], y / my[:, None]
-        nx = np.maximum(np.sqrt((xs * xs).sum(1)) * mx, eps)
-        ny = np.maximum(np.sqrt((ys * ys).sum(1)) * my, eps)
-        s = (xs[:, None, :] * ys[None, :, :]).sum(-1) * (mx / nx)[:, None] * (my / ny)[None, :]
-    s = np.clip(s, -1, 1)
-    s[~np.isfinite(x).all(1)] = -np.inf
-    s[:, ~np.isfinite(y).all(1)] = -np.inf
-    return s
+from tests.helpers import brute
 
 
 def expected_topk(s: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:

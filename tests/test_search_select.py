@@ -11,7 +11,7 @@ import torch
 
 from dask_cosim import _search_sweep, _search_tiles
 from dask_cosim import search_kernels as sk
-from tests.test_search_kernels import brute, expected_topk
+from tests.helpers import brute
 
 numba_kernels = pytest.importorskip("dask_cosim._search_numba")
 
@@ -33,6 +33,15 @@ def prep(x: np.ndarray, null: np.ndarray | None = None) -> sk.Prepared:
     return sk.prepare(
         torch.from_numpy(x), None if null is None else torch.from_numpy(null), eps=1e-8
     )
+
+
+def expected_topk(s: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per row the k best positions (score descending, then position; -1 past the
+    finite scores) and their scores."""
+    pos = np.broadcast_to(np.arange(s.shape[1]), s.shape)
+    order = np.lexsort((pos, -s), axis=1)[:, :k]
+    score = np.take_along_axis(s, order, 1)
+    return np.where(np.isfinite(score), order, -1), score
 
 
 def check_strict(res: sk.TopK, s: np.ndarray, k: int) -> None:

@@ -1,8 +1,10 @@
-"""pandas frames of per-row vectors into dask, without turning the vectors into text."""
+"""Frames of per-row vectors into dask without turning them into text, and local files of
+other formats (.npy/.npz arrays, pandas pickles) into frames."""
 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 import dask
@@ -13,7 +15,7 @@ import torch
 from dask.dataframe._pyarrow import to_pyarrow_string
 from dask.dataframe.utils import pyarrow_strings_enabled
 
-from dask_cosim import backends
+from dask_cosim import backends, errors
 from dask_cosim.io.layouts import vectors_to_arrow
 
 # Partition size from_pandas aims at when neither npartitions nor chunksize is given.
@@ -114,7 +116,7 @@ def _not_pandas_message(obj: Any) -> str:
         return text + "; it is a dask collection already: use it as it is (df.cosim.pairwise)"
     if isinstance(obj, pd.Series):
         return text + "; pass a frame, e.g. from_pandas(series.to_frame())"
-    if type(obj).__module__.startswith("cudf"):
+    if backends.is_device_frame(obj):
         return text + "; for a cudf frame use dask_cudf.from_cudf(gdf, npartitions=...)"
     return text
 
@@ -157,3 +159,51 @@ def _active_client() -> Any:
     if isinstance(client, Client) and not client.asynchronous:
         return client
     return None
+
+
+def numpy_pairs(source: str | Path, a: str = "embeds_a", b: str = "embeds_b") -> pd.DataFrame:
+    """A .npy array of shape (N, 2, D) (pair i is [i, 0] and [i, 1]), or a .npz holding
+    two (N, D) arrays named ``a`` and ``b``, as a frame of two vector columns ``a``, ``b``.
+
+    Object arrays are refused (``allow_pickle=False``): loading one would run code stored
+    in the file.
+    """
+    source = Path(source)
+    if source.suffix.lower() == ".npy":
+        pairs = np.load(source, allow_pickle=False)
+        if pairs.ndim != 3 or pairs.shape[1] != 2:
+            raise ValueError(
+                f"{str(source)!r} holds an array of shape {pairs.shape}; expected (N, 2, D): "
+                "pair i is [i, 0] and [i, 1]"
+            )
+        first, second = pairs[:, 0], pairs[:, 1]
+    else:
+        with np.load(source, allow_pickle=False) as arrays:
+            missing = [c for c in (a, b) if c not in arrays]
+            if missing:
+                hint = errors.did_you_mean(missing[0], arrays)
+                raise KeyError(
+                    f"{str(source)!r} has no arrays {missing!r}{hint or ';'} it has "
+                    f"{sorted(arrays)!r} (name them with --a/--b)"
+                )
+            first, second = arrays[a], arrays[b]
+        if first.ndim != 2 or first.shape != second.shape:
+            raise ValueError(
+                f"--a and --b arrays must both be (N, D); got {first.shape} and {second.shape}"
+            )
+    return pd.DataFrame({a: vectors_to_arrow(first), b: vectors_to_arrow(second)})
+
+
+def read_pickle(source: str | Path, allow_pickle: bool = False) -> pd.DataFrame:
+    """A pandas pickle of a DataFrame, read only with ``allow_pickle`` (unpickling runs
+    code stored in the file)."""
+    if not allow_pickle:
+        raise PermissionError(
+            f"refusing to read {str(source)!r}: unpickling runs code stored in the file, "
+            "so a pickle from an untrusted source can take over this machine; pass "
+            "--allow-pickle if you trust it"
+        )
+    frame = pd.read_pickle(source)
+    if not isinstance(frame, pd.DataFrame):
+        raise TypeError(f"{str(source)!r} holds a {type(frame).__name__}, not a DataFrame")
+    return frame

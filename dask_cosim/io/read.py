@@ -1,7 +1,10 @@
-"""Reading Parquet into dask frames whose embedding columns stay vectors."""
+"""Reading Parquet into dask frames whose embedding columns stay vectors, describing what a
+read would give, and telling a file that is not Parquet from one that is."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import dask
@@ -11,8 +14,9 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from dask_cosim import backends, options
+from dask_cosim import backends, errors, options
 from dask_cosim.backends import arrow_vector_types
+from dask_cosim.io import cudf_parquet
 from dask_cosim.io.convert import TARGET_PARTITION_BYTES
 from dask_cosim.io.files import parquet_files
 from dask_cosim.io.layouts import binary_layout, binary_vectors, restore_vectors
@@ -127,11 +131,7 @@ def _read_files(
     if columns is not None:
         missing = [c for c in columns if c not in schema.names]
         if missing:
-            hint = backends.did_you_mean(missing[0], schema.names)
-            raise KeyError(
-                f"columns {missing!r} not found in {files[0]!r}{hint or ';'} available: "
-                f"{schema.names!r}"
-            )
+            raise errors.column_not_found(missing, schema.names, "columns", where=files[0])
     # The meta comes from the schema alone: no data is read to build the graph.
     empty = _projected(schema, columns).empty_table()
     meta = backends.frame_from_arrow(restore_vectors(empty), backend)
@@ -169,11 +169,13 @@ def _read_schema(file: str, fs: pafs.FileSystem) -> pa.Schema:
     except pa.ArrowInvalid as err:
         if "magic bytes" not in str(err):
             raise
-        raise ValueError(
-            f"{file!r} is not a Parquet file ({err}); read_parquet reads Parquet files or "
-            "folders holding only Parquet files. `dask-cosim convert` turns pandas pickles "
-            "and .npy/.npz files into Parquet; CSV needs its vector cells parsed into "
-            "numbers first (pandas), then dask_cosim.to_parquet"
+        raise errors.not_parquet(
+            file,
+            str(err),
+            "read_parquet reads Parquet files or folders holding only Parquet files",
+            "`dask-cosim convert` turns pandas pickles and .npy/.npz files into Parquet; CSV "
+            "needs its vector cells parsed into numbers first (pandas), then "
+            "dask_cosim.to_parquet",
         ) from None
 
 
@@ -257,7 +259,7 @@ def _read_piece(
     """
     file, row_groups = piece
     if backend == "cudf" and gpu_reads(fs, filters):
-        return backends.cudf_read_parquet(
+        return cudf_parquet.read_files(
             [file] if isinstance(file, str) else list(file),
             row_groups=row_groups,
             columns=columns,
@@ -355,3 +357,43 @@ def _projected(schema: pa.Schema, columns: list[str] | None) -> pa.Schema:
 def _index_columns(schema: pa.Schema) -> list[str]:
     pandas_meta = schema.pandas_metadata or {}
     return [c for c in pandas_meta.get("index_columns", []) if isinstance(c, str)]
+
+
+_PARQUET_MAGIC = b"PAR1"
+
+
+def check_parquet_inputs(inputs: Sequence[str], reads: str) -> None:
+    """Raise if a local file among ``inputs`` is not Parquet, naming it and the way to
+    convert it (pyarrow's own message says only "Parquet magic bytes not found in
+    footer"); ``reads`` says what the caller reads.  Folders, globs and URLs are left to
+    the reader, which lists and checks them."""
+    for text in inputs:
+        path = Path(text)
+        if not path.is_file():
+            continue
+        with open(path, "rb") as f:
+            head = f.read(4)
+        if head == _PARQUET_MAGIC:
+            continue
+        suffix = path.suffix.lower()
+        out = f"{path.stem}-parquet"
+        if suffix in (".pkl", ".pickle"):
+            how = (
+                f"it looks like a pickle; convert it first: dask-cosim convert {text} -o {out} "
+                "--allow-pickle (only for a pickle you trust: unpickling runs its code)"
+            )
+        elif suffix in (".npy", ".npz"):
+            how = f"convert it first: dask-cosim convert {text} -o {out}"
+        elif suffix in (".csv", ".tsv", ".txt", ".json", ".jsonl"):
+            how = (
+                "vectors stored as text must be parsed: read it with pandas, turn each "
+                "vector cell into a list or array of numbers, and write Parquet with "
+                f"dask_cosim.to_parquet(pdf, {out!r})"
+            )
+        else:
+            how = (
+                "dask-cosim convert turns pandas pickles and .npy/.npz files into Parquet: "
+                f"dask-cosim convert {text} -o {out}"
+            )
+        why = f"it starts with {head!r}, not {_PARQUET_MAGIC!r}"
+        raise errors.not_parquet(text, why, reads, how)

@@ -1,4 +1,5 @@
-"""Writing frames to a folder of Parquet files, atomically, with a manifest."""
+"""Writing frames to a folder of Parquet files, atomically, with a manifest (through pyarrow,
+or cudf's GPU writer in :mod:`.cudf_parquet` for cudf partitions bound for local files)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from dask.dataframe.dispatch import to_pyarrow_table_dispatch
 
-from dask_cosim import backends
+from dask_cosim import backends, errors
+from dask_cosim.io import cudf_parquet
 from dask_cosim.io.convert import from_pandas
 from dask_cosim.io.files import FORMAT_VERSION, MANIFEST, exists, filesystem
 from dask_cosim.io.layouts import (
@@ -138,10 +140,7 @@ def to_parquet(
         vectors = list_columns(meta)
     missing = [c for c in vectors if c not in meta.columns]
     if missing:
-        hint = backends.did_you_mean(missing[0], meta.columns)
-        raise KeyError(
-            f"vector columns {missing!r} not found{hint or ';'} available: {list(meta.columns)!r}"
-        )
+        raise errors.column_not_found(missing, meta.columns, "vector columns")
     fs, root = filesystem(path)
     if exists(fs, root) and not overwrite:
         raise FileExistsError(f"{str(path)!r} exists; pass overwrite=True to replace it")
@@ -255,8 +254,8 @@ def _write_partition(
     name = f"part.{number:05d}.parquet"
     if _writes_on_gpu(df, fs, compression):
         schema = _file_schema(df, layout, vectors, write_index)
-        if backends.cudf_writer_takes(schema):
-            stored = backends.cudf_write_parquet(
+        if cudf_parquet.writer_takes(schema):
+            stored = cudf_parquet.write_file(
                 df,
                 f"{staging}/{name}",
                 schema,
@@ -298,9 +297,9 @@ def _written(name: str, df: Any, stored: dict[str, Any]) -> pd.DataFrame:
 def _writes_on_gpu(df: Any, fs: pafs.FileSystem, compression: Any) -> bool:
     """cudf partitions bound for local files, with one codec for the non-vector columns,
     are written by cudf's GPU writer where it takes their schema
-    (``backends.cudf_writer_takes``); the rest through pyarrow (one copy to the host)."""
+    (``cudf_parquet.writer_takes``); the rest through pyarrow (one copy to the host)."""
     return (
-        type(df).__module__.startswith("cudf")
+        backends.is_device_frame(df)
         and isinstance(fs, pafs.LocalFileSystem)
         and not isinstance(compression, dict)
         and getattr(df.index, "nlevels", 1) == 1

@@ -174,11 +174,11 @@ def test_binary_vectors_of_a_schema() -> None:
 
 
 def test_cudf_writer_takes_binary_vectors_up_to_255_bytes() -> None:
-    from dask_cosim import backends
+    from dask_cosim.io import cudf_parquet
     from dask_cosim.io.layouts import vector_field
 
     narrow = pa.schema([vector_field("v", pa.float32(), 63, "binary"), pa.field("id", pa.int64())])
     wide = pa.schema([vector_field("v", pa.float32(), 64, "binary")])
-    assert backends.cudf_writer_takes(narrow)
-    assert not backends.cudf_writer_takes(wide)
-    assert backends.cudf_writer_takes(pa.schema([vector_field("v", pa.float32(), 300, "list")]))
+    assert cudf_parquet.writer_takes(narrow)
+    assert not cudf_parquet.writer_takes(wide)
+    assert cudf_parquet.writer_takes(pa.schema([vector_field("v", pa.float32(), 300, "list")]))

@@ -1,0 +1,232 @@
+"""What every command of :mod:`dask_cosim.cli` shares: errors in one line, the cluster
+options (--scheduler, --workers, --gpus, --memory-limit, with the one check that a running
+scheduler and a local cluster are not both asked for) and the output options (-o,
+--overwrite, --quiet), each group handed to a command as one argument.
+
+Only click is imported with this module, as with the command line itself.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import click
+
+import dask_cosim
+
+__all__ = [
+    "MEMORY_LIMIT",
+    "OVERWRITE",
+    "WORKERS",
+    "Cluster",
+    "InputError",
+    "Output",
+    "cluster_options",
+    "count",
+    "failure_message",
+    "one_line_errors",
+    "output_options",
+]
+
+
+class InputError(click.ClickException):
+    """Bad input: exit status 2 and one line, like click's usage errors."""
+
+    exit_code = 2
+
+
+# Raised for input the user can fix (including ragged rows found while computing, which
+# dask re-raises with their own type).  pyarrow's ArrowInvalid is a ValueError.
+_INPUT_ERRORS = (
+    KeyError,
+    TypeError,
+    ValueError,
+    FileNotFoundError,
+    FileExistsError,
+    IsADirectoryError,
+    NotADirectoryError,
+    PermissionError,
+)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def one_line_errors(command: F) -> F:
+    """Input errors -> exit 2, other failures -> exit 1; one line each, no traceback."""
+
+    @functools.wraps(command)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return command(*args, **kwargs)
+        except click.ClickException:
+            raise
+        except _INPUT_ERRORS as err:
+            text = err.args[0] if isinstance(err, KeyError) and err.args else str(err)
+            raise InputError(str(text)) from None
+        except Exception as err:
+            raise click.ClickException(failure_message(err)) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def failure_message(err: BaseException) -> str:
+    """One line for a failed computation; a worker that died names its partition."""
+    task = getattr(err, "task", None)
+    if type(err).__name__ == "KilledWorker" and isinstance(task, tuple) and len(task) > 1:
+        return (
+            f"the computation failed: partition {task[-1]} killed the worker process "
+            f"running it more than {getattr(err, 'allowed_failures', '?')} time(s) (task "
+            f"{task[0]!r}); it may need more memory than a worker has, or hold data that "
+            "crashes a library. Nothing was written."
+        )
+    return f"the computation failed: {type(err).__name__}: {err}"
+
+
+def count(n: int, noun: str) -> str:
+    """ "1 file", "2 files", "1,000 rows"."""
+    return f"{n:,} {noun}{'' if n == 1 else 's'}"
+
+
+# --------------------------------------------------------------------------- shared options
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """Where a command computes: the running ``scheduler``, or a local cluster of
+    ``workers`` (GPU workers with ``gpus``) of ``memory_limit`` each; not both."""
+
+    scheduler: str | None = None
+    workers: int | None = None
+    gpus: bool = False
+    memory_limit: str = "auto"
+
+    def __post_init__(self) -> None:
+        local = self.workers is not None or self.gpus or self.memory_limit != "auto"
+        if self.scheduler is not None and local:
+            raise click.UsageError(
+                "--scheduler connects to a running cluster; --workers/--gpus/--memory-limit "
+                "start a local one: give one or the other"
+            )
+
+    @contextmanager
+    def client(self) -> Iterator[Any]:
+        """A Client, connected or on a local cluster started (and shut) here; the cluster
+        is described on stderr."""
+        from distributed import Client
+
+        from dask_cosim.cluster import describe
+
+        if self.scheduler is not None:
+            try:
+                client = Client(self.scheduler, timeout="10s")
+            except (OSError, TimeoutError) as err:
+                raise InputError(f"cannot connect to scheduler {self.scheduler!r}: {err}") from None
+        else:
+            # Workers log each failed task with its traceback; the command reports the
+            # error itself, in one line.
+            client = dask_cosim.local_cluster(
+                self.workers,
+                gpus=True if self.gpus else "auto",
+                memory_limit=self.memory_limit,
+                silence_logs=logging.CRITICAL,
+            )
+        with client:  # closes a local cluster too
+            click.echo(f"cluster     {describe(client)}", err=True)
+            yield client
+
+
+@dataclass(frozen=True)
+class Output:
+    """The output folder, whether it may be replaced, whether to show progress."""
+
+    output: str
+    overwrite: bool
+    quiet: bool
+
+    @property
+    def progress(self) -> bool:
+        return not self.quiet and sys.stderr.isatty()
+
+
+def _memory_limit(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    from dask_cosim import options
+
+    try:
+        options.memory_size("memory_limit", value, "4GiB")
+    except ValueError:
+        raise click.BadParameter(
+            f"{value!r} is not a size; give e.g. 4GiB, a fraction of the memory like 0.5, or auto"
+        ) from None
+    return value
+
+
+WORKERS = click.option(
+    "--workers",
+    default=None,
+    type=click.IntRange(1),
+    help="Local workers (default: one per GPU, else one per core).",
+)
+MEMORY_LIMIT = click.option(
+    "--memory-limit",
+    default="auto",
+    show_default=True,
+    callback=_memory_limit,
+    help="Per local worker, e.g. 4GiB (dask pauses a worker at 80 %; give at least 1.5GiB).",
+)
+OVERWRITE = click.option(
+    "--overwrite", is_flag=True, help="Replace OUTPUT once the new one is complete."
+)
+
+
+def _grouped(name: str, make: Callable[..., Any], options: list[Any]) -> Callable[[F], F]:
+    """A decorator adding the click ``options`` to a command, which receives them as one
+    argument ``name``: ``make(**their values)``."""
+
+    def collect() -> None: ...
+
+    for option in options:
+        collect = option(collect)
+    keys = [p.name for p in collect.__click_params__]  # type: ignore[attr-defined]
+
+    def decorate(command: F) -> F:
+        @functools.wraps(command)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            kwargs[name] = make(**{key: kwargs.pop(key) for key in keys})
+            return command(*args, **kwargs)
+
+        for option in reversed(options):
+            wrapper = option(wrapper)
+        return wrapper  # type: ignore[return-value]
+
+    return decorate
+
+
+# --scheduler / --workers / --gpus / --memory-limit, on every command that computes.
+cluster_options = _grouped(
+    "cluster",
+    Cluster,
+    [
+        click.option(
+            "--scheduler", default=None, help="A running scheduler, e.g. tcp://host:8786."
+        ),
+        WORKERS,
+        click.option("--gpus", is_flag=True, help="Local cluster of GPU workers (dask-cuda)."),
+        MEMORY_LIMIT,
+    ],
+)
+# -o / --overwrite / --quiet, on every command that writes a result.
+output_options = _grouped(
+    "out",
+    Output,
+    [
+        click.option("-o", "--output", required=True, help="Output folder (Parquet, atomic)."),
+        OVERWRITE,
+        click.option("--quiet", is_flag=True, help="No progress bar."),
+    ],
+)

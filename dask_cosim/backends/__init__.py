@@ -1,0 +1,186 @@
+"""Columns <-> tensors, per dataframe library: the only package that knows pandas from cudf.
+
+Every question whose answer depends on the dataframe (or array) library is a dispatcher
+here, keyed on the type of its first argument (dask's ``Dispatch``):
+
+- ``vector_spec(meta_series, column)``: what a (possibly empty) column holds, from its dtype
+  alone, or a ``TypeError`` saying what is wrong and how to fix it;
+- ``to_vectors(series, column)``: the column's rows as (N, D) tensors, zero-copy where the
+  layout allows;
+- ``make_result(like, values, null, name)``: a Series of the library of ``like``;
+- ``to_pandas(obj)``: a frame, Series or index on the host, as pandas (pandas: itself);
+- ``is_device_frame(obj)``: whether ``obj`` is a frame, Series or index of a GPU library;
+- ``boolean_mask(df, keep)``: the rows of ``df`` where the numpy bool array ``keep`` is True;
+- ``take_to_pandas(obj, positions)``: the rows (or labels) of a frame or index at the numpy
+  ``positions``, as pandas: a device object gives only those rows to the host;
+- ``frame_like(pdf, like)``: the pandas frame ``pdf`` in the library of ``like``;
+- ``data_token(obj)``: a deterministic token of an eager frame's contents, for graph keys;
+- ``to_host_tensor(array)``: an array (numpy, cupy, torch, lists: ``topk``'s queries) as a
+  CPU tensor;
+
+:func:`concat_frames` (dask's ``concat`` dispatch), and :func:`frame_from_arrow`, which
+picks the library by name ("pandas" or "cudf", dask's ``dataframe.backend``) because a
+table read from a file has no library yet.  A partition goes to Arrow through dask's own
+``to_pyarrow_table_dispatch``.
+
+pandas and numpy are registered by :mod:`.pandas` when this package is imported; cudf and
+cupy lazily (``register_lazy``), so :mod:`.cudf` is imported only when the user already
+has cudf objects.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import torch
+from dask.base import tokenize
+from dask.utils import Dispatch
+
+from dask_cosim.errors import ACCEPTED
+
+__all__ = [
+    "ACCEPTED",
+    "VectorSpec",
+    "Vectors",
+    "arrow_vector_types",
+    "boolean_mask",
+    "concat_frames",
+    "data_token",
+    "frame_from_arrow",
+    "frame_like",
+    "is_device_frame",
+    "is_vector_series",
+    "make_result",
+    "row_label",
+    "stack_object_column",
+    "take_to_pandas",
+    "to_host_tensor",
+    "to_pandas",
+    "to_vectors",
+    "vector_spec",
+]
+
+
+@dataclass(frozen=True)
+class VectorSpec:
+    """What the metadata says about an embedding column.
+
+    ``dim`` is None when only the data can tell (variable lists, object columns);
+    ``dtype`` (numpy) is None for object columns.
+    """
+
+    dim: int | None
+    dtype: np.dtype | None
+
+
+@dataclass
+class Vectors:
+    """A column's rows as tensors.
+
+    ``blocks`` are (rows, dim) tensors covering the rows in order (one per Arrow chunk, so
+    no chunk is concatenated); ``null`` marks null rows (numpy bool on the host, or a
+    device tensor for cudf) or is None when there are none.
+    """
+
+    blocks: list[torch.Tensor]
+    null: Any
+    dim: int
+    length: int
+
+
+vector_spec: Dispatch = Dispatch("vector_spec")
+to_vectors: Dispatch = Dispatch("to_vectors")
+make_result: Dispatch = Dispatch("make_result")
+to_pandas: Dispatch = Dispatch("to_pandas")
+is_device_frame: Dispatch = Dispatch("is_device_frame")
+boolean_mask: Dispatch = Dispatch("boolean_mask")
+take_to_pandas: Dispatch = Dispatch("take_to_pandas")
+frame_like: Dispatch = Dispatch("frame_like")
+data_token: Dispatch = Dispatch("data_token")
+to_host_tensor: Dispatch = Dispatch("to_host_tensor")
+
+
+@to_pandas.register(object)
+def _identity(obj: Any) -> Any:
+    return obj
+
+
+@is_device_frame.register(object)
+def _on_host(obj: Any) -> bool:
+    return False
+
+
+@data_token.register(object)
+def _dask_token(obj: Any) -> str:
+    return tokenize(obj)
+
+
+def is_vector_series(obj: Any) -> bool:
+    """Whether ``obj`` is a Series of a library :func:`to_vectors` reads (pandas, cudf)."""
+    try:
+        to_vectors.dispatch(type(obj))
+    except TypeError:
+        return False
+    return True
+
+
+def concat_frames(frames: list[Any]) -> Any:
+    """Frames of one library, one after the other (dask's ``concat`` dispatch, which
+    pandas and cudf both register)."""
+    from dask.dataframe.dispatch import concat
+
+    return concat(frames)
+
+
+def row_label(index: Any, position: int) -> Any:
+    """The index label at ``position``, as a plain Python value (for error messages;
+    a device index is copied to the host, which only error paths do)."""
+    label = to_pandas(index)[position]
+    return label.item() if hasattr(label, "item") else label
+
+
+def frame_from_arrow(table: pa.Table, backend: str = "pandas") -> Any:
+    """An Arrow table (vectors as fixed_size_list) -> a pandas or cudf DataFrame.
+
+    pandas: vector columns become ``pd.ArrowDtype`` columns sharing the table's buffers;
+    the index is restored from the pandas metadata.  cudf: one host-to-device copy.
+    """
+    if backend == "cudf":
+        from dask_cosim.backends import cudf as cudf_backend
+
+        return cudf_backend.frame_from_arrow(table)
+    return pandas_backend.frame_from_arrow(table)
+
+
+def _register_cudf() -> None:
+    import dask_cosim.backends.cudf  # noqa: F401  (registers the cudf types)
+
+
+def _register_cupy() -> None:
+    import cupy
+
+    @to_host_tensor.register(cupy.ndarray)
+    def _cupy_to_host_tensor(array: Any) -> torch.Tensor:
+        return torch.as_tensor(array.get())
+
+
+for _dispatch in (
+    vector_spec,
+    to_vectors,
+    make_result,
+    to_pandas,
+    is_device_frame,
+    boolean_mask,
+    take_to_pandas,
+    frame_like,
+    data_token,
+):
+    _dispatch.register_lazy("cudf", _register_cudf)
+to_host_tensor.register_lazy("cupy", _register_cupy)
+
+# pandas and numpy: registered now (the module registers itself on import).
+from dask_cosim.backends import pandas as pandas_backend  # noqa: E402
+from dask_cosim.backends.pandas import arrow_vector_types, stack_object_column  # noqa: E402

@@ -1,0 +1,356 @@
+"""pandas (and numpy) behind the dispatchers of :mod:`dask_cosim.backends`.
+
+Vector columns of a pandas frame: Arrow ``fixed_size_list``/``list`` columns
+(``pd.ArrowDtype``), read chunk by chunk as zero-copy views, and object columns holding one
+numpy array, torch tensor or list of numbers per row, stacked once.  Registered when
+:mod:`dask_cosim.backends` is imported.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import torch
+
+from dask_cosim import errors
+from dask_cosim.backends import (
+    Vectors,
+    VectorSpec,
+    boolean_mask,
+    frame_like,
+    make_result,
+    row_label,
+    take_to_pandas,
+    to_host_tensor,
+    to_vectors,
+    vector_spec,
+)
+
+__all__ = ["arrow_value_spec", "arrow_vector_types", "frame_from_arrow", "stack_object_column"]
+
+
+def _as_tensor(array: np.ndarray) -> torch.Tensor:
+    """Zero-copy numpy -> torch view of ``array``.
+
+    DLPack rather than ``torch.from_numpy``: Arrow buffers are read-only, and from_numpy
+    warns on those, while DLPack shares them silently (nothing here writes to an input).
+    numpy before 2.1 cannot export a read-only array through DLPack: from_numpy then,
+    without its warning.
+    """
+    try:
+        return torch.from_dlpack(array)
+    except BufferError:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+            return torch.from_numpy(array)
+
+
+# --------------------------------------------------------------------------- pandas meta
+
+
+def arrow_value_spec(column: str, dtype: pd.ArrowDtype) -> VectorSpec:
+    t = dtype.pyarrow_dtype
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        raise errors.string_column(column, dtype)
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t):
+        raise errors.binary_column(column, dtype)
+    if pa.types.is_fixed_size_list(t):
+        dim: int | None = t.list_size
+    elif pa.types.is_list(t) or pa.types.is_large_list(t):
+        dim = None
+    else:
+        raise errors.not_vectors(column, dtype)
+    value = t.value_type
+    if pa.types.is_floating(value) or pa.types.is_integer(value):
+        return VectorSpec(dim, np.dtype(value.to_pandas_dtype()))
+    if _is_list_type(value):
+        raise errors.nested_lists(column, dtype, "pyarrow.compute.list_flatten")
+    raise errors.not_vectors(column, dtype)
+
+
+@vector_spec.register(pd.Series)
+def _pandas_vector_spec(meta: pd.Series, column: str) -> VectorSpec:
+    dtype = meta.dtype
+    if isinstance(dtype, pd.ArrowDtype):
+        return arrow_value_spec(column, dtype)
+    if pd.api.types.is_object_dtype(dtype):
+        return VectorSpec(None, None)
+    if pd.api.types.is_string_dtype(dtype):
+        raise errors.string_column(column, dtype)
+    raise errors.not_vectors(column, dtype)
+
+
+# --------------------------------------------------------------------------- pandas data
+
+
+def _list_chunk_values(
+    chunk: pa.Array, column: str, index: Any, row0: int
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """One Arrow list chunk -> ((rows, D) numpy view or copy, null mask or None)."""
+    n = len(chunk)
+    null = chunk.is_null().to_numpy(zero_copy_only=False) if chunk.null_count else None
+    if pa.types.is_fixed_size_list(chunk.type):
+        dim = chunk.type.list_size
+        # .values ignores the chunk's slice offset; .flatten() would drop null rows.
+        values = chunk.values.slice(chunk.offset * dim, n * dim)
+        return _float_values(values).reshape(n, dim), null
+
+    offsets = chunk.offsets.to_numpy()
+    lengths = np.diff(offsets)
+    valid_lengths = lengths if null is None else lengths[~null]
+    if len(valid_lengths) == 0:  # every row null; the value type still sets the result's
+        return np.zeros((n, 0), dtype=chunk.type.value_type.to_pandas_dtype()), null
+    dim = int(valid_lengths[0])
+    bad = np.flatnonzero(lengths != dim)
+    if null is not None:
+        bad = bad[~null[bad]]
+    if len(bad):
+        first_valid = 0 if null is None else int(np.flatnonzero(~null)[0])
+        raise errors.ragged(
+            column,
+            row_label(index, row0 + int(bad[0])),
+            int(lengths[bad[0]]),
+            row_label(index, row0 + first_valid),
+            dim,
+        )
+    values = chunk.values  # the whole child array: offsets index into it
+    if (offsets[-1] - offsets[0]) == n * dim:
+        # Every row, null ones included, is D long: the values are evenly strided.
+        start = int(offsets[0])
+        return _float_values(values.slice(start, n * dim)).reshape(n, dim), null
+    # Null rows of length 0 break the stride: gather the valid rows (one vectorised copy).
+    flat = _float_values(values)
+    out = np.zeros((n, dim), dtype=flat.dtype)
+    assert null is not None  # a stride break comes only from null rows of length 0
+    valid = np.flatnonzero(~null)
+    out[valid] = flat[offsets[valid][:, None] + np.arange(dim)]
+    return out, null
+
+
+def _float_values(values: pa.Array) -> np.ndarray:
+    """Arrow numeric values -> numpy, zero-copy unless they hold nulls (which become NaN)."""
+    if values.null_count:
+        # A null inside a vector makes the whole row NaN, like NaN itself.
+        return values.cast(pa.float64() if values.type == pa.float64() else pa.float32()).to_numpy(
+            zero_copy_only=False
+        )
+    return values.to_numpy(zero_copy_only=True)
+
+
+def _is_null_cell(x: Any) -> bool:
+    return x is None or x is pd.NA or (isinstance(x, float) and math.isnan(x))
+
+
+def stack_object_column(
+    values: np.ndarray, index: Any, column: str
+) -> tuple[np.ndarray | torch.Tensor, np.ndarray | None]:
+    """An object column of per-row vectors -> ((N, D) array or tensor, null mask or None).
+
+    Cells may be numpy arrays, torch tensors or sequences of numbers, of any shape with D
+    elements (a (300, 1) tensor is a 300-vector); None/NaN cells are null rows. Ragged rows
+    and cells that are not vectors of real numbers (strings, scalars, bool or complex
+    values) raise, naming the column and the row label. One vectorised stack
+    for the whole column: torch tensors stay torch (no numpy round trip), all else numpy.
+    """
+    n = len(values)
+    null_list = [_is_null_cell(x) for x in values]
+    null = np.array(null_list, dtype=bool) if any(null_list) else None
+    positions = np.arange(n) if null is None else np.flatnonzero(~null)
+    cells = values if null is None else values[positions]
+    if len(cells) == 0:
+        return np.zeros((n, 0), dtype=np.float32), null
+    if isinstance(cells[0], str):
+        # A text column, or vectors that became text: pandas before 3.0 keeps strings in
+        # object columns, so this is where they are first seen.
+        raise errors.string_column(column, values.dtype)
+
+    dense = _stack_uniform(cells)
+    if dense is None:
+        dense = _stack_checked(cells, positions, index, column)
+    if null is None:
+        return dense, None
+    # Null rows become zero rows (masked out of the result later).
+    if isinstance(dense, torch.Tensor):
+        full_t = dense.new_zeros((n, dense.shape[1]))
+        full_t[torch.from_numpy(positions)] = dense
+        return full_t, null
+    full = np.zeros((n, dense.shape[1]), dtype=dense.dtype)
+    full[positions] = dense
+    return full, null
+
+
+def _stack_uniform(cells: np.ndarray) -> np.ndarray | torch.Tensor | None:
+    """The common case in one stack: every cell a tensor (or every cell an ndarray) of one
+    shape and numeric dtype.  None when the cells differ, so the checked path decides."""
+    kinds = {(type(x), getattr(x, "shape", None), getattr(x, "dtype", None)) for x in cells}
+    if len(kinds) != 1:
+        return None
+    first: tuple[type, Any, Any] = next(iter(kinds))
+    kind, shape, dtype = first
+    if shape == ():  # a scalar per row is not a vector: the checked path names the row
+        return None
+    if issubclass(kind, torch.Tensor) and not dtype.is_complex and dtype != torch.bool:
+        with torch.no_grad():  # cells that require grad must not build a graph
+            return torch.stack(list(cells)).reshape(len(cells), -1)
+    if issubclass(kind, np.ndarray) and dtype.kind in "fiu":
+        return np.stack(list(cells)).reshape(len(cells), -1)
+    return None
+
+
+def _stack_checked(
+    cells: np.ndarray, positions: np.ndarray, index: Any, column: str
+) -> np.ndarray | torch.Tensor:
+    """Cell by cell: mixed shapes, lists, mixed types; raises naming the first bad row."""
+    all_torch = all(isinstance(x, torch.Tensor) for x in cells)
+    if all_torch:
+        for pos, t in zip(positions, cells):
+            if t.ndim == 0 or t.is_complex() or t.dtype == torch.bool:
+                raise _cell_error(column, index, pos, t)
+        flat_cells: list[Any] = [t.detach().reshape(-1) for t in cells]
+        sizes = [t.numel() for t in flat_cells]
+    else:
+        flat_cells = []
+        for pos, x in zip(positions, cells):
+            try:
+                arr = _cell_array(x)
+            except (TypeError, ValueError):  # e.g. nested lists of different lengths
+                raise _cell_error(column, index, pos, x) from None
+            if arr.ndim == 0 or arr.dtype.kind not in "fiu":
+                raise _cell_error(column, index, pos, x)
+            flat_cells.append(arr.reshape(-1))
+        sizes = [a.size for a in flat_cells]
+    dim = sizes[0]
+    bad = next((i for i, s in enumerate(sizes) if s != dim), None)
+    if bad is not None:
+        raise errors.ragged(
+            column,
+            row_label(index, int(positions[bad])),
+            sizes[bad],
+            row_label(index, int(positions[0])),
+            dim,
+        )
+    if all_torch:
+        return torch.stack([t.cpu() for t in flat_cells])
+    return np.stack(flat_cells)
+
+
+def _cell_array(x: Any) -> np.ndarray:
+    if isinstance(x, torch.Tensor):
+        x = x.detach().cpu()
+        return (x.float() if x.dtype == torch.bfloat16 else x).numpy()  # numpy has no bf16
+    return np.asarray(x)
+
+
+def _cell_error(column: str, index: Any, position: Any, cell: Any) -> TypeError:
+    row = row_label(index, int(position))
+    if isinstance(cell, (bytes, bytearray, memoryview)):
+        return errors.binary_column(column, "object", row)
+    return errors.cell_not_vector(column, row, cell)
+
+
+@to_vectors.register(pd.Series)
+def _pandas_to_vectors(s: pd.Series, column: str) -> Vectors:
+    n = len(s)
+    if isinstance(s.dtype, pd.ArrowDtype):
+        spec = arrow_value_spec(column, s.dtype)  # same checks as at graph time
+        chunked = pa.array(s.array)
+        chunks = chunked.chunks if isinstance(chunked, pa.ChunkedArray) else [chunked]
+        blocks, nulls, row0, dims = [], [], 0, []
+        for chunk in chunks:
+            if len(chunk) == 0:
+                continue
+            values, null = _list_chunk_values(chunk, column, s.index, row0)
+            blocks.append(values)
+            nulls.append(np.zeros(len(chunk), bool) if null is None else null)
+            if values.shape[1] or null is None or not null.all():
+                dims.append((row0, values.shape[1]))
+            row0 += len(chunk)
+        dim = _check_chunk_dims(dims, column, s.index)
+        blocks = [b if b.shape[1] == dim else np.zeros((len(b), dim), b.dtype) for b in blocks]
+        if not blocks:  # no rows: an empty block still carries the value dtype
+            blocks = [np.zeros((0, dim), spec.dtype)]
+        null_all = np.concatenate(nulls) if nulls else np.zeros(0, bool)
+        return Vectors(
+            [_as_tensor(b) for b in blocks], null_all if null_all.any() else None, dim, n
+        )
+    if pd.api.types.is_object_dtype(s.dtype):
+        stacked, null = stack_object_column(s.to_numpy(), s.index, column)
+        tensor = stacked if isinstance(stacked, torch.Tensor) else _as_tensor(stacked)
+        return Vectors([tensor], null, tensor.shape[1], n)
+    vector_spec(s, column)  # raises the right TypeError
+    raise errors.not_vectors(column, s.dtype)
+
+
+def _check_chunk_dims(dims: list[tuple[int, int]], column: str, index: Any) -> int:
+    """Chunks of a variable list column must agree on D too."""
+    if not dims:
+        return 0
+    first_row, dim = dims[0]
+    for row, d in dims[1:]:
+        if d != dim:
+            raise errors.ragged(column, row_label(index, row), d, row_label(index, first_row), dim)
+    return dim
+
+
+@make_result.register(pd.Series)
+def _pandas_make_result(like: pd.Series, values: torch.Tensor, null: Any, name: Any) -> pd.Series:
+    array = values.detach().cpu().numpy()
+    if null is not None:
+        array[np.asarray(null)] = np.nan
+    return pd.Series(array, index=like.index, name=name, copy=False)
+
+
+def arrow_vector_types(arrow_type: pa.DataType) -> pd.ArrowDtype | None:
+    """``types_mapper`` for ``Table.to_pandas``: list columns stay Arrow, all else default.
+
+    Mapping them explicitly also keeps pandas from parsing the dtype string it wrote into
+    the file's metadata, which it cannot do for fixed_size_list ("Passing pyarrow type
+    specific parameters ([300]) in the string is not supported").
+    """
+    return pd.ArrowDtype(arrow_type) if _is_list_type(arrow_type) else None
+
+
+def _is_list_type(t: pa.DataType) -> bool:
+    return pa.types.is_fixed_size_list(t) or pa.types.is_list(t) or pa.types.is_large_list(t)
+
+
+def frame_from_arrow(table: pa.Table) -> pd.DataFrame:
+    """An Arrow table -> a pandas frame whose list columns stay Arrow (zero-copy)."""
+    return table.to_pandas(types_mapper=arrow_vector_types)
+
+
+@boolean_mask.register(pd.DataFrame)
+def _pandas_boolean_mask(df: pd.DataFrame, keep: np.ndarray) -> pd.DataFrame:
+    return df[keep]
+
+
+@take_to_pandas.register((pd.DataFrame, pd.Series, pd.Index))
+def _pandas_take(obj: Any, positions: np.ndarray) -> Any:
+    return obj.take(positions)
+
+
+@frame_like.register((pd.DataFrame, pd.Series))
+def _pandas_frame_like(pdf: pd.DataFrame, like: Any) -> pd.DataFrame:
+    return pdf
+
+
+@to_host_tensor.register(torch.Tensor)
+def _tensor_to_host_tensor(array: torch.Tensor) -> torch.Tensor:
+    return array.detach().cpu()
+
+
+@to_host_tensor.register(object)
+def _array_to_host_tensor(array: Any) -> torch.Tensor:
+    """numpy arrays and anything ``np.asarray`` takes (nested lists)."""
+    values = np.asarray(array)
+    if values.dtype.kind not in "fiu":
+        raise TypeError(
+            f"queries of dtype {values.dtype} are not vectors of numbers; give a 2-D "
+            "numpy/cupy array or torch tensor (n, D), or a Series of vectors"
+        )
+    return torch.from_numpy(np.ascontiguousarray(values))

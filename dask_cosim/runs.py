@@ -1,0 +1,101 @@
+"""Parquet in, Parquet out: the runs the command line starts, as plain functions.
+
+Each run is split in two: everything that can be checked without a cluster (files are
+Parquet, columns exist and hold vectors, the output may be written) is checked and the
+graph built when the run is prepared; the returned function computes it on whatever
+scheduler is active and writes the output atomically (:func:`dask_cosim.to_parquet`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dask_cosim import errors, io
+from dask_cosim.search import check_column
+from dask_cosim.summary import Summary, summarize
+
+__all__ = ["Written", "check_columns", "check_output", "pairwise", "read_inputs", "write"]
+
+
+@dataclass(frozen=True)
+class Written:
+    """What a run wrote: its rows (None when unknown), the seconds from the start of the
+    computation to the committed output, the summary of a pairwise result and the bytes
+    of embeddings it read (None when the metadata cannot tell)."""
+
+    rows: int | None
+    seconds: float
+    summary: Summary | None = None
+    embedding_bytes: int | None = None
+
+
+def read_inputs(inputs: Sequence[str], reads: str) -> Any:
+    """The Parquet ``inputs`` (files, folders, globs) as one dask frame; a local file that
+    is not Parquet raises first, saying how to convert it (``reads``: what the caller
+    reads, for the message)."""
+    io.check_parquet_inputs(inputs, reads)
+    return io.read_parquet(list(inputs) if len(inputs) > 1 else inputs[0])
+
+
+def check_columns(df: Any, columns: Sequence[str], what: str) -> None:
+    """KeyError naming the first of ``columns`` not in ``df`` (``what`` it is), with the
+    closest column."""
+    missing = [c for c in columns if c not in df.columns]
+    if missing:
+        raise errors.column_not_found(missing[0], df.columns, what)
+
+
+def check_output(output: str, overwrite: bool) -> None:
+    if Path(output).exists() and not overwrite:
+        raise FileExistsError(f"{output!r} exists; pass --overwrite to replace it")
+
+
+def write(result: Any, output: str, *, overwrite: bool, progress: bool) -> Written:
+    """Compute ``result`` (a dask or pandas frame, or a function returning one: results
+    that are computed eagerly, like ``topk``'s) and write it to ``output``."""
+    t0 = time.perf_counter()
+    if callable(result):
+        result = result()
+    io.to_parquet(result, output, overwrite=overwrite, progress=progress)
+    seconds = time.perf_counter() - t0
+    return Written(io.describe_parquet(output).get("rows"), seconds)
+
+
+def pairwise(
+    inputs: Sequence[str],
+    a: str,
+    b: str,
+    output: str,
+    *,
+    keep: Sequence[str] = (),
+    name: str = "cos",
+    overwrite: bool = False,
+    **kwargs: Any,
+) -> Callable[[bool], Written]:
+    """cos(A[i], B[i]) for every row of the Parquet ``inputs``, into the folder ``output``
+    with the ``keep`` columns; ``kwargs`` (eps, dtype, device) go to ``pairwise``.
+
+    Checks and builds now; the returned function (taking ``progress``) writes, then
+    summarises the written column (what the user got, without a second pass over the
+    inputs).
+    """
+    df = read_inputs(inputs, "pairwise reads Parquet files or folders of them")
+    check_columns(df, keep, "--keep column")
+    cos = df.cosim.pairwise(a, b, name=name, **kwargs)
+    out = df[list(keep)].assign(**{name: cos}) if keep else cos.to_frame()
+    check_output(output, overwrite)
+    spec = check_column(df, a)
+
+    def run(progress: bool = False) -> Written:
+        written = write(out, output, overwrite=overwrite, progress=progress)
+        summary = summarize(io.read_parquet(output, columns=[name])[name])
+        embedding_bytes = None
+        if spec.dim is not None and spec.dtype is not None:
+            embedding_bytes = 2 * summary.rows * spec.dim * spec.dtype.itemsize
+        return Written(summary.rows, written.seconds, summary, embedding_bytes)
+
+    return run

@@ -1,0 +1,375 @@
+"""Search, one partition (or pair of partitions) at a time: the functions :mod:`.search` maps.
+
+Knows no dask.  A partition's vectors are normalised once into a :class:`Side`
+(:func:`prepare_side`, :func:`query_side`); a pair of sides is reduced tile by tile by
+:mod:`dask_cosim.search_kernels` into a frame of candidate pairs (:func:`join_pair_topk`,
+:func:`self_pair_topk`, :func:`pair_threshold`); partial results are merged
+(:func:`merge_topk`, :func:`concat_pairs`, :func:`union_positions`) and finished into the
+result's rows (:func:`finish_pairs`, :func:`finish_topk`, :func:`drop_rows`), whose columns
+and dtypes :func:`result_meta` states.  pandas/cudf partitions in (through
+:mod:`dask_cosim.backends`), pandas out (``finish_topk`` and ``drop_rows``: the library of
+the input).
+
+Ordering.  Every right row has a key (partition number, position), which is its place
+in frame order: among equal float64 scores the smaller key wins, so results do not
+depend on how a frame is partitioned.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+
+from dask_cosim import backends, errors, partition, search_twopass
+from dask_cosim import search_kernels as sk
+
+__all__ = [
+    "Side",
+    "concat_frames",
+    "concat_pairs",
+    "drop_rows",
+    "finish_pairs",
+    "finish_topk",
+    "join_pair_topk",
+    "merge_topk",
+    "pair_threshold",
+    "prepare_side",
+    "query_side",
+    "result_meta",
+    "score_dtype",
+    "self_pair_topk",
+    "union_positions",
+]
+
+# Partition numbers sit above the position bits of a row's ordering key.
+_POS_BITS = 40
+
+
+@dataclass
+class Side:
+    """One partition's vectors, normalised (:class:`~dask_cosim.search_kernels.Prepared`),
+    with its index labels, its partition number, the column name (for errors) and the
+    columns to carry into results (``payload``, or None).  Labels and payload stay in the
+    partition's library (on the device for cudf): results take only their own rows."""
+
+    prep: sk.Prepared
+    labels: Any
+    part: int
+    column: str
+    payload: Any
+
+    def __dask_tokenize__(self) -> tuple[Any, ...]:
+        # dask would pickle the tensors (slow); their bytes say the same.  ``scale``
+        # depends on eps, so two sides normalised with different eps differ.
+        p = self.prep
+        tensors = [_tensor_bytes(t) for t in (p.raw, p.scale, p.valid)]
+        carried = None if self.payload is None else backends.data_token(self.payload)
+        labels = backends.data_token(self.labels)
+        return (*tensors, labels, self.part, self.column, carried)
+
+
+def _tensor_bytes(t: torch.Tensor) -> tuple[str, tuple[int, ...], np.ndarray]:
+    flat = t.detach().cpu().contiguous().reshape(-1)
+    return str(t.dtype), tuple(t.shape), flat.view(torch.uint8).numpy()
+
+
+def prepare_side(
+    df: Any,
+    column: str,
+    part: int,
+    *,
+    eps: float,
+    device: str = "auto",
+    payload: list[Any] | None = None,
+    precision: str = "fp32",
+) -> Side:
+    """Normalise one partition's ``column`` (any format :mod:`dask_cosim.backends` reads).
+
+    Null rows and rows holding NaN or inf never match; a zero row scores 0.0.  On CUDA
+    with ``precision`` "exact" or "fast" the float32 unit rows, which only the float32
+    path reads, are not kept (:func:`~dask_cosim.search_twopass.prepare_lean`).
+    """
+    v = backends.to_vectors(df[column], column)
+    x = v.blocks[0] if len(v.blocks) == 1 else torch.cat(v.blocks)
+    target = partition.resolve_device(device, x.device)
+    null = v.null
+    if null is not None and not isinstance(null, torch.Tensor):
+        null = torch.from_numpy(np.asarray(null))
+    if precision != "fp32" and target.type == "cuda":
+        prep = search_twopass.prepare_lean(x, null, eps=eps, device=target)
+    else:
+        prep = sk.prepare(x, null, eps=eps, device=target)
+    carried = None
+    if payload:
+        carried = df[payload]
+        # Positional names: a user column called "left" or "score" cannot collide with
+        # the bookkeeping columns on the way to the result.
+        carried.columns = [f"_p{n}" for n in range(len(payload))]
+    return Side(prep, df.index, part, column, carried)
+
+
+def query_side(queries: Any, eps: float) -> Side:
+    """The queries of ``topk`` (a 2-D array or tensor, or a Series of vectors) as a side,
+    normalised on the CPU: this runs in the client, which touches no GPU."""
+    if backends.is_vector_series(queries):
+        v = backends.to_vectors(queries, str(queries.name))
+        x = torch.cat([b.cpu() for b in v.blocks]) if v.blocks else torch.zeros((0, 0))
+        null = v.null.cpu() if isinstance(v.null, torch.Tensor) else v.null
+        labels = backends.to_pandas(queries.index)
+    else:
+        x = backends.to_host_tensor(queries)
+        if x.ndim == 1:
+            raise ValueError(
+                f"queries has shape {tuple(x.shape)}; give a 2-D array (n, D), e.g. "
+                "queries[None, :] for one query"
+            )
+        if x.ndim != 2:
+            raise ValueError(f"queries has shape {tuple(x.shape)}; expected a 2-D array (n, D)")
+        null = None
+        labels = pd.RangeIndex(len(x))
+    null_t = torch.as_tensor(np.asarray(null)) if null is not None else None
+    prep = sk.prepare(x, null_t, eps=eps, device="cpu")
+    return Side(prep, pd.Index(labels), 0, "queries", None)
+
+
+def score_dtype(*specs: backends.VectorSpec) -> np.dtype:
+    """The scores' dtype: float64 when every side is float64, else float32."""
+    dt = partition.default_result_dtype([s.dtype for s in specs])
+    return np.dtype("float64") if dt == torch.float64 else np.dtype("float32")
+
+
+def result_meta(left_index: Any, right_index: Any, score: np.dtype, rank: bool) -> pd.DataFrame:
+    """The empty result of a join or neighbours search: ``left`` and ``right`` (index
+    labels, as pandas holds them), ``score`` and, with ``rank``, ``rank``."""
+    columns = {
+        "left": pd.Series([], dtype=backends.to_pandas(left_index[:0]).dtype),
+        "right": pd.Series([], dtype=backends.to_pandas(right_index[:0]).dtype),
+        "score": pd.Series([], dtype=score),
+    }
+    if rank:
+        columns["rank"] = pd.Series([], dtype="int64")
+    return pd.DataFrame(columns)
+
+
+# --------------------------------------------------------------------------- pairs of sides
+
+
+def _tile_bytes(tile_bytes: dict[str, int], device: torch.device) -> int:
+    return tile_bytes["cuda" if device.type == "cuda" else "cpu"]
+
+
+def _aligned(q: Side, r: Side) -> tuple[sk.Prepared, sk.Prepared] | None:
+    """The two sides on one device, or None when either has no valid row; raises when
+    both have valid rows of different lengths."""
+    qp, rp = q.prep, r.prep
+    if not bool(qp.valid.any()) or not bool(rp.valid.any()):
+        return None
+    if qp.dim != rp.dim:
+        raise errors.dims_differ(f"column {q.column!r}", qp.dim, f"column {r.column!r}", rp.dim)
+    return qp.to(rp.unit.device), rp
+
+
+def _pairs_frame(
+    q: Side, r: Side, i: torch.Tensor, j: torch.Tensor, s: torch.Tensor
+) -> pd.DataFrame:
+    i_np, j_np = i.cpu().numpy(), j.cpu().numpy()
+    out = pd.DataFrame(
+        {
+            "_l": i_np.astype(np.int64),
+            "_key": (np.int64(r.part) << _POS_BITS) + j_np.astype(np.int64),
+            "left": backends.take_to_pandas(q.labels, i_np),
+            "right": backends.take_to_pandas(r.labels, j_np),
+            "score": s.cpu().numpy(),
+        }
+    )
+    if r.payload is not None:
+        taken = backends.take_to_pandas(r.payload, j_np).reset_index(drop=True)
+        out = pd.concat([out, taken], axis=1)
+    return out
+
+
+def _empty_pairs(q: Side, r: Side) -> pd.DataFrame:
+    none = torch.zeros(0, dtype=torch.int64)
+    return _pairs_frame(q, r, none, none, torch.zeros(0, dtype=torch.float64))
+
+
+def _topk_frame(q: Side, r: Side, res: sk.TopK, threshold: float | None) -> pd.DataFrame:
+    found = res.index >= 0
+    if threshold is not None:
+        found &= res.score >= threshold
+    rows = torch.arange(len(res.index), device=found.device)[:, None].expand_as(found)
+    return _pairs_frame(q, r, rows[found], res.index[found], res.score[found])
+
+
+def join_pair_topk(
+    q: Side,
+    r: Side,
+    k: int,
+    threshold: float | None,
+    tile_bytes: dict[str, int],
+    precision: str = "fp32",
+) -> pd.DataFrame:
+    """For each row of ``q`` its ``k`` best rows of ``r`` (at or above ``threshold``);
+    ``precision``: how the exact answer is found (``cosim.search.precision``)."""
+    sides = _aligned(q, r)
+    if sides is None:
+        return _empty_pairs(q, r)
+    qp, rp = sides
+    budget = _tile_bytes(tile_bytes, rp.unit.device)
+    res, _ = sk.topk(qp, rp, k, tile_bytes=budget, precision=precision)
+    return _topk_frame(q, r, res, threshold)
+
+
+def self_pair_topk(
+    a: Side,
+    b: Side | None,
+    k: int,
+    threshold: float | None,
+    tile_bytes: dict[str, int],
+    precision: str = "fp32",
+) -> tuple[pd.DataFrame, pd.DataFrame | None]:
+    """One partition pair of a self-join: the best rows of ``b`` for each row of ``a``
+    and of ``a`` for each row of ``b``, from the same tiles (``b`` None: ``a`` with
+    itself, no row matching itself)."""
+    other = a if b is None else b
+    sides = _aligned(a, other)
+    if sides is None:
+        return _empty_pairs(a, other), (None if b is None else _empty_pairs(other, a))
+    ap, bp = sides
+    budget = _tile_bytes(tile_bytes, bp.unit.device)
+    if b is None:
+        res, _ = sk.topk(ap, bp, k, tile_bytes=budget, same=True, precision=precision)
+        return _topk_frame(a, a, res, threshold), None
+    res_a, res_b = sk.topk(ap, bp, k, tile_bytes=budget, both=True, precision=precision)
+    assert res_b is not None
+    return _topk_frame(a, b, res_a, threshold), _topk_frame(b, a, res_b, threshold)
+
+
+def pair_threshold(
+    q: Side,
+    r: Side | None,
+    threshold: float,
+    tile_bytes: dict[str, int],
+    *,
+    exact_scores: bool = False,
+    positions: bool = False,
+    precision: str = "fp32",
+) -> Any:
+    """Every pair (row of ``q``, row of ``r``) scoring at least ``threshold``.
+
+    ``r`` None: ``q`` with itself, each unordered pair once, the earlier row (frame
+    order) on the left, no row with itself (a self-join's diagonal partition pair).
+    Returns the pairs as a frame (float64 scores with ``exact_scores``, else float32 ones
+    away from the threshold), or with ``positions`` only the sorted positions in ``r``
+    (``q`` when ``r`` is None) of the right rows: those dedup drops.  With ``precision``
+    "exact" on CUDA every reported score is the float64 one.
+    """
+    other = q if r is None else r
+    sides = _aligned(q, other)
+    if sides is None:
+        return np.zeros(0, dtype=np.int64) if positions else _empty_pairs(q, other)
+    qp, rp = sides
+    i, j, s = sk.threshold_pairs(
+        qp,
+        rp,
+        threshold,
+        tile_bytes=_tile_bytes(tile_bytes, rp.unit.device),
+        mode="upper" if r is None else None,
+        # Positions need only the pair set; a float16 pass's score is no score to report.
+        exact_scores=(exact_scores or precision == "exact") and not positions,
+        precision=precision,
+    )
+    if positions:
+        return np.unique(j.cpu().numpy())
+    return _pairs_frame(q, other, i, j, s)
+
+
+# --------------------------------------------------------------------------- merging, results
+
+
+def union_positions(*parts: np.ndarray) -> np.ndarray:
+    return np.unique(np.concatenate(parts))
+
+
+def drop_rows(df: Any, positions: np.ndarray, *before: int) -> Any:
+    """``df`` without the rows at ``positions``; ``before``: the lengths of the partitions
+    ahead of ``df`` in its block (``positions`` count from the block's first row)."""
+    start = sum(before)
+    positions = positions[(positions >= start) & (positions < start + len(df))] - start
+    if len(positions) == 0:
+        return df
+    keep = np.ones(len(df), dtype=bool)
+    keep[positions] = False
+    return backends.boolean_mask(df, keep)
+
+
+def concat_frames(*parts: Any) -> Any:
+    """Consecutive partitions as one frame (a block of a search)."""
+    return backends.concat_frames(list(parts))
+
+
+def _sorted_pairs(df: pd.DataFrame, by_score: bool = True) -> pd.DataFrame:
+    """By left row, then score descending (``by_score``), then right row."""
+    keys = [df["_key"].to_numpy(), df["_l"].to_numpy()]
+    if by_score:
+        keys.insert(1, -df["score"].to_numpy())
+    return df.take(np.lexsort(keys))
+
+
+def concat_pairs(*parts: pd.DataFrame) -> pd.DataFrame:
+    non_empty = [p for p in parts if len(p)]
+    return pd.concat(non_empty, ignore_index=True) if non_empty else parts[0]
+
+
+def merge_topk(k: int, *parts: pd.DataFrame) -> pd.DataFrame:
+    """The ``k`` best pairs of each left row among ``parts`` (score desc, then key)."""
+    df = _sorted_pairs(concat_pairs(*parts))
+    rank = _ranks(df["_l"].to_numpy())
+    return df[rank < k].reset_index(drop=True)
+
+
+def _ranks(groups: np.ndarray) -> np.ndarray:
+    """0, 1, 2, ... within each run of equal values of a sorted array."""
+    starts = np.searchsorted(groups, groups, side="left")
+    return np.arange(len(groups)) - starts
+
+
+def finish_pairs(merged: pd.DataFrame, meta: pd.DataFrame, rank: bool, like: Any = None) -> Any:
+    """The result partition: sorted by left row, then rank (score descending, ties by
+    right row) with ``rank``, else by right row; in the library of ``like`` (cudf for a
+    cudf input), else pandas."""
+    df = _sorted_pairs(merged, by_score=rank)
+    out = pd.DataFrame(
+        {
+            "left": df["left"].to_numpy(),
+            "right": df["right"].to_numpy(),
+            "score": df["score"].to_numpy().astype(meta["score"].dtype),
+        }
+    )
+    if rank:
+        out["rank"] = _ranks(df["_l"].to_numpy()).astype(np.int64)
+    out = out.astype(meta.dtypes.to_dict())
+    return out if like is None else backends.frame_like(out, like)
+
+
+def finish_topk(merged: pd.DataFrame, like: Any, columns: list[Any], score: np.dtype) -> Any:
+    """The ``topk`` result, in the library of ``like``: query, rank, match, score and the
+    carried columns."""
+    df = _sorted_pairs(merged)
+    out = pd.DataFrame(
+        {
+            "query": df["left"].to_numpy(),
+            "rank": _ranks(df["_l"].to_numpy()).astype(np.int64),
+            "match": df["right"].to_numpy(),
+            "score": df["score"].to_numpy().astype(score),
+        }
+    )
+    for n, c in enumerate(columns):
+        out[c] = df[f"_p{n}"].to_numpy() if f"_p{n}" in df else np.array([], dtype=object)
+    if len(out) == 0:
+        out = out.astype({c: like[c].dtype for c in columns})
+    return backends.frame_like(out, like)

@@ -1,0 +1,109 @@
+"""The search graphs have deterministic keys: the same call built twice gives the same
+graph, and another input or option gives another one (dask can then recognise, reuse and
+cache the work)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import dask
+import dask.dataframe as dd
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from dask.callbacks import Callback
+
+import dask_cosim  # noqa: F401  (registers the accessor)
+from dask_cosim.io import vectors_to_arrow
+
+
+def _frame(seed: int = 0, n: int = 40, d: int = 8) -> pd.DataFrame:
+    x = np.random.default_rng(seed).standard_normal((n, d)).astype(np.float32)
+    return pd.DataFrame({"emb": vectors_to_arrow(x), "id": np.arange(n)})
+
+
+def _dask(pdf: pd.DataFrame) -> dd.DataFrame:
+    return dd.from_pandas(pdf, npartitions=3, sort=False)
+
+
+def _graph_keys(build: Callable[[], Any]) -> set[Any]:
+    """The keys of the graph ``build()`` returns, or of the graphs it computes (topk)."""
+    seen: set[Any] = set()
+    with Callback(start=lambda dsk: seen.update(dsk)), dask.config.set(scheduler="sync"):
+        result = build()
+    if dask.is_dask_collection(result):
+        seen.update(dict(result.__dask_graph__()))
+    assert seen
+    return seen
+
+
+QUERIES = np.random.default_rng(9).standard_normal((5, 8)).astype(np.float32)
+
+# name -> (the call, the same call with another input or option)
+CALLS: dict[str, tuple[Callable[[], Any], Callable[[], Any]]] = {
+    "neighbors": (
+        lambda: _dask(_frame()).cosim.neighbors("emb", k=3),
+        lambda: _dask(_frame()).cosim.neighbors("emb", k=4),
+    ),
+    "neighbors threshold": (
+        lambda: _dask(_frame()).cosim.neighbors("emb", threshold=0.5),
+        lambda: _dask(_frame()).cosim.neighbors("emb", threshold=0.6),
+    ),
+    "join with an eager right": (
+        lambda: _dask(_frame()).cosim.join(_frame(1), "emb", k=2),
+        lambda: _dask(_frame()).cosim.join(_frame(2), "emb", k=2),
+    ),
+    "join with an eager left": (
+        lambda: _frame(1).cosim.join(_dask(_frame()), "emb", threshold=0.2),
+        lambda: _frame(1).cosim.join(_dask(_frame(3)), "emb", threshold=0.2),
+    ),
+    "dedup": (
+        lambda: _dask(_frame()).cosim.dedup("emb", 0.5),
+        lambda: _dask(_frame()).cosim.dedup("emb", 0.4),
+    ),
+    "topk numpy": (
+        lambda: _dask(_frame()).cosim.topk(QUERIES, "emb", 3),
+        lambda: _dask(_frame()).cosim.topk(QUERIES[::-1].copy(), "emb", 3),
+    ),
+    "topk torch": (
+        lambda: _dask(_frame()).cosim.topk(torch.from_numpy(QUERIES.copy()), "emb", 3),
+        lambda: _dask(_frame()).cosim.topk(torch.from_numpy(QUERIES + 1), "emb", 3),
+    ),
+    "topk Series": (
+        lambda: _dask(_frame()).cosim.topk(_frame(4)["emb"], "emb", 3),
+        lambda: _dask(_frame()).cosim.topk(_frame(4)["emb"], "emb", 3, columns=["id"]),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(CALLS))
+def test_the_same_call_gives_the_same_keys(name: str) -> None:
+    call, other = CALLS[name]
+    first = _graph_keys(call)
+    assert _graph_keys(call) == first
+    assert _graph_keys(other) != first
+
+
+def test_eager_inputs_are_named_by_their_contents() -> None:
+    """An eager frame beside a dask one, and the queries, are one key each, named by a
+    token of their data: equal data, equal names."""
+    keys = _graph_keys(lambda: _dask(_frame()).cosim.join(_frame(1), "emb", k=2))
+    frames = [k for k in keys if isinstance(k, str) and k.startswith("cosim-frame-")]
+    assert len(frames) == 1
+    keys = _graph_keys(lambda: _dask(_frame()).cosim.topk(QUERIES, "emb", 3))
+    queries = {k for k in keys if isinstance(k, str) and k.startswith("cosim-queries-")}
+    assert len(queries) == 1
+    same = _graph_keys(lambda: _dask(_frame()).cosim.topk(QUERIES.copy(), "emb", 3))
+    assert queries <= same
+
+
+@pytest.mark.parametrize("option", [{"cosim.eps": 1e-3}, {"cosim.search.tile-bytes.cpu": "1MiB"}])
+def test_options_change_the_keys(option: dict[str, Any]) -> None:
+    def call() -> Any:
+        return _dask(_frame()).cosim.topk(QUERIES, "emb", 3)
+
+    before = _graph_keys(call)
+    with dask.config.set(option):
+        assert _graph_keys(call) != before
