@@ -28,6 +28,7 @@ import numpy as np
 __all__ = [
     "BLOCK",
     "candidates",
+    "from_norms",
     "merge",
     "norms",
     "rescore",
@@ -158,13 +159,14 @@ def candidates(hs, hi, index, dropped):  # type: ignore[no-untyped-def]  # pragm
 
 
 def norms(x: np.ndarray, *args: Any) -> float:
-    """``norms(x, null, eps, inv, scale, valid)``: one read of each row of ``x``
+    """``norms(x, null, eps, inv, nrm, scale, valid)``: one read of each row of ``x``
     (float32 or float64, C-contiguous) for the fields of
-    :class:`~dask_cosim.search_kernels.Prepared` but ``unit``: ``inv`` (a factor that
+    :class:`~dask_cosim.search_prepare.Prepared` but ``unit``: ``inv`` (a factor that
     keeps the row in range for a float64 dot product: 1 for float32 rows, whose products
     can neither overflow nor underflow in float64; 1 / the largest magnitude for float64
-    ones, capped at 1 / TINY), ``scale`` (1 / (inv * max(norm, eps)); 0 for invalid
-    rows) and ``valid`` (finite and not null).
+    ones, capped at 1 / TINY), ``nrm`` = |x * inv|_2 (NaN for invalid rows), ``scale``
+    = 1 / max(nrm, inv * eps) (0 for invalid rows: :func:`~dask_cosim.search_prepare.
+    from_norms` computes it alike) and ``valid`` (finite and not null).
 
     Returns the largest |norm - 1| of the rows, or inf when a row is invalid or zero or
     ``x`` is float64: how far ``x`` itself is from unit rows.
@@ -175,7 +177,7 @@ def norms(x: np.ndarray, *args: Any) -> float:
 
 
 @numba.njit(inline="always", nogil=True, cache=True, boundscheck=False)
-def _norms(x, null, eps, inv, scale, valid, narrow):  # type: ignore[no-untyped-def]  # pragma: no cover
+def _norms(x, null, eps, inv, nrm, scale, valid, narrow):  # type: ignore[no-untyped-def]  # pragma: no cover
     n, d = x.shape
     worst = 0.0 if narrow else np.inf
     for i in range(n):
@@ -198,35 +200,32 @@ def _norms(x, null, eps, inv, scale, valid, narrow):  # type: ignore[no-untyped-
         finite = ss <= _BIG if narrow else ss == ss
         ok = finite and mx <= _BIG and not null[i]
         valid[i] = ok
-        if not ok or mx == 0.0:
-            inv[i] = 1.0
-            scale[i] = 0.0 if not ok else 1.0 / eps
+        if not ok:
+            inv[i], nrm[i], scale[i] = 1.0, np.nan, 0.0
             worst = np.inf
             continue
         # 1 / mx overflows below ~5.6e-309: a capped factor keeps such rows near 2**-74.
-        f = 1.0 / mx if mx > TINY else 1.0 / TINY
-        inv[i] = f
-        if not narrow and (mx > 1e150 or mx < 1e-150):
+        f = 1.0 if mx == 0.0 else (1.0 / mx if mx > TINY else 1.0 / TINY)
+        if not narrow:
             ss = 0.0
             for j in range(d):
                 y = np.float64(row[j]) * f
                 ss += y * y
-            scale[i] = 1.0 / max(math.sqrt(ss), f * eps)
-            continue
         norm = math.sqrt(ss)
-        scale[i] = mx / max(norm, eps)
+        inv[i], nrm[i] = f, norm
+        scale[i] = 1.0 / max(norm, f * eps)
         worst = max(worst, abs(norm - 1.0))
     return worst
 
 
 @numba.njit(nogil=True, cache=True, fastmath=_FASTMATH, boundscheck=False)
-def _norms32(x, null, eps, inv, scale, valid):  # type: ignore[no-untyped-def]  # pragma: no cover
-    return _norms(x, null, eps, inv, scale, valid, True)
+def _norms32(x, null, eps, inv, nrm, scale, valid):  # type: ignore[no-untyped-def]  # pragma: no cover
+    return _norms(x, null, eps, inv, nrm, scale, valid, True)
 
 
 @numba.njit(nogil=True, cache=True, fastmath=_EXACT, boundscheck=False)
-def _norms64(x, null, eps, inv, scale, valid):  # type: ignore[no-untyped-def]  # pragma: no cover
-    return _norms(x, null, eps, inv, scale, valid, False)
+def _norms64(x, null, eps, inv, nrm, scale, valid):  # type: ignore[no-untyped-def]  # pragma: no cover
+    return _norms(x, null, eps, inv, nrm, scale, valid, False)
 
 
 @numba.njit(nogil=True, cache=True, fastmath=_FASTMATH, boundscheck=False)
@@ -343,3 +342,25 @@ def scan_direct(q, r, col0, col1, hs, hi, bar, rvalid, qvalid, same):  # type: i
                 acc += qi[c] * rj[c]
             if acc > bar[i] and not (same and i == j):
                 _push(hs, hi, bar, i, acc, j)
+
+
+@numba.njit(nogil=True, cache=True, fastmath=_EXACT, boundscheck=False)
+def from_norms(inv, nrm, null, eps, scale, valid):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """What :func:`norms` writes, from its ``inv`` and ``nrm`` (a prepared frame's):
+    ``scale`` and ``valid``.  Returns (the largest |nrm - 1|, whether a valid row has
+    0 < |x| < eps, whose unit row depends on eps)."""
+    worst = 0.0
+    tiny = False
+    for i in range(inv.shape[0]):
+        nr = nrm[i]
+        ok = nr == nr and not null[i]
+        valid[i] = ok
+        if not ok:
+            scale[i] = 0.0
+            worst = np.inf  # as norms: rows that never match keep x from serving
+            continue
+        bar = inv[i] * eps
+        tiny = tiny or (0.0 < nr < bar)
+        scale[i] = 1.0 / max(nr, bar)
+        worst = max(worst, abs(nr - 1.0))
+    return worst, tiny

@@ -91,7 +91,8 @@ def tiles(nq: int, nr: int, tile_bytes: int, align: int = 1) -> tuple[int, int]:
     elems = max(1, tile_bytes // 4)
     blocks = -(-max(nq, 1) // _MAX_TILE_ROWS)
     tq = max(1, min(-(-max(nq, 1) // blocks), elems // max(1, min(nr, _MAX_TILE_ROWS))))
-    tr = max(1, min(nr, elems // tq))
+    # More than 4096 columns per tile stopped paying (a few query rows, measured).
+    tr = max(1, min(nr, elems // tq, 4096))
     if tr > align:
         tr -= tr % align
     return tq, tr

@@ -27,7 +27,7 @@ from dask.base import tokenize
 from dask_cosim import backends, errors, options
 from dask_cosim import search_partition as sp
 
-__all__ = ["check_column", "dedup", "join", "neighbors", "topk"]
+__all__ = ["check_column", "dedup", "join", "neighbors", "prepare", "topk"]
 
 
 @dataclass(frozen=True)
@@ -115,7 +115,11 @@ def _sides(
 ) -> list[Any]:
     """One normalised side per block of ``df[on]`` (carrying the ``payload`` columns)."""
     prep = build(sp.prepare_side)
-    keep = [on, *[c for c in payload if c != on]]
+    # A prepared frame's companion columns travel with the vectors (prepare_side reads
+    # them instead of the vectors' norms).
+    ready = [sp.companion(on, w) for w in sp.COMPANIONS]
+    ready = ready if all(c in _meta_of(df).columns for c in ready) else []
+    keep = [on, *ready, *[c for c in payload if c not in (on, *ready)]]
     parts = build.partitions(df[keep])
     blocks = [
         parts[a] if b == a + 1 else build(sp.concat_frames)(*parts[a:b])
@@ -236,6 +240,16 @@ def dedup(df: Any, on: str, threshold: float) -> Any:
             outs.append(build(sp.drop_rows)(frames[m], dropped, *before))
     divisions = df.divisions if dask.is_dask_collection(df) else None
     return build.collect(outs, _meta_of(df), divisions)
+
+
+def prepare(df: Any, on: str) -> Any:
+    """See :meth:`dask_cosim.CosimAccessor.prepare`."""
+    check_column(df, on)
+    opts = _options()
+    fn = functools.partial(sp.prepare_columns, column=on, eps=opts.eps, device=opts.device)
+    if not dask.is_dask_collection(df):
+        return fn(df)
+    return df.map_partitions(fn, meta=fn(df._meta), token="cosim-prepare")
 
 
 def topk(

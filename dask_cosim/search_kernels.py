@@ -27,10 +27,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 
 from dask_cosim._search_sweep import (
@@ -43,71 +42,29 @@ from dask_cosim._search_sweep import (
     sweep,
 )
 from dask_cosim._search_tiles import Heaps, Running, cpu_tile_bytes, numba_kernels, tiles
+from dask_cosim.search_prepare import (
+    RAW_UNIT_TOLERANCE,
+    Prepared,
+    from_norms,
+    margin,
+    prepare,
+    rescore,
+)
 
-__all__ = ["Prepared", "TopK", "margin", "prepare", "rescore", "threshold_pairs", "topk"]
+# Prepared, from_norms, margin, prepare, rescore: re-exported from dask_cosim.search_prepare.
+__all__ = [
+    "RAW_UNIT_TOLERANCE",
+    "Prepared",
+    "TopK",
+    "from_norms",
+    "margin",
+    "prepare",
+    "rescore",
+    "threshold_pairs",
+    "topk",
+]
 
 _NEG_INF = float("-inf")
-_U = 2.0**-24  # float32's unit roundoff
-_NUMBA_DTYPES = (torch.float32, torch.float64)
-_TINY = 2.0**-1000  # as in dask_cosim._search_numba.TINY
-
-
-@dataclass
-class Prepared:
-    """One side of a search, normalised once.
-
-    ``unit`` (N, D) float32 rows of length 1 (0 for invalid rows) for the tile products;
-    ``raw`` the original values, and ``inv`` and ``scale``, float64, for the exact
-    re-score ``(raw_i * inv_i) . (raw_j * inv_j) * scale_i * scale_j``: ``inv`` keeps
-    ``raw * inv`` in float64's range (1 / max |x| up to 2**1000; on CPUs 1 for float32
-    rows, whose products cannot leave it), ``scale`` = 1 / (inv * max(|x|_2, eps)).
-    ``valid`` (N,) bool marks rows that take part, ``all_valid`` whether all do; ``err``
-    bounds the distance of a valid ``unit`` row from the exact ``x / max(|x|_2, eps)``
-    (see :func:`margin`).  Nothing in it depends on a search: a side prepared once
-    serves any number of searches (and pickles, for a dask worker to keep).
-    """
-
-    unit: torch.Tensor
-    raw: torch.Tensor
-    inv: torch.Tensor
-    scale: torch.Tensor
-    valid: torch.Tensor
-    err: float = 2.0**-23
-    all_valid: bool = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.all_valid = bool(self.valid.all())
-
-    def __len__(self) -> int:
-        return int(self.unit.shape[0])
-
-    @property
-    def dim(self) -> int:
-        return int(self.unit.shape[1])
-
-    def to(self, device: torch.device) -> Prepared:
-        """This side on ``device`` (itself when it is there already)."""
-        if self.unit.device == device:
-            return self
-        return Prepared(
-            self.unit.to(device),
-            self.raw.to(device),
-            self.inv.to(device),
-            self.scale.to(device),
-            self.valid.to(device),
-            self.err,
-        )
-
-    def take(self, rows: torch.Tensor) -> Prepared:
-        """The rows at positions ``rows`` (int64), in that order."""
-        return Prepared(
-            self.unit[rows],
-            self.raw[rows],
-            self.inv[rows],
-            self.scale[rows],
-            self.valid[rows],
-            self.err,
-        )
 
 
 @dataclass
@@ -117,127 +74,6 @@ class TopK:
 
     index: torch.Tensor
     score: torch.Tensor
-
-
-def margin(dim: int, err_q: float = 2.0**-23, err_r: float = 2.0**-23) -> float:
-    """Largest difference between a float32 tile score and the exact cosine of two rows
-    of ``dim`` values whose unit rows are within ``err_q`` and ``err_r`` of exact
-    (:attr:`Prepared.err`).
-
-    |fl32(a . b) - cos| <= e_q (1 + e_r) + e_r + g_D (1 + e_q)(1 + e_r) with
-    g_D = D u / (1 - D u), u = 2**-24 (Higham's bound for a dot product summed in any
-    order, with or without FMA); rounded up, and never below ``(dim + 8) * 2**-24``,
-    which is what it is for rows normalised in float32 (``err`` of one or two roundings).
-    """
-    g = dim * _U / (1 - dim * _U)
-    bound = err_q * (1 + err_r) + err_r + g * (1 + err_q) * (1 + err_r)
-    return max((dim + 8) * _U, bound * (1 + 2.0**-20))
-
-
-# Rows whose norm is this close to 1 serve as unit rows without a normalised copy.
-RAW_UNIT_TOLERANCE = 2.0**-20
-
-
-def prepare(
-    x: torch.Tensor,
-    null: torch.Tensor | None = None,
-    *,
-    eps: float,
-    device: torch.device | str | None = None,
-) -> Prepared:
-    """Normalise (N, D) rows once: see :class:`Prepared`.
-
-    ``null`` (N,) bool marks null rows (their values are ignored).  Any real dtype.  On
-    a CPU one pass over the rows (numba), elsewhere a few, no N x D temporary but
-    ``unit`` itself.
-    """
-    target = torch.device(device) if device is not None else x.device
-    raw = x.detach().to(target)
-    if not raw.is_floating_point():
-        raw = raw.to(torch.float64)
-    work = raw if raw.dtype in (torch.float32, torch.float64) else raw.to(torch.float32)
-    nulls = None if null is None else torch.as_tensor(null, device=target).to(torch.bool)
-    fast = numba_kernels() if target.type == "cpu" else None
-    if fast is None:
-        return _prepare_torch(work, raw, nulls, eps)
-    n, d = work.shape
-    work = work.contiguous()
-    inv = torch.empty(n, dtype=torch.float64)
-    scale = torch.empty(n, dtype=torch.float64)
-    valid = torch.empty(n, dtype=torch.bool)
-    no_null = np.zeros(n, dtype=np.bool_) if nulls is None else nulls.numpy()
-    values = work.numpy()
-    worst = fast.norms(values, no_null, float(eps), inv.numpy(), scale.numpy(), valid.numpy())
-    # The float64 norms themselves are within (d + 2) 2**-53 of exact.
-    rounding = (d + 9) * 2.0**-53
-    if worst <= RAW_UNIT_TOLERANCE:
-        # Rows already of norm 1 (as most embedding models write them) serve as they
-        # are: no copy, and margin() takes their distance from norm 1 into account.
-        return Prepared(work, raw, inv, scale, valid, worst * (1 + 2.0**-40) + 2 * rounding)
-    unit = torch.empty((n, d), dtype=torch.float32)
-    fast.units(values, inv.numpy(), scale.numpy(), valid.numpy(), unit.numpy())
-    # One float32 rounding of each value of a row scaled in float64.
-    return Prepared(unit, raw, inv, scale, valid, _U + rounding)
-
-
-def _prepare_torch(
-    work: torch.Tensor, raw: torch.Tensor, null: torch.Tensor | None, eps: float
-) -> Prepared:
-    target = work.device
-    n, d = work.shape
-    f64 = torch.float64
-    if n and d:
-        # NaN propagates through max/min; inf stays inf: one test for both.
-        m = torch.maximum(work.amax(dim=1), -work.amin(dim=1)).to(f64)
-    else:
-        m = torch.zeros(n, dtype=f64, device=target)
-    valid = torch.isfinite(m)
-    if null is not None:
-        valid &= ~null
-    # Zero and invalid rows: any finite positive scale keeps their products at 0.
-    m = torch.where(valid & (m > 0), m, torch.ones_like(m))
-    # Norms in float64: exact enough for the re-score, and float32 values can neither
-    # overflow nor underflow there.
-    norm = torch.linalg.vector_norm(work, dim=1, dtype=f64) if d else torch.zeros_like(m)
-    scale = m / torch.clamp(norm, min=eps)
-    unit = torch.mul(work, (scale / m).to(work.dtype)[:, None]).to(torch.float32)
-    # 1 / m overflows below ~5.6e-309: a capped factor keeps such rows near 2**-74.
-    inv = torch.where(m > _TINY, 1.0 / m, torch.full_like(m, 1.0 / _TINY))
-    if work.dtype == f64:
-        # float64 squares overflow past ~1e154 and lose precision below ~1e-154: those
-        # rows again, divided by their largest value first.
-        redo = valid & ((m > 1e150) | (m < 1e-150))
-        if bool(redo.any()):
-            rows = redo.nonzero().squeeze(1)
-            y = work[rows] * inv[rows, None]
-            ny = torch.linalg.vector_norm(y, dim=1)
-            scale[rows] = 1.0 / torch.maximum(ny, inv[rows] * eps)
-            unit[rows] = (y * scale[rows, None]).to(torch.float32)
-    if not bool(valid.all()):
-        unit[~valid] = 0.0
-        scale = torch.where(valid, scale, torch.zeros_like(scale))
-    # Two float32 roundings (the row's factor, the product), and the float64 norm's.
-    return Prepared(unit.contiguous(), raw, inv, scale, valid, 2 * _U + (d + 9) * 2.0**-53)
-
-
-def rescore(
-    q: Prepared, i: torch.Tensor, r: Prepared, j: torch.Tensor, *, chunk: int = 65536
-) -> torch.Tensor:
-    """float64 cos(q[i[t]], r[j[t]]) for each t, clamped to [-1, 1]."""
-    out = torch.empty(len(i), dtype=torch.float64, device=q.unit.device)
-    fast = numba_kernels() if out.device.type == "cpu" else None
-    if fast is not None and q.raw.dtype in _NUMBA_DTYPES and r.raw.dtype in _NUMBA_DTYPES:
-        fast.rescore(
-            q.raw.contiguous().numpy(), q.inv.numpy(), q.scale.numpy(), i.numpy(),
-            r.raw.contiguous().numpy(), r.inv.numpy(), r.scale.numpy(), j.numpy(), out.numpy(),
-        )  # fmt: skip
-        return out
-    for s in range(0, len(i), chunk):
-        ii, jj = i[s : s + chunk], j[s : s + chunk]
-        a = q.raw[ii].to(torch.float64) * q.inv[ii, None]
-        b = r.raw[jj].to(torch.float64) * r.inv[jj, None]
-        out[s : s + chunk] = (a * b).sum(dim=1) * q.scale[ii] * r.scale[jj]
-    return out.clamp_(-1.0, 1.0)
 
 
 def _order(score: torch.Tensor, index: torch.Tensor) -> torch.Tensor:

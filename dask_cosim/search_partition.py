@@ -22,13 +22,16 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import torch
 
 from dask_cosim import backends, errors, partition, search_twopass
 from dask_cosim import search_kernels as sk
 
 __all__ = [
+    "COMPANIONS",
     "Side",
+    "companion",
     "concat_frames",
     "concat_pairs",
     "drop_rows",
@@ -37,6 +40,7 @@ __all__ = [
     "join_pair_topk",
     "merge_topk",
     "pair_threshold",
+    "prepare_columns",
     "prepare_side",
     "query_side",
     "result_meta",
@@ -87,7 +91,9 @@ def prepare_side(
     payload: list[Any] | None = None,
     precision: str = "fp32",
 ) -> Side:
-    """Normalise one partition's ``column`` (any format :mod:`dask_cosim.backends` reads).
+    """Normalise one partition's ``column`` (any format :mod:`dask_cosim.backends` reads),
+    or take its normalisation from the columns :func:`prepare_columns` added, when ``df``
+    has them.
 
     Null rows and rows holding NaN or inf never match; a zero row scores 0.0.  On CUDA
     with ``precision`` "exact" or "fast" the float32 unit rows, which only the float32
@@ -99,9 +105,12 @@ def prepare_side(
     null = v.null
     if null is not None and not isinstance(null, torch.Tensor):
         null = torch.from_numpy(np.asarray(null))
+    prep = None
     if precision != "fp32" and target.type == "cuda":
         prep = search_twopass.prepare_lean(x, null, eps=eps, device=target)
-    else:
+    elif target == x.device and all(companion(column, w) in df.columns for w in COMPANIONS):
+        prep = _from_companions(df, column, x, null, eps)
+    if prep is None:
         prep = sk.prepare(x, null, eps=eps, device=target)
     carried = None
     if payload:
@@ -110,6 +119,62 @@ def prepare_side(
         # the bookkeeping columns on the way to the result.
         carried.columns = [f"_p{n}" for n in range(len(payload))]
     return Side(prep, df.index, part, column, carried)
+
+
+# --------------------------------------------------------------------------- prepared frames
+
+# The columns prepare_columns adds beside a vector column: its rows' range factors and
+# norms (float64), and their unit rows where the rows cannot serve as their own (a list
+# column, null where they can).
+COMPANIONS = ("inv", "norm", "unit")
+
+
+def companion(column: str, what: str) -> str:
+    """The name of the ``what`` column (one of :data:`COMPANIONS`) beside ``column``."""
+    return f"{column}.cosim.{what}"
+
+
+def prepare_columns(df: Any, column: str, *, eps: float, device: str = "auto") -> Any:
+    """``df`` with :data:`COMPANIONS` beside ``column``: what a search would compute
+    from its vectors on every call (:class:`~dask_cosim.search_kernels.Prepared`),
+    computed once.  The norms do not depend on ``eps``; unit rows are stored only for
+    rows on the CPU that are not already of norm 1 (on a GPU they are quick to redo)."""
+    v = backends.to_vectors(df[column], column)
+    x = v.blocks[0] if len(v.blocks) == 1 else torch.cat(v.blocks)
+    null = v.null
+    if null is not None and not isinstance(null, torch.Tensor):
+        null = torch.from_numpy(np.asarray(null))
+    p = sk.prepare(x, null, eps=eps, device=partition.resolve_device(device, x.device))
+    assert p.norm is not None
+    n = len(p)
+    stored = p.unit.device.type == "cpu" and p.unit.data_ptr() != p.raw.data_ptr() and n > 0
+    if stored:
+        step = np.arange(0, n * p.dim + 1, p.dim, dtype=np.int32)
+        unit = pa.ListArray.from_arrays(step, pa.array(p.unit.numpy().reshape(-1)))
+    else:
+        unit = pa.nulls(n, pa.list_(pa.float32()))
+    extra = pd.DataFrame(
+        {
+            companion(column, "inv"): p.inv.cpu().numpy(),
+            companion(column, "norm"): p.norm.cpu().numpy(),
+            companion(column, "unit"): pd.arrays.ArrowExtensionArray(unit),
+        }
+    )
+    return backends.add_columns(df, extra)
+
+
+def _from_companions(
+    df: Any, column: str, x: torch.Tensor, null: torch.Tensor | None, eps: float
+) -> sk.Prepared | None:
+    """The side from :func:`prepare_columns`' numbers (None: they cannot stand for it,
+    see :func:`~dask_cosim.search_kernels.from_norms`)."""
+    inv = backends.to_numbers(df[companion(column, "inv")])
+    norm = backends.to_numbers(df[companion(column, "norm")])
+    u = backends.to_vectors(df[companion(column, "unit")], companion(column, "unit"))
+    unit = None
+    if u.null is None and u.length == len(x) and u.dim == x.shape[1]:
+        unit = u.blocks[0] if len(u.blocks) == 1 else torch.cat(u.blocks)
+    return sk.from_norms(x, null, inv, norm, unit, eps=eps)
 
 
 def query_side(queries: Any, eps: float) -> Side:

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from dask_cosim import _search_sweep, _search_tiles
+from dask_cosim import _search_sweep, _search_tiles, search_prepare
 from dask_cosim import search_kernels as sk
 from tests.helpers import brute
 
@@ -19,13 +19,18 @@ numba_kernels = pytest.importorskip("dask_cosim._search_numba")
 SAME = 1e-13
 
 
+def hide_numba(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every module that asks for the numba kernels is told there are none."""
+    for module in (_search_tiles, sk, search_prepare):
+        monkeypatch.setattr(module, "numba_kernels", lambda: None)
+
+
 @pytest.fixture(params=["numba", "torch"])
 def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """Run a test on the numba kernels, then again with numba hidden (the torch path
     that GPUs and installs without numba take)."""
     if request.param == "torch":
-        monkeypatch.setattr(_search_tiles, "numba_kernels", lambda: None)
-        monkeypatch.setattr(sk, "numba_kernels", lambda: None)
+        hide_numba(monkeypatch)
     yield request.param
 
 
@@ -259,8 +264,7 @@ def test_numba_and_torch_paths_agree(monkeypatch: pytest.MonkeyPatch) -> None:
     got = []
     for hide in (False, True):
         if hide:
-            monkeypatch.setattr(_search_tiles, "numba_kernels", lambda: None)
-            monkeypatch.setattr(sk, "numba_kernels", lambda: None)
+            hide_numba(monkeypatch)
         res, _ = sk.topk(prep(q), prep(r, null), 10, tile_bytes=1 << 14)
         got.append(res)
     # The queries at an angle to the near-tie cluster (the others meet ties at 1 - 1e-16,
@@ -327,7 +331,7 @@ def test_prepare_one_pass_matches_the_torch_path(
     null = np.zeros(40, bool)
     null[7] = True
     fast = prep(x, null)
-    monkeypatch.setattr(sk, "numba_kernels", lambda: None)
+    hide_numba(monkeypatch)
     slow = prep(x, null)
     assert torch.equal(fast.valid, slow.valid)
     v = fast.valid
