@@ -168,8 +168,9 @@ def norms(x: np.ndarray, *args: Any) -> float:
     = 1 / max(nrm, inv * eps) (0 for invalid rows: :func:`~dask_cosim.search_prepare.
     from_norms` computes it alike) and ``valid`` (finite and not null).
 
-    Returns the largest |norm - 1| of the rows, or inf when a row is invalid or zero or
-    ``x`` is float64: how far ``x`` itself is from unit rows.
+    Returns the largest |norm - 1| of the valid nonzero rows (inf for float64 ``x``):
+    how far ``x`` itself is from unit rows.  Zero rows are their own unit rows, and the
+    rows that never match may hold anything: the scans skip them by ``valid``.
     """
     if x.dtype == np.float32:
         return float(_norms32(x, *args))
@@ -202,7 +203,6 @@ def _norms(x, null, eps, inv, nrm, scale, valid, narrow):  # type: ignore[no-unt
         valid[i] = ok
         if not ok:
             inv[i], nrm[i], scale[i] = 1.0, np.nan, 0.0
-            worst = np.inf
             continue
         # 1 / mx overflows below ~5.6e-309: a capped factor keeps such rows near 2**-74.
         f = 1.0 if mx == 0.0 else (1.0 / mx if mx > TINY else 1.0 / TINY)
@@ -214,7 +214,8 @@ def _norms(x, null, eps, inv, nrm, scale, valid, narrow):  # type: ignore[no-unt
         norm = math.sqrt(ss)
         inv[i], nrm[i] = f, norm
         scale[i] = 1.0 / max(norm, f * eps)
-        worst = max(worst, abs(norm - 1.0))
+        if norm > 0.0:  # a zero row is its own unit row, exactly
+            worst = max(worst, abs(norm - 1.0))
     return worst
 
 
@@ -300,6 +301,8 @@ def scan_pairs(s, row0, col0, low, rvalid, pos, mode, out_i, out_j, out_s, n):  
     cap = out_i.shape[0]
     for i in range(m):
         r = row0 + i
+        if low[r] == np.inf:  # a row that never matches (it may hold NaN or inf)
+            continue
         # x >= low  <=>  x > the float32 just below low (one comparison for all scans).
         below = np.nextafter(low[r], np.float32(-np.inf))
         p = pos[r] - col0
@@ -357,10 +360,10 @@ def from_norms(inv, nrm, null, eps, scale, valid):  # type: ignore[no-untyped-de
         valid[i] = ok
         if not ok:
             scale[i] = 0.0
-            worst = np.inf  # as norms: rows that never match keep x from serving
             continue
         bar = inv[i] * eps
         tiny = tiny or (0.0 < nr < bar)
         scale[i] = 1.0 / max(nr, bar)
-        worst = max(worst, abs(nr - 1.0))
+        if nr > 0.0:
+            worst = max(worst, abs(nr - 1.0))
     return worst, tiny

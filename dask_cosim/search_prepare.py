@@ -155,7 +155,8 @@ def _with_units(
     rounding = (work.shape[1] + 9) * 2.0**-53
     if worst <= RAW_UNIT_TOLERANCE:
         # Rows already of norm 1 (as most embedding models write them) serve as they
-        # are: no copy, and margin() takes their distance from norm 1 into account.
+        # are: no copy, and margin() takes their distance from norm 1 into account.  So
+        # do zero rows (exactly) and rows that never match (every scan skips them).
         err = worst * (1 + 2.0**-40) + 2 * rounding
         return Prepared(work, raw, inv, scale, valid, err, nrm)
     unit = torch.empty(work.shape, dtype=torch.float32)

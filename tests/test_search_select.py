@@ -400,3 +400,35 @@ def test_cpu_tiles_follow_the_cache_share(monkeypatch: pytest.MonkeyPatch) -> No
         monkeypatch.setattr(_search_tiles, "_cache_per_core", lambda share=share: share)
         assert _search_tiles.cpu_tile_bytes("topk") == topk
         assert _search_tiles.cpu_tile_bytes("threshold") == threshold
+
+
+@pytest.mark.parametrize("route", ["tiles", "direct"])
+def test_rows_that_serve_as_unit_rows_beside_nan_inf_and_null_rows(
+    route: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Normalised rows serve as their own unit rows even when other rows hold NaN or inf
+    (those never match: every scan skips them, as a query row and as a column)."""
+    monkeypatch.setattr(sk, "DIRECT_MAX_QUERIES", 100 if route == "direct" else 0)
+    q, r, null = adversarial(32, seed=31)
+    x = np.concatenate([q, r])
+    with np.errstate(invalid="ignore"):
+        x = (x / np.linalg.norm(x.astype(np.float64), axis=1, keepdims=True)).astype(np.float32)
+    x[np.linalg.norm(np.nan_to_num(x), axis=1) == 0] = 0  # zero rows stay zero
+    x[5, 3] = np.inf
+    nulls = np.concatenate([np.zeros(len(q), bool), null])
+    p = prep(x, nulls)
+    assert p.unit.data_ptr() == p.raw.data_ptr()  # no copy
+    s = reference(x, x, nulls)
+    s[nulls, :] = -np.inf
+    s_same = s.copy()
+    np.fill_diagonal(s_same, -np.inf)
+    for k in (1, 10):
+        res, _ = sk.topk(p, p, k, tile_bytes=1 << 12, same=True)
+        check_strict(res, s_same, k)
+        res, _ = sk.topk(p.take(torch.arange(12)), p, k, tile_bytes=1 << 12)  # a few queries
+        check_strict(res, s[:12], k)
+    thr = np.full(len(x), 0.3)
+    for mode in (None, "upper"):
+        i, j, _ = sk.threshold_pairs(p, p, torch.from_numpy(thr), tile_bytes=1 << 12, mode=mode)
+        differ = set(zip(i.tolist(), j.tolist())) ^ brute_pairs(s, thr, np.arange(len(x)), mode)
+        assert all(abs(s[a, b] - 0.3) < SAME for a, b in differ)
