@@ -147,7 +147,14 @@ def prepare_columns(df: Any, column: str, *, eps: float, device: str = "auto") -
     p = sk.prepare(x, null, eps=eps, device=partition.resolve_device(device, x.device))
     assert p.norm is not None
     n = len(p)
-    stored = p.unit.device.type == "cpu" and p.unit.data_ptr() != p.raw.data_ptr() and n > 0
+    # Stored only where a search reads them back (from_norms: float32/float64 rows on a
+    # CPU) and the rows cannot serve as their own.
+    stored = (
+        n > 0
+        and p.unit.device.type == "cpu"
+        and p.raw.dtype in (torch.float32, torch.float64)
+        and p.unit.data_ptr() != p.raw.data_ptr()
+    )
     if stored:
         step = np.arange(0, n * p.dim + 1, p.dim, dtype=np.int32)
         unit = pa.ListArray.from_arrays(step, pa.array(p.unit.numpy().reshape(-1)))
