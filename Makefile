@@ -58,7 +58,12 @@ lint: $(VENV)/.installed
 	$(VENV)/bin/mypy dask_cosim
 
 # The documentation site: docs/ -> docs/_build/html, every warning an error, offline.
-$(VENV)/.docs-installed: $(VENV)/.installed pyproject.toml
+# The core (the API pages import dask_cosim) and the docs extra, not the dev extra: a stamp
+# of its own, as for the demo.
+$(VENV)/.docs-installed: pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH_SPEC)"
 	$(PY) -m pip install -q -e ".[docs]"
 	touch $@
 

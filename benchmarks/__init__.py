@@ -2,6 +2,7 @@
 
     python -m benchmarks.pairwise       # make bench: the CPU run, floors and peers
     python -m benchmarks.pairwise_gpu   # the same run plus the GPU rows (.ci/gpu-check)
+    python -m benchmarks.dask_gpu       # persisted dask_cudf at 1M-50M rows, 2 workers/GPU
     python -m benchmarks.memory         # peak memory of pairwise on one partition
     python -m benchmarks.scaling        # time per pair against N and D
     python -m benchmarks.kernel         # the kernels against the streaming floors
@@ -10,7 +11,8 @@
     python -m benchmarks.search         # exact search against faiss and others
 
 ``benchmarks.harness`` holds what they share (its docstring shows how to write a new
-script); ``benchmarks.peers`` the tools users would use instead.  Run from the repository
+script); ``benchmarks.peers`` the tools users would use instead; ``benchmarks.gpu_host``
+and ``benchmarks.gpu_read`` rows of ``pairwise_gpu``.  Run from the repository
 root, the root is on ``sys.path``, and the processes dask and multiprocessing spawn
 inherit it, so they import ``benchmarks.peers`` too.
 """

@@ -63,11 +63,15 @@ class Pairs:
 @dataclasses.dataclass
 class Phase:
     """Rows timed after the CPU rows, once the CPU cluster is closed (the GPU rows).
-    ``run(pairs, repeat, log)`` returns (timed rows, failures {"case", "error"}, the host
-    round trips or None); ``targets`` join the table's targets."""
+    ``run(pairs, repeat, log)`` returns (timed rows, failures {"case", "error"}, more
+    entries of the results record, such as "host_round_trips"); ``targets`` join the
+    table's targets; ``report(record)`` prints what the phase added, after the table."""
 
-    run: Callable[[Pairs, int, harness.Log], tuple[list[Row], list[dict[str, str]], Any]]
+    run: Callable[[Pairs, int, harness.Log], tuple[list[Row], list[dict[str, str]], dict[str, Any]]]
     targets: list[tuple[str, str, str, float]]
+    report: Callable[[harness.Record], None] | None = None
+    # More entries of the results record, read off the summarised table.
+    from_table: Callable[[list[harness.Record]], dict[str, Any]] | None = None
 
 
 def _row(name: str, run: Callable[[], Any], n: int, note: str = "", **how: Any) -> Row:
@@ -179,7 +183,7 @@ def measure(
     pairs = Pairs(a, b, harness.reference(a, b), tmp / "list", tmp / "ours", tmp)
     client = None
     failed: list[dict[str, str]] = []
-    trips = None
+    extras: dict[str, Any] = {"host_round_trips": None}
     try:
         log(f"writing {partitions} list<float> files and our layout")
         harness.write_list_layout(a, b, pairs.list_dir, partitions)
@@ -207,7 +211,8 @@ def measure(
             del persisted
             client.close()
             client = None
-            more, failed, trips = phase.run(pairs, repeat, log)
+            more, failed, added = phase.run(pairs, repeat, log)
+            extras.update(added)
             table_rows += more
     finally:
         if client is not None:
@@ -217,6 +222,8 @@ def measure(
         shutil.rmtree(tmp, ignore_errors=True)
 
     table = harness.summarize(table_rows, rows, nbytes(params))
+    if phase is not None and phase.from_table is not None:
+        extras.update(phase.from_table(table))
     targets = TARGETS + (phase.targets if phase is not None else [])
     return {
         "params": params,
@@ -224,7 +231,7 @@ def measure(
         "targets": target_lines(table, targets),
         "memory": memory,
         "failed": failed,
-        "host_round_trips": trips,
+        **extras,
     }
 
 
@@ -315,7 +322,12 @@ def execute(given: dict[str, Any], kind: str, phase: Phase | None = None) -> Non
     def run(log: harness.Log) -> harness.Record:
         return {"name": name, **measure(params, given["peers"], log, phase)}
 
-    harness.execute_benchmark(harness.Config(output, name, run, report, chart))
+    def report_all(record: harness.Record) -> None:
+        report(record)
+        if phase is not None and phase.report is not None:
+            phase.report(record)
+
+    harness.execute_benchmark(harness.Config(output, name, run, report_all, chart))
 
 
 @click.command()

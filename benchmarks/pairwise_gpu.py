@@ -5,17 +5,22 @@
 Runs the CPU rows first (they are what the GPU is compared with), closes the CPU cluster,
 then, fail-soft (whatever raises is logged with its traceback and left out):
 
-- in this process: a device-to-device copy floor and our kernel on the run's pairs; the
-  kernel at each (D, dtype) of ``GPU_SWEEP`` on pairs of its own, fused and torch, each
-  against a copy of its own bytes; host-to-device copies (pinned, pageable) and our
-  kernel fed from host tensors (what pandas partitions on a GPU worker do);
+- in this process: the device floors (a streaming read, ``a.sum(); b.sum()``, and a
+  device-to-device copy) and our kernel on the run's pairs; the kernel at each (D, dtype)
+  of ``GPU_SWEEP`` on pairs of its own, fused and torch, each against floors of its own
+  bytes; host data on the GPU (``benchmarks.gpu_host``: host-to-device copies, the
+  staged path, pandas partitions under ``device="auto"``, ``"cpu"`` and ``"cuda"``, the
+  rates of the placement rule);
 - with cudf, on a dask-cuda cluster (one worker per GPU): the pairs persisted as a
   dask_cudf frame, ``cudf.read_parquet`` of both layouts and our end to end from each
   through the GPU reader;
-- the copies between host and device in one end-to-end cudf run, under the profiler.
+- the copies between host and device in one end-to-end cudf run, under the profiler;
+- the GPU read stage by stage (``benchmarks.gpu_read``), in this process.
 
-Same options and results file as ``benchmarks.pairwise`` (named ``gpu<cores>-...``).
-Without CUDA it says so and exits 0.
+Same options and results file as ``benchmarks.pairwise`` (named ``gpu<cores>-...``), with
+``read_breakdown`` and ``placement_rates`` added.  Without CUDA it says so and exits 0.
+``benchmarks.dask_gpu`` measures persisted dask_cudf at 1M-50M rows and two workers on
+one GPU.
 """
 
 from __future__ import annotations
@@ -30,11 +35,10 @@ from typing import Any
 import click
 import dask
 import dask.dataframe as dd
-import numpy as np
 import torch
 
 import dask_cosim
-from benchmarks import harness, pairwise
+from benchmarks import gpu_host, gpu_read, harness, pairwise
 from benchmarks.harness import A, B, Case, Row
 from benchmarks.pairwise import Pairs, sum_cos
 from dask_cosim import kernels
@@ -42,6 +46,7 @@ from dask_cosim import kernels
 # The kernel on device tensors: (D, dtype) pairs, each of about the bytes of the run's pairs.
 GPU_SWEEP = [(d, dt) for d in (128, 300, 768, 4096) for dt in ("float16", "float32")]
 GPU_COPY = "floor: GPU copy (device to device)"
+GPU_READ = "floor: GPU read (sum of both)"
 
 
 def _sync() -> None:
@@ -50,7 +55,7 @@ def _sync() -> None:
 
 
 def _copy_case(name: str, tensors: list[torch.Tensor], rows: int, note: str) -> Case:
-    """Clone of device tensors: reads and writes their bytes once, the device's floor."""
+    """Clone of device tensors: reads and writes their bytes once."""
 
     def copy() -> None:
         for t in tensors:
@@ -58,6 +63,18 @@ def _copy_case(name: str, tensors: list[torch.Tensor], rows: int, note: str) -> 
         _sync()
 
     return Case(name, copy, rows, note)
+
+
+def _read_case(name: str, tensors: list[torch.Tensor], rows: int, note: str) -> Case:
+    """A sum of each device tensor: reads its bytes once and writes nothing, the floor of a
+    kernel that only reads (the copy floor also writes, which flatters such a kernel)."""
+
+    def read() -> None:
+        for t in tensors:
+            t.sum()
+        _sync()
+
+    return Case(name, read, rows, note)
 
 
 def _kernel_case(name: str, x: torch.Tensor, y: torch.Tensor, fused: bool | None) -> Case:
@@ -86,9 +103,13 @@ def _sweep_rows(dim: int, dtype: str, target_bytes: int, gen: torch.Generator) -
     x = torch.randn((count, dim), generator=gen, device="cuda", dtype=tdtype)
     y = torch.randn((count, dim), generator=gen, device="cuda", dtype=tdtype)
     y[: count // 2] += x[: count // 2]
-    ref, nbytes, floor = harness.reference(x, y), 2 * x.nbytes, f"floor: GPU copy {label}"
-    rows = [Row(_copy_case(floor, [x, y], count, f"{count:,} rows"), "floor", expect="none",
-                nbytes=nbytes)]  # fmt: skip
+    ref, nbytes, floor = harness.reference(x, y), 2 * x.nbytes, f"floor: GPU read {label}"
+    rows = [
+        Row(_read_case(floor, [x, y], count, f"{count:,} rows"), "floor", expect="none",
+            nbytes=nbytes),
+        Row(_copy_case(f"floor: GPU copy {label}", [x, y], count, "reads and writes"), "floor",
+            expect="none", nbytes=nbytes),
+    ]  # fmt: skip
     for suffix, fused in (("", None), (", torch fallback", False)):
         case = _kernel_case(f"ours: GPU kernel {label}{suffix}", x, y, fused)
         rows.append(Row(case, "ours", floor=floor, ref=ref, nbytes=nbytes))
@@ -96,18 +117,19 @@ def _sweep_rows(dim: int, dtype: str, target_bytes: int, gen: torch.Generator) -
 
 
 def gpu_tensor_rows(pairs: Pairs, log: harness.Log) -> list[Row]:
-    """CUDA, in this process: the device copy floor and our kernel on the run's pairs, the
-    kernel at each point of GPU_SWEEP, then host to device copies.  Device memory is held
+    """CUDA, in this process: the device floors and our kernel on the run's pairs, the
+    kernel at each point of GPU_SWEEP, then host data on the GPU.  Device memory is held
     by the rows' cases until they are dropped.  A sweep point that cannot be set up is
     logged and left out."""
     n = len(pairs.a)
     ga, gb = torch.from_numpy(pairs.a).cuda(), torch.from_numpy(pairs.b).cuda()
+    device = torch.cuda.get_device_name()
     rows = [
-        Row(_copy_case(GPU_COPY, [ga, gb], n, torch.cuda.get_device_name()), "floor",
-            expect="none"),
-        Row(_kernel_case("ours: kernel on GPU", ga, gb, None), "ours", floor=GPU_COPY),
+        Row(_read_case(GPU_READ, [ga, gb], n, device), "floor", expect="none"),
+        Row(_copy_case(GPU_COPY, [ga, gb], n, "reads and writes"), "floor", expect="none"),
+        Row(_kernel_case("ours: kernel on GPU", ga, gb, None), "ours", floor=GPU_READ),
         Row(_kernel_case("ours: kernel on GPU, torch fallback", ga, gb, False), "ours",
-            floor=GPU_COPY),
+            floor=GPU_READ),
     ]  # fmt: skip
     gen = torch.Generator(device="cuda").manual_seed(0)
     for dim, dtype in GPU_SWEEP:
@@ -116,42 +138,7 @@ def gpu_tensor_rows(pairs: Pairs, log: harness.Log) -> list[Row]:
         except Exception:
             log(f"GPU kernel at D={dim} {dtype}: set-up failed, left out")
             traceback.print_exc(file=sys.stderr)
-    return rows + host_to_device_rows(pairs.a, pairs.b)
-
-
-def host_to_device_rows(a: np.ndarray, b: np.ndarray) -> list[Row]:
-    """Host to device copies of the run's pairs and our kernel on host tensors with
-    device="cuda" (chunks move to the GPU one at a time, as for pandas partitions on a GPU
-    worker); its floor is the pinned copy, the fastest the bus allows."""
-    n = len(a)
-    ta, tb = torch.from_numpy(a), torch.from_numpy(b)
-    pinned = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t) for t in (ta, tb)]
-    on_device = [torch.empty(t.shape, dtype=t.dtype, device="cuda") for t in (ta, tb)]
-
-    def copy_pinned() -> None:
-        for dst, src in zip(on_device, pinned):
-            dst.copy_(src, non_blocking=True)
-        _sync()
-
-    def copy_pageable() -> None:
-        for dst, src in zip(on_device, (ta, tb)):
-            dst.copy_(src)
-        _sync()
-
-    def kernel_from_host() -> torch.Tensor:
-        res = dask_cosim.pairwise_cosine(ta, tb, device="cuda")
-        _sync()
-        return res
-
-    pinned_floor = "floor: host to device copy (pinned)"
-    return [
-        Row(Case(pinned_floor, copy_pinned, n, "pin_memory, non_blocking"), "floor",
-            expect="none"),
-        Row(Case("floor: host to device copy (pageable)", copy_pageable, n, "for information"),
-            "floor", expect="none"),
-        Row(Case("ours: kernel, host tensors -> GPU", kernel_from_host, n,
-                 'device="cuda": chunks moved one at a time'), "ours", floor=pinned_floor),
-    ]  # fmt: skip
+    return rows + gpu_host.host_rows(pairs.a, pairs.b)
 
 
 def cudf_rows(pairs: Pairs, persisted: dd.DataFrame | None) -> list[Row]:
@@ -240,14 +227,18 @@ def host_round_trips(ours_dir: Path) -> dict[str, Any]:
 
 def run_gpu(
     pairs: Pairs, repeat: int, log: harness.Log
-) -> tuple[list[Row], list[dict[str, str]], dict[str, Any] | None]:
-    """The GPU rows, fail-soft: (timed rows, failures {"case", "error"}, host round trips).
+) -> tuple[list[Row], list[dict[str, str]], dict[str, Any]]:
+    """The GPU rows, fail-soft: (timed rows, failures {"case", "error"}, more entries of
+    the results record: "host_round_trips", "read_breakdown").
 
-    First this process's tensor cases (their device memory freed after), then the cudf
-    cases on a dask-cuda cluster of one worker per GPU (``dask_cosim.local_cluster()``,
-    closed after).  Whatever raises is logged with its traceback and left out.
+    First this process's tensor and host-data cases (their device memory freed after),
+    then the cudf cases on a dask-cuda cluster of one worker per GPU
+    (``dask_cosim.local_cluster()``, closed after), then in this process the host round
+    trips and the read breakdown.  Whatever raises is logged with its traceback and left
+    out.
     """
     failed: list[dict[str, str]] = []
+    extras: dict[str, Any] = {"host_round_trips": None, "read_breakdown": None}
 
     def fail(what: str) -> None:
         exc = sys.exc_info()[1]
@@ -257,7 +248,7 @@ def run_gpu(
 
     rows: list[Row] = []
     try:
-        log("GPU: device tensors, kernel sweep, host to device copies")
+        log("GPU: device floors and kernels, kernel sweep, host data on the GPU")
         tensor_rows = gpu_tensor_rows(pairs, log)
         failed += harness.time_rows(tensor_rows, repeat, pairs.ref, log, drop_failed=True)
         rows += tensor_rows
@@ -267,10 +258,9 @@ def run_gpu(
         row.case.run, row.ref = _spent, None
     torch.cuda.empty_cache()  # for the dask-cuda worker's RMM pool
 
-    trips = None
     client = None
-    try:
-        with dask.config.set({"dataframe.backend": "cudf"}):
+    with dask.config.set({"dataframe.backend": "cudf"}):
+        try:
             log("GPU: starting a dask-cuda cluster (one worker per GPU)")
             client = dask_cosim.local_cluster(gpus=True, dashboard_address=None)
             persisted = None
@@ -286,24 +276,28 @@ def run_gpu(
             failed += harness.time_rows(cudf_cases, repeat, pairs.ref, log, drop_failed=True)
             rows += cudf_cases
             del persisted
-            client.close()
-            client = None
-            log("GPU: host round trips of one end-to-end cudf run, under the profiler")
-            try:
-                trips = host_round_trips(pairs.ours_dir)
-                summary = ", ".join(
-                    f"{k}: {v['count']}" + (f" ({v['bytes'] / 1e6:.1f} MB)" if v["bytes"] else "")
-                    for k, v in trips["kinds"].items()
-                )
-                print(f"host round trips (cudf path, one run): {summary or 'no memcpy events'}")
-            except Exception:
-                fail("host round trips (profiler)")
-    except Exception:
-        fail("cudf cases")
-    finally:
-        if client is not None:
-            client.close()
-    return rows, failed, trips
+        except Exception:
+            fail("cudf cases")
+        finally:
+            if client is not None:
+                client.close()
+        log("GPU: host round trips of one end-to-end cudf run, under the profiler")
+        try:
+            trips = host_round_trips(pairs.ours_dir)
+            summary = ", ".join(
+                f"{k}: {v['count']}" + (f" ({v['bytes'] / 1e6:.1f} MB)" if v["bytes"] else "")
+                for k, v in trips["kinds"].items()
+            )
+            print(f"host round trips (cudf path, one run): {summary or 'no memcpy events'}")
+            extras["host_round_trips"] = trips
+        except Exception:
+            fail("host round trips (profiler)")
+        try:
+            folders = {"our": pairs.ours_dir, "list": pairs.list_dir}
+            extras["read_breakdown"] = gpu_read.read_breakdown(folders, repeat, log)
+        except Exception:
+            fail("GPU read breakdown")
+    return rows, failed, extras
 
 
 def _spent() -> None:
@@ -311,21 +305,27 @@ def _spent() -> None:
 
 
 TARGETS = [
-    ("GPU kernel >= 0.85 x device copy", "ours: kernel on GPU", GPU_COPY, 0.85),
+    ("GPU kernel >= 0.85 x device read", "ours: kernel on GPU", GPU_READ, 0.85),
     *(
         (
-            f"GPU kernel D={d} {dt} >= 0.85 x device copy",
+            f"GPU kernel D={d} {dt} >= 0.85 x device read",
             f"ours: GPU kernel D={d} {dt}",
-            f"floor: GPU copy D={d} {dt}",
+            f"floor: GPU read D={d} {dt}",
             0.85,
         )
         for d, dt in GPU_SWEEP
     ),
-    ("dask_cudf persisted >= 0.7 x device copy", "ours: dask_cudf, persisted", GPU_COPY, 0.7),
+    *gpu_host.TARGETS,
     (
         "our layout end to end (cudf) >= 0.8 x cudf read",
         "ours: our Parquet -> sum (cudf)",
         "floor: cudf read, our files",
+        0.8,
+    ),
+    (
+        "list files end to end (cudf) >= 0.8 x cudf read",
+        "ours: list Parquet -> sum (cudf)",
+        "floor: cudf read, list files",
         0.8,
     ),
     (
@@ -337,6 +337,17 @@ TARGETS = [
 ]
 
 
+def report(record: harness.Record) -> None:
+    """What the GPU phase adds after the table: the read breakdown, the placement rates."""
+    if record.get("read_breakdown"):
+        gpu_read.report(record["read_breakdown"])
+    gpu_host.report_rates(record.get("placement_rates") or {})
+
+
+def from_table(table: list[harness.Record]) -> dict[str, Any]:
+    return {"placement_rates": gpu_host.placement_rates(table)}
+
+
 @click.command()
 @pairwise.options
 def main(**given: Any) -> None:
@@ -344,7 +355,7 @@ def main(**given: Any) -> None:
     if not torch.cuda.is_available():
         print("no CUDA device: nothing run (the CPU rows alone: python -m benchmarks.pairwise)")
         return
-    pairwise.execute(given, "gpu", pairwise.Phase(run_gpu, TARGETS))
+    pairwise.execute(given, "gpu", pairwise.Phase(run_gpu, TARGETS, report, from_table))
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """What every command of :mod:`dask_cosim.cli` shares: errors in one line, the cluster
 options (--scheduler, --workers, --gpus, --memory-limit, with the one check that a running
 scheduler and a local cluster are not both asked for) and the output options (-o,
---overwrite, --quiet), each group handed to a command as one argument.
+--overwrite, --layout, --quiet), each group handed to a command as one argument; and the
+options several commands take alone (--layout, --columns).
 
 Only click is imported with this module, as with the command line itself.
 """
@@ -21,6 +22,9 @@ import click
 import dask_cosim
 
 __all__ = [
+    "COLUMNS",
+    "LAYOUT",
+    "LAYOUTS",
     "MEMORY_LIMIT",
     "OVERWRITE",
     "WORKERS",
@@ -143,10 +147,12 @@ class Cluster:
 
 @dataclass(frozen=True)
 class Output:
-    """The output folder, whether it may be replaced, whether to show progress."""
+    """The output folder, whether it may be replaced, the layout of its vector columns,
+    whether to show progress."""
 
     output: str
     overwrite: bool
+    layout: str
     quiet: bool
 
     @property
@@ -220,13 +226,31 @@ cluster_options = _grouped(
         MEMORY_LIMIT,
     ],
 )
-# -o / --overwrite / --quiet, on every command that writes a result.
+# dask_cosim.io.LAYOUTS and to_parquet's default, spelt out so that the options need no
+# import of the io package (tests/test_cli.py checks they agree).
+LAYOUTS = ("binary", "list")
+LAYOUT = click.option(
+    "--layout",
+    default="binary",
+    show_default=True,
+    type=click.Choice(LAYOUTS),
+    help="How vector columns are stored: binary (read fastest by dask_cosim) or list "
+    "(read by every Parquet reader: pandas, DuckDB, Spark).",
+)
+COLUMNS = click.option(
+    "--columns",
+    multiple=True,
+    help="A column to carry from each row of a pair into the output as left_<column> and "
+    "right_<column>, e.g. an id (repeatable).",
+)
+# -o / --overwrite / --layout / --quiet, on every command that writes a result.
 output_options = _grouped(
     "out",
     Output,
     [
         click.option("-o", "--output", required=True, help="Output folder (Parquet, atomic)."),
         OVERWRITE,
+        LAYOUT,
         click.option("--quiet", is_flag=True, help="No progress bar."),
     ],
 )

@@ -85,13 +85,29 @@ def rows_cosine(
     # coalesced along D.  Narrower for short vectors, so masked lanes stay few.
     block_d = min(128, triton.next_power_of_2(max(d, 16)))
     block_r = max(1, 2048 // block_d)
-    limits = torch.tensor([eps, lo, hi], dtype=acc, device=a.device)
+    limits = _limits(a.device, acc, eps, lo, hi)
     grid = (triton.cdiv(n, block_r),)
     _rows[grid](
         a, b, limits, out, redo, n, d, a.stride(0), b.stride(0),
         BLOCK_R=block_r, BLOCK_D=block_d, ACC64=acc == torch.float64,
         ALIGN=_row_alignment(a, b),
     )  # fmt: skip
+
+
+# (device, dtype, eps, lo, hi) -> the kernel's limits tensor on that device.  Made once:
+# building it from Python numbers is a copy from pageable memory, which waits for the
+# stream, and that wait would stall the staged pipeline (dask_cosim.staging) every chunk.
+_LIMITS: dict[tuple[torch.device, torch.dtype, float, float, float], torch.Tensor] = {}
+
+
+def _limits(
+    device: torch.device, acc: torch.dtype, eps: float, lo: float, hi: float
+) -> torch.Tensor:
+    key = (device, acc, eps, lo, hi)
+    limits = _LIMITS.get(key)
+    if limits is None:
+        limits = _LIMITS[key] = torch.tensor([eps, lo, hi], dtype=acc, device=device)
+    return limits
 
 
 def _row_alignment(a: torch.Tensor, b: torch.Tensor) -> int:

@@ -52,7 +52,11 @@ class CosimAccessor:
             None: float64 when both columns are float64 (known from the metadata), else
             float32.  Accumulation is float32 at least (fp16/bf16 are upcast).
         device : {"auto", "cpu", "cuda", "cuda:N"}, default config ``cosim.device``
-            "auto" computes on the worker's GPU when it has one, else on the CPU.
+            "auto" computes each partition where it finishes first
+            (:mod:`dask_cosim.placement`): cudf partitions on their GPU, pandas
+            partitions on the CPU unless only the torch kernel applies to them and the
+            worker has a GPU.  "cuda" moves pandas partitions to the GPU through pinned
+            staging buffers.
         name : hashable, default "cos"
             Name of the result Series.
 
@@ -84,8 +88,8 @@ class CosimAccessor:
         for column in (a, b):
             if column not in meta.columns:
                 raise errors.column_not_found(column, meta.columns)
-        spec_a = backends.vector_spec(meta[a], a)
-        spec_b = backends.vector_spec(meta[b], b)
+        spec_a = backends.column_spec(obj, a)
+        spec_b = backends.column_spec(obj, b)
         if spec_a.dim is not None and spec_b.dim is not None and spec_a.dim != spec_b.dim:
             raise errors.dims_differ(f"column {a!r}", spec_a.dim, f"column {b!r}", spec_b.dim)
         kwargs: dict[str, Any] = {
@@ -179,6 +183,8 @@ class CosimAccessor:
         right_on: str | None = None,
         k: int | None = None,
         threshold: float | None = None,
+        columns: list[Hashable] | None = None,
+        right_columns: list[Hashable] | None = None,
     ) -> Any:
         """Similarity join: for each row its ``k`` best rows of ``right``, or every pair
         scoring at least ``threshold`` (both: the ``k`` best among those).
@@ -195,16 +201,28 @@ class CosimAccessor:
             Matches kept per left row, >= 1.
         threshold : float, optional
             Lowest score kept, in [-1, 1].
+        columns : list, optional
+            Columns of this frame to carry into the result as ``left_<column>`` (an id
+            column names the rows whatever their index labels), and of ``right`` as
+            ``right_<column>`` unless ``right_columns`` is given.
+        right_columns : list, optional
+            Columns of ``right`` to carry as ``right_<column>`` (default: ``columns``).
 
         Returns
         -------
         DataFrame
             Lazy dask DataFrame when either side is a dask collection (one partition per
             left partition, unknown divisions), else pandas.  Columns ``left`` and
-            ``right`` (index labels), ``score``, and ``rank`` (0-based) when ``k`` is
-            given.  Sorted by left row, then with ``k`` by rank (score descending, ties
-            broken by frame order), else by right row (frame order).  Null or NaN rows
-            never match.
+            ``right`` (index labels), ``score``, ``rank`` (0-based) when ``k`` is given,
+            then the carried columns.  Sorted by left row, then with ``k`` by rank (score
+            descending, ties broken by frame order), else by right row (frame order).
+            Null or NaN rows never match.
+
+        Warns
+        -----
+        RepeatedLabelsWarning
+            A side carries no columns and is a dask frame of several partitions with
+            unknown divisions: its labels may repeat, and the warning names the fix.
 
         Raises
         ------
@@ -214,23 +232,80 @@ class CosimAccessor:
             Neither ``k`` nor ``threshold``, ``k < 1``, threshold outside [-1, 1], or
             vector lengths that differ (known from the metadata).
         """
-        return search.join(self._obj, right, on, right_on=right_on, k=k, threshold=threshold)
+        return search.join(self._obj, right, on, right_on=right_on, k=k, threshold=threshold,
+                           columns=columns, right_columns=right_columns)  # fmt: skip
 
-    def neighbors(self, on: str, *, k: int | None = None, threshold: float | None = None) -> Any:
+    def neighbors(
+        self,
+        on: str,
+        *,
+        k: int | None = None,
+        threshold: float | None = None,
+        columns: list[Hashable] | None = None,
+    ) -> Any:
         """The self-join: :meth:`join` of the frame with itself, never pairing a row with
         itself.  With ``threshold`` alone each unordered pair appears once, the earlier
-        row (frame order) as ``left``; with ``k`` every row gets its own ``k`` best."""
-        return search.neighbors(self._obj, on, k=k, threshold=threshold)
+        row (frame order) as ``left``; with ``k`` every row gets its own ``k`` best.
+        ``columns`` are carried from both rows of each pair (``left_<c>``, ``right_<c>``)."""
+        return search.neighbors(self._obj, on, k=k, threshold=threshold, columns=columns)
 
-    def dedup(self, on: str, threshold: float) -> Any:
+    def dedup(
+        self,
+        on: str,
+        threshold: float,
+        *,
+        return_removed: bool = False,
+        columns: list[Hashable] | None = None,
+    ) -> Any:
         """The frame (all columns) without every row that has an earlier row (frame
         order) scoring at least ``threshold`` with it.
 
         A row is dropped even when the earlier row it matches is itself dropped (the
         edges are those of :meth:`neighbors`; chains are not followed).  Null and NaN rows
         are kept.  Lazy for a dask frame (same partitions and divisions), else eager.
+
+        Parameters
+        ----------
+        on : str
+            The embedding column.
+        threshold : float
+            Score at which two rows are duplicates, in [-1, 1].
+        return_removed : bool, default False
+            Also return what was removed: one row per dropped row, in frame order, with
+            ``left`` (the earlier row it duplicates: of the earlier rows scoring at least
+            ``threshold`` with it, the one of highest float64 score, ties to the earliest),
+            ``right`` (the dropped row), ``score``, then ``left_<c>``/``right_<c>`` for
+            ``columns``.  That earlier row may be dropped too: it then has its own row,
+            and following ``left`` from row to row ends at a kept row.  As NeMo
+            Curator's ``id, max_id, cosine_sim_score``: ``columns=["id"]``, then
+            ``right_id``, ``left_id``, ``score``.
+        columns : list, optional
+            Columns to carry into the removed rows (an id column names the rows whatever
+            their index labels).
+
+        Returns
+        -------
+        DataFrame, or (DataFrame, DataFrame) with ``return_removed``
+            The kept rows, and the removed ones (computing both together, e.g.
+            ``dask.compute(kept, removed)``, scans the pairs once).
         """
-        return search.dedup(self._obj, on, threshold)
+        return search.dedup(self._obj, on, threshold, return_removed=return_removed,
+                            columns=columns)  # fmt: skip
+
+    def groups(self, on: str, threshold: float, *, name: str = "group") -> Any:
+        """The frame with a column ``name``: each row's group of near-duplicates, the
+        connected component of the graph whose edges are the pairs scoring at least
+        ``threshold`` (those of :meth:`neighbors`), named by the frame position (0-based,
+        over all partitions) of its first row.  A row with no such pair, and a null or
+        NaN row, is a group of its own.
+
+        Lazy for a dask frame (same partitions and divisions), else eager.  The pairs are
+        found partition pair by partition pair as :meth:`neighbors` finds them; the
+        components are then computed by ``scipy.sparse.csgraph.connected_components`` in
+        one task, which holds every pair (about 40 bytes each) and 16 bytes per row: 100
+        million pairs need about 4 GB in that task.
+        """
+        return search.groups(self._obj, on, threshold, name=name)
 
 
 def register_cudf_accessor(cudf_module: Any = None) -> None:

@@ -2,9 +2,10 @@
 
 Options and delegation only: ``pairwise`` (Parquet in, Parquet out, a summary),
 ``convert`` (pickles, .npy/.npz and Parquet into our layout), ``info``, ``demo``, and the
-searches ``topk``, ``join`` and ``dedup``.  The work is the library's (:mod:`dask_cosim.runs`,
-:mod:`dask_cosim.io`, the ``.cosim`` accessor, :class:`~dask_cosim.summary.Summary`); the
-options every command shares, and errors in one line, are in :mod:`dask_cosim._cli`.
+searches ``topk``, ``join``, ``neighbors`` and ``dedup``.  The work is the library's
+(:mod:`dask_cosim.runs`, :mod:`dask_cosim.io`, the ``.cosim`` accessor,
+:class:`~dask_cosim.summary.Summary`); the options every command shares, and errors in one
+line, are in :mod:`dask_cosim._cli`.
 
 Exit status: 0 on success; 2 with one line on stderr for bad input (usage, missing files,
 unknown columns, wrong dtypes, ragged rows, an existing output); 1 when the computation
@@ -23,12 +24,14 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 
 import dask_cosim  # light: the library's modules are imported by the commands using them
 from dask_cosim._cli import (
+    COLUMNS,
+    LAYOUT,
     MEMORY_LIMIT,
     OVERWRITE,
     WORKERS,
@@ -42,6 +45,8 @@ from dask_cosim._cli import (
 )
 
 __all__ = ["main"]
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 # --------------------------------------------------------------------------- commands
@@ -86,16 +91,13 @@ def pairwise(
 
     # Everything that can be checked without a cluster is checked before one starts.
     run = runs.pairwise(inputs, col_a, col_b, out.output, keep=keep, name=name,
-                        overwrite=out.overwrite, eps=eps, dtype=dtype, device=device)  # fmt: skip
+                        overwrite=out.overwrite, layout=out.layout, eps=eps, dtype=dtype,
+                        device=device)  # fmt: skip
     with cluster.client():
         written = run(out.progress)
     assert written.summary is not None
     click.echo(f"wrote       {out.output}")
     click.echo(written.summary.format(written.seconds, written.embedding_bytes))
-
-
-# dask_cosim.io.LAYOUTS, spelt out so that the option list needs no import of the io package.
-_LAYOUTS = ("binary", "list")
 
 
 @main.command()
@@ -107,7 +109,7 @@ _LAYOUTS = ("binary", "list")
     "col_a",
     default="embeds_a",
     show_default=True,
-    help="Name of the first vector column (.npy/.npz inputs).",
+    help="Name of the first vector column (.npy of pairs, .npz inputs).",
 )
 @click.option(
     "-b",
@@ -115,9 +117,15 @@ _LAYOUTS = ("binary", "list")
     "col_b",
     default="embeds_b",
     show_default=True,
-    help="Name of the second vector column (.npy/.npz inputs).",
+    help="Name of the second vector column (.npy of pairs, .npz inputs).",
 )
-@click.option("--layout", default="binary", show_default=True, type=click.Choice(_LAYOUTS))
+@click.option(
+    "--column",
+    default="embedding",
+    show_default=True,
+    help="Name of the vector column of a .npy of shape (N, D).",
+)
+@LAYOUT
 @click.option("--allow-pickle", is_flag=True, help="Read a .pkl/.pickle file (runs its code).")
 @OVERWRITE
 @one_line_errors
@@ -126,6 +134,7 @@ def convert(
     output: str,
     col_a: str,
     col_b: str,
+    column: str,
     layout: str,
     allow_pickle: bool,
     overwrite: bool,
@@ -133,24 +142,15 @@ def convert(
     """Convert INPUT to Parquet in our layout.
 
     INPUT: a pandas pickle (.pkl/.pickle) of a frame whose columns hold one array or
-    tensor per row; a .npy array of shape (N, 2, D) (pair i is [i, 0] and [i, 1]); a .npz
-    with arrays named by --a/--b, each (N, D); or Parquet with object or list columns.
+    tensor per row; a .npy array of shape (N, D) (one vector per row, column --column) or
+    (N, 2, D) (pair i is [i, 0] and [i, 1], columns --a and --b); a .npz with arrays named
+    by --a/--b, each (N, D); or Parquet with object or list columns.
     """
     import dask
 
     from dask_cosim import io
 
-    source = Path(input_path)
-    if not source.exists():
-        raise InputError(f"{input_path!r} not found")
-    suffix = source.suffix.lower()
-    if suffix in (".pkl", ".pickle"):
-        df = io.from_pandas(io.read_pickle(source, allow_pickle))
-    elif suffix in (".npy", ".npz"):
-        df = io.from_pandas(io.numpy_pairs(source, col_a, col_b))
-    else:
-        io.check_parquet_inputs([input_path], "convert reads pandas pickles, .npy/.npz and Parquet")
-        df = io.read_parquet(input_path)
+    df = io.source_frame(input_path, a=col_a, b=col_b, column=column, allow_pickle=allow_pickle)
     with dask.config.set(scheduler="threads"):  # one machine's file: no cluster needed
         manifest = io.to_parquet(df, output, layout=layout, overwrite=overwrite)
     dims = ", ".join(f"{c} {v['dim']} x {v['dtype']}" for c, v in manifest["vectors"].items())
@@ -238,17 +238,35 @@ def demo(
 # --------------------------------------------------------------------------- search commands
 
 
-def _search(build: Callable[[], Any], out: Output, cluster: Cluster) -> None:
-    """Check OUTPUT and build the result (errors before a cluster starts), then compute
-    and write it on the cluster; prints rows, time and the output path."""
+def _search(
+    build: Callable[[], Any],
+    out: Output,
+    cluster: Cluster,
+    *,
+    rows_of_input: bool = False,
+    removed: str | None = None,
+) -> None:
+    """Check OUTPUT (and REMOVED) and build the result (errors before a cluster starts),
+    then compute and write it on the cluster; prints rows, time and the output paths.
+    ``build`` returns the result, or (kept rows, removed rows) with ``removed``;
+    ``rows_of_input``: the result's rows are the input's (dedup), index included."""
     from dask_cosim import runs
 
     runs.check_output(out.output, out.overwrite)
+    if removed is not None:
+        runs.check_output(removed, out.overwrite)
     result = build()
+    # Search results are numbered per partition: their index says nothing, so it is not
+    # written.  Dedup's kept rows keep the input's index.
+    jobs = [(result, out.output, rows_of_input)]
+    if removed is not None:
+        jobs = [(result[0], out.output, rows_of_input), (result[1], removed, False)]
     with cluster.client():
-        written = runs.write(result, out.output, overwrite=out.overwrite, progress=out.progress)
-    counted = f"{written.rows:,} rows, " if written.rows is not None else ""
-    click.echo(f"wrote       {out.output} ({counted}{written.seconds:.1f} s)")
+        written = runs.write_all(jobs, overwrite=out.overwrite, progress=out.progress,
+                                 layout=out.layout)  # fmt: skip
+    for (_, path, _), w in zip(jobs, written):
+        counted = f"{w.rows:,} rows, " if w.rows is not None else ""
+        click.echo(f"wrote       {path} ({counted}{w.seconds:.1f} s)")
 
 
 _READS = "the search commands read Parquet files or folders of them"
@@ -261,9 +279,11 @@ _READS = "the search commands read Parquet files or folders of them"
     "--queries",
     "queries_path",
     required=True,
-    help="Parquet file or folder holding the query vectors.",
+    help="The query vectors: a .npy array of shape (N, D), or a Parquet file or folder.",
 )
-@click.option("--query-on", default=None, help="Embedding column of --queries (default: --on).")
+@click.option(
+    "--query-on", default=None, help="Embedding column of Parquet --queries (default: --on)."
+)
 @click.option(
     "-k", "k", default=10, show_default=True, type=click.IntRange(1), help="Matches per query."
 )
@@ -279,25 +299,43 @@ def topk(
 ) -> None:  # fmt: skip
     """The K rows of INPUTS most similar to each query vector (exact), written to OUTPUT.
 
-    OUTPUT has one row per (query, hit): query (the query's index label), rank, match (the
-    hit's index label in INPUTS), score and the --keep columns.
+    OUTPUT has one row per (query, hit): query (the query's position in a .npy, or its
+    index label in Parquet), rank, match (the hit's index label in INPUTS), score and the
+    --keep columns (e.g. an id).
     """
     from dask_cosim import runs
     from dask_cosim.search import check_column
 
     df = runs.read_inputs(inputs, _READS)
-    queries = dask_cosim.read_parquet(queries_path)
-    column = on if query_on is None else query_on
-    runs.check_columns(queries, [column], f"--query-on column (in {queries_path!r})")
+    queries = runs.read_queries(queries_path, query_on, on)
+    check_column(df, on, "on")
+    runs.check_columns(df, keep, "--keep column")
 
     def build() -> Callable[[], Any]:
+        import dask
+
         # Checked from the metadata now; the data is read once the cluster runs.
-        check_column(df, on, "on")
-        check_column(queries, column, "query_on")
-        runs.check_columns(df, keep, "--keep column")
-        return lambda: df.cosim.topk(queries[column].compute(), on, k, columns=list(keep))
+        return lambda: df.cosim.topk(dask.compute(queries)[0], on, k, columns=list(keep))
 
     _search(build, out, cluster)
+
+
+def _pairs_options(command: F) -> F:
+    """-k, --threshold, --columns, the output and cluster options, one-line errors: what
+    the commands that find pairs (join, neighbors) share."""
+    decorators = [
+        click.option("-k", "k", default=None, type=click.IntRange(1),
+                     help="Best matches per (left) row."),
+        click.option("--threshold", default=None, type=float,
+                     help="Lowest score kept, in [-1, 1]."),
+        COLUMNS,
+        output_options,
+        cluster_options,
+        one_line_errors,
+    ]  # fmt: skip
+    for decorate in reversed(decorators):
+        command = decorate(command)
+    return command
 
 
 @main.command()
@@ -305,42 +343,71 @@ def topk(
 @click.argument("right_path")
 @click.option("--on", required=True, help="Embedding column of LEFT (and of RIGHT).")
 @click.option("--right-on", default=None, help="Embedding column of RIGHT (default: --on).")
-@click.option("-k", "k", default=None, type=click.IntRange(1), help="Best matches per left row.")
-@click.option("--threshold", default=None, type=float, help="Lowest score kept, in [-1, 1].")
-@output_options
-@cluster_options
-@one_line_errors
+@_pairs_options
 def join(
     left_path: str, right_path: str, on: str, right_on: str | None, k: int | None,
-    threshold: float | None, out: Output, cluster: Cluster,
+    threshold: float | None, columns: tuple[str, ...], out: Output, cluster: Cluster,
 ) -> None:  # fmt: skip
     """Similarity join of LEFT and RIGHT (Parquet): for each left row its K best right rows,
-    and/or every pair scoring at least --threshold; columns left, right, score (and rank).
+    and/or every pair scoring at least --threshold; columns left, right, score (and rank),
+    then left_<c>, right_<c> for each --columns c.  For pairs within one input, use
+    `neighbors` (each pair once, no row with itself).
     """
-    left, right = dask_cosim.read_parquet(left_path), dask_cosim.read_parquet(right_path)
-    _search(
-        lambda: left.cosim.join(right, on, right_on=right_on, k=k, threshold=threshold),
-        out,
-        cluster,
-    )
+    from dask_cosim import runs
+
+    left, right = runs.read_inputs([left_path], _READS), runs.read_inputs([right_path], _READS)
+    _search(lambda: left.cosim.join(right, on, right_on=right_on, k=k, threshold=threshold,
+                                    columns=list(columns)), out, cluster)  # fmt: skip
+
+
+@main.command()
+@click.argument("inputs", nargs=-1, required=True)
+@click.option("--on", required=True, help="Embedding column.")
+@_pairs_options
+def neighbors(
+    inputs: tuple[str, ...], on: str, k: int | None, threshold: float | None,
+    columns: tuple[str, ...], out: Output, cluster: Cluster,
+) -> None:  # fmt: skip
+    """Similar rows within INPUTS (a self-join that never pairs a row with itself): with
+    --threshold alone every pair scoring at least it, once, the earlier row as left; with
+    -k each row's K best other rows.  Columns left, right, score (and rank), then
+    left_<c>, right_<c> for each --columns c.
+    """
+    from dask_cosim import runs
+
+    df = runs.read_inputs(inputs, _READS)
+    _search(lambda: df.cosim.neighbors(on, k=k, threshold=threshold, columns=list(columns)),
+            out, cluster)  # fmt: skip
 
 
 @main.command()
 @click.argument("inputs", nargs=-1, required=True)
 @click.option("--on", required=True, help="Embedding column.")
 @click.option("--threshold", required=True, type=float, help="Score at which rows are duplicates.")
+@click.option(
+    "--removed",
+    default=None,
+    help="Also write the removed rows here: left (the earlier row each duplicates), right "
+    "(the removed row), score, and left_<c>, right_<c> for each --columns c.",
+)
+@COLUMNS
 @output_options
 @cluster_options
 @one_line_errors
 def dedup(
-    inputs: tuple[str, ...], on: str, threshold: float, out: Output, cluster: Cluster
-) -> None:
+    inputs: tuple[str, ...], on: str, threshold: float, removed: str | None,
+    columns: tuple[str, ...], out: Output, cluster: Cluster,
+) -> None:  # fmt: skip
     """INPUTS without every row that has an earlier row scoring at least --threshold with
     it; all columns are written to OUTPUT."""
     from dask_cosim import runs
 
     df = runs.read_inputs(inputs, _READS)
-    _search(lambda: df.cosim.dedup(on, threshold), out, cluster)
+    if removed is None and columns:
+        raise InputError("--columns names what --removed carries: give --removed PATH too")
+    _search(lambda: df.cosim.dedup(on, threshold, return_removed=removed is not None,
+                                   columns=list(columns)),
+            out, cluster, rows_of_input=True, removed=removed)  # fmt: skip
 
 
 if __name__ == "__main__":

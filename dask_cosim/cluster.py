@@ -93,9 +93,10 @@ def local_cluster(
         "auto": a ``LocalCUDACluster`` when dask-cuda is installed and sees a GPU, else a
         ``LocalCluster``.  True: require GPUs.  False: CPU workers only.
     threads_per_worker : int, optional
-        Dask threads per worker, default 1.  On CPUs each task's torch gets
+        Dask threads per worker, default 1.  Each task's torch gets
         ``cores // (n_workers * threads_per_worker)`` threads (at least 1), so the
-        product never exceeds the cores.
+        product never exceeds the cores; on GPU workers too, where host partitions are
+        computed on the CPU (``device="auto"``).
     memory_limit : str, int, float or None, default "auto"
         Per worker: bytes, a string like "4GiB", a fraction of the machine's memory, "auto"
         (an equal share) or None (no limit).  dask pauses a worker at 80 % of it.
@@ -178,12 +179,14 @@ def local_cluster(
             # One pool for RMM (cudf) and torch, instead of two allocators fighting.
             common.setdefault("rmm_allocator_external_lib_list", ["torch"])
         cluster: LocalCluster = LocalCUDACluster(n_workers=n_workers, **common)
-        plugins: list[WorkerPlugin] = []
+        # Host partitions that device="auto" keeps on a GPU worker's CPU (the placement
+        # rule) run on torch's threads there: the cores the GPU workers share.
+        n_workers = n_workers or n_gpus
     else:
         _check_kwargs(kwargs, LocalCluster)
         n_workers = n_workers or max(1, CPU_COUNT // threads_per_worker)
         cluster = LocalCluster(n_workers=n_workers, processes=True, **common)
-        plugins = [TorchThreads(torch_threads(n_workers, threads_per_worker))]
+    plugins: list[WorkerPlugin] = [TorchThreads(torch_threads(n_workers, threads_per_worker))]
     try:
         client = ClusterClient(cluster)
         for plugin in plugins:

@@ -10,19 +10,25 @@ imports nothing of the package: every layer may use it.
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Iterable
 from typing import Any
 
 __all__ = [
     "ACCEPTED",
+    "QueryWarning",
+    "RepeatedLabelsWarning",
+    "StringColumnError",
     "binary_column",
     "cell_not_vector",
     "column_not_found",
     "did_you_mean",
     "dims_differ",
+    "labels_may_repeat",
     "nested_lists",
     "not_parquet",
     "not_vectors",
+    "queries_unusable",
     "ragged",
     "string_column",
 ]
@@ -79,17 +85,61 @@ def ragged(column: str, label: Any, length: int, first_label: Any, dim: int) -> 
     )
 
 
-def string_column(column: str, dtype: Any) -> TypeError:
-    """Strings where vectors were expected, most often vectors that dask turned into text."""
-    return TypeError(
-        f"column {column!r} holds strings ({dtype}), not vectors. dd.from_pandas turns "
-        "object columns of arrays or tensors into text such as '[0.1 0.2 ...]' (dask's "
-        "'dataframe.convert-string'), truncated. Build the dask frame with "
-        "dask_cosim.from_pandas(pdf) instead: it stores them as Arrow vectors. "
-        "(dask.config.set({'dataframe.convert-string': False}) before dd.from_pandas keeps "
-        "them too, as Python objects that dask hashes one by one: about 200x slower in "
-        "benchmarks/from_pandas.py.)"
-    )
+class StringColumnError(TypeError):
+    """Strings where vectors were expected; ``sample`` (a cell, or None when none was
+    looked at) tells text from vectors that became text."""
+
+    def __init__(self, message: str, dtype: Any, sample: str | None) -> None:
+        super().__init__(message)
+        self.dtype = dtype
+        self.sample = sample
+
+
+# str() of a numpy array, torch tensor or list: "[0.1 0.2 ...]", "tensor([[0.1], ...".
+_VECTOR_TEXT = re.compile(r"^\s*(tensor\(|array\()?\s*[\[(]+\s*[-+]?(\d|\.\d|nan|inf)", re.I)
+
+_EMBED = (
+    "Embed the text first, e.g. with sentence-transformers: model = "
+    "SentenceTransformer('all-MiniLM-L6-v2'); pdf['embedding'] = "
+    "list(model.encode(pdf[{column!r}].tolist())); then use the embedding column"
+)
+
+_STRINGIFIED = (
+    "dd.from_pandas turns object columns of arrays or tensors into text such as "
+    "'[0.1 0.2 ...]' (dask's 'dataframe.convert-string'), truncated. Build the dask frame "
+    "with dask_cosim.from_pandas(pdf) instead: it stores them as Arrow vectors. "
+    "(dask.config.set({'dataframe.convert-string': False}) before dd.from_pandas keeps "
+    "them too, as Python objects that dask hashes one by one: about 200x slower in "
+    "benchmarks/from_pandas.py.)"
+)
+
+
+def string_column(
+    column: str, dtype: Any, sample: Any = None, vectors: Iterable[Any] = ()
+) -> StringColumnError:
+    """Strings where vectors were expected: text (``sample`` a cell that is no vector
+    written out: say how to embed it), vectors that dask turned into text (``sample``
+    such as '[0.1 0.2 ...]': say how to keep them), or, with no ``sample``, both cases.
+    ``vectors``: the columns of the frame that do hold vectors."""
+    text = None if sample is None else str(sample)
+    vectors = list(vectors)
+    others = f" The frame's vector columns: {vectors!r}." if vectors else ""
+    if text is not None and _VECTOR_TEXT.match(text):
+        message = f"column {column!r} holds strings ({dtype}), not vectors. {_STRINGIFIED}"
+    elif text is not None:
+        short = text if len(text) <= 40 else text[:37] + "..."
+        message = (
+            f"column {column!r} holds text ({dtype}) such as {short!r}, not vectors: cosine "
+            f"similarity compares embeddings, one vector of numbers per row. "
+            f"{_EMBED.format(column=column)}.{others}"
+        )
+    else:
+        message = (
+            f"column {column!r} holds strings ({dtype}), not vectors. If it holds text, "
+            f"{_EMBED[0].lower()}{_EMBED[1:].format(column=column)}. If its cells are "
+            f"vectors written as text: {_STRINGIFIED}{others}"
+        )
+    return StringColumnError(message, dtype, text)
 
 
 def binary_column(column: str, dtype: Any, row: Any = None) -> TypeError:
@@ -134,3 +184,47 @@ def not_parquet(path: str, why: str, reads: str, how: str) -> ValueError:
     """A file that is not Parquet: ``why`` (what it starts with), what the caller
     ``reads``, and ``how`` to turn it into Parquet."""
     return ValueError(f"{path!r} is not a Parquet file ({why}); {reads}; {how}")
+
+
+class RepeatedLabelsWarning(UserWarning):
+    """A search result names rows by index labels that may repeat across partitions."""
+
+
+def labels_may_repeat(
+    what: str, npartitions: int, names: str, columns: Iterable[Any]
+) -> RepeatedLabelsWarning:
+    """``what`` (a frame) has ``npartitions`` partitions and unknown divisions, so the
+    result's ``names`` columns may not tell its rows apart; ``columns``: the frame's, to
+    suggest one to carry."""
+    columns = list(columns)
+    ids = [c for c in columns if "id" in str(c).lower()]
+    example = ids[0] if ids else "id"
+    return RepeatedLabelsWarning(
+        f"{what} has {npartitions} partitions and unknown divisions: its index labels may "
+        f"repeat across partitions (dd.read_parquet numbers each file from 0), so {names} "
+        f"may not name rows uniquely. Carry a column that does: columns=[{example!r}]; or "
+        "read the files with dask_cosim.read_parquet, which numbers files that store no "
+        "index across the folder."
+    )
+
+
+class QueryWarning(UserWarning):
+    """A query of ``topk`` that cannot find what the caller looks for."""
+
+
+def queries_unusable(labels: list[Any], by_position: bool, zero: bool) -> QueryWarning:
+    """The queries at ``labels`` (positions, or the labels of a Series) hold NaN, inf or
+    null (``zero`` False), or are zero vectors (``zero`` True)."""
+    shown = ", ".join(repr(x) for x in labels[:5]) + (", ..." if len(labels) > 5 else "")
+    plural = "s" * (len(labels) > 1)
+    noun = "position" if by_position else "label"
+    which = f"{len(labels)} quer{'ies' if plural else 'y'} ({noun}{plural} {shown})"
+    if zero:
+        return QueryWarning(
+            f"{which} of zero vectors, which score 0.0 with every row; their matches are the "
+            "first valid rows in frame order, not similar rows. Check how they were embedded."
+        )
+    return QueryWarning(
+        f"{which} with NaN, inf or null values, which match no row; the result has no rows for "
+        "them. Check how they were embedded."
+    )

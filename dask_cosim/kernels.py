@@ -2,11 +2,13 @@
 
 ``pairwise_cosine`` runs one fused kernel per device where it can (numba on the CPU,
 Triton on CUDA: each row read once, the three sums a.b, a.a, b.b kept in registers) and a
-chunked torch kernel everywhere else.  Rows whose sums leave the floating-point range
-(huge or tiny magnitudes, zero vectors, NaN and inf) are answered by one careful rule
-(:func:`_careful_rows`) whatever kernel ran.  Options (``eps``, ``chunk_bytes``) arrive
-as arguments, without defaults of their own: this module reads no configuration, and
-the defaults live in ``cosim.yaml`` alone (:mod:`dask_cosim.options` reads them).
+chunked torch kernel everywhere else; host rows computed on a GPU reach it chunk by chunk
+through pinned, double-buffered staging (:mod:`dask_cosim.staging`).  Rows whose sums
+leave the floating-point range (huge or tiny magnitudes, zero vectors, NaN and inf) are
+answered by one careful rule (:mod:`dask_cosim._kernels_careful`) whatever kernel ran.
+Options (``eps``, ``chunk_bytes``) arrive as arguments, without defaults of their own:
+this module reads no configuration, and the defaults live in ``cosim.yaml`` alone
+(:mod:`dask_cosim.options` reads them).
 """
 
 from __future__ import annotations
@@ -19,11 +21,16 @@ from types import ModuleType
 import torch
 from dask.utils import parse_bytes
 
+from dask_cosim import staging
+from dask_cosim._kernels_careful import careful_rows, limits
+from dask_cosim.staging import OUT_OF_MEMORY as _OUT_OF_MEMORY
+
 __all__ = [
     "chunk_rows_for",
     "compute_dtype_for",
     "fused_kernel_for",
     "pairwise_cosine",
+    "pairwise_cosine_blocks",
 ]
 
 _SMALL_FLOATS = (torch.float16, torch.bfloat16)
@@ -109,10 +116,12 @@ def pairwise_cosine(
         :func:`chunk_rows_for`; ``options.chunk_bytes()`` gives the configured one); the
         fused kernels need none.
     chunk_rows : int, optional
-        Rows per chunk of the torch kernel; default from ``chunk_bytes``.
+        Rows per chunk of the torch kernel, and per staged chunk of host rows on a GPU;
+        default from ``chunk_bytes``.
     device : torch.device or str, optional
-        Where to compute; default ``a.device``.  Chunks are moved there one at a time,
-        so a host tensor is never copied to the device whole.  When the device runs out
+        Where to compute; default ``a.device``.  Host tensors computed on a GPU are moved
+        there chunk by chunk through pinned staging buffers (the copy of one chunk
+        overlapping the kernel on the last), never whole.  When the device runs out
         of memory (``torch.cuda.OutOfMemoryError``, or ``MemoryError`` from RMM) the
         chunk is halved and retried, down to one row.
     dtype : torch.dtype, optional
@@ -140,12 +149,60 @@ def pairwise_cosine(
     if n == 0 or dim == 0:
         # D = 0: every vector is the zero vector, and the zero-vector rule applies.
         return torch.full((n,), 0.0 if eps > 0 else math.nan, dtype=dtype, device=target)
+    if _staged_to(target, [(a, b)]):
+        res, redo = _staged([(a, b)], eps, target, dtype, fused, chunk_rows, chunk_bytes)
+        careful_rows(res, redo, a, b, eps)
+        return res
     kernel = _choose_kernel(fused, a, b, target)
     if kernel is None:
         res, redo = _torch_kernel(a, b, eps, target, dtype, chunk_rows, chunk_bytes)
     else:
         res, redo = _fused_kernel(kernel, a, b, eps, target, dtype)
-    _careful_rows(res, redo, a, b, eps)
+    careful_rows(res, redo, a, b, eps)
+    return res
+
+
+def pairwise_cosine_blocks(
+    pairs: list[tuple[torch.Tensor, torch.Tensor]],
+    *,
+    eps: float,
+    chunk_bytes: int | str | Mapping[str, int | str],
+    device: torch.device | str | None = None,
+    dtype: torch.dtype | None = None,
+    fused: bool | str | None = None,
+) -> torch.Tensor:
+    """``torch.cat([pairwise_cosine(x, y, ...) for x, y in pairs])``, the blocks never
+    concatenated: the row blocks of one partition (its Arrow chunks), in order.
+
+    Host blocks computed on a GPU go through one staging pipeline together, so that
+    chunks span block boundaries and the copy stays overlapped from the first block to
+    the last.  Arguments as for :func:`pairwise_cosine`; ``device`` defaults to the first
+    block's.
+    """
+    pairs = [(x, y) for x, y in pairs if len(x)]
+    if not pairs:
+        acc = compute_dtype_for(*([dtype] if dtype is not None else []))
+        return torch.empty(0, dtype=acc, device=device or "cpu")
+    target = _resolve(torch.device(device) if device is not None else pairs[0][0].device)
+    if not _staged_to(target, pairs) or pairs[0][0].shape[1] == 0:
+        parts = [
+            pairwise_cosine(x, y, eps=eps, chunk_bytes=chunk_bytes, device=target, dtype=dtype,
+                            fused=fused)
+            for x, y in pairs
+        ]  # fmt: skip
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
+    for x, y in pairs:
+        if x.ndim != 2 or x.shape != y.shape or x.shape[1] != pairs[0][0].shape[1]:
+            raise ValueError(f"pairwise_cosine_blocks needs (N, D) blocks of one D; got "
+                             f"{tuple(x.shape)} and {tuple(y.shape)}")  # fmt: skip
+    acc = compute_dtype_for(pairs[0][0].dtype, pairs[0][1].dtype, *([dtype] if dtype else []))
+    res, redo = _staged(pairs, eps, target, acc, fused, None, chunk_bytes)
+    if bool(redo.any()):  # one synchronisation, after every chunk is queued
+        start = 0
+        for x, y in pairs:
+            stop = start + len(x)
+            careful_rows(res[start:stop], redo[start:stop], x, y, eps)
+            start = stop
     return res
 
 
@@ -158,11 +215,11 @@ def fused_kernel_for(
     """The fused kernel :func:`pairwise_cosine` runs on this input, or None for torch's.
 
     "numba" on the CPU for C-contiguous float32 or float64 inputs of one dtype, when
-    numba imports; "triton" on CUDA for float16, bfloat16, float32 or float64 inputs
-    already on the device with unit column stride, when triton imports (it ships with
-    the CUDA builds of torch).  Anything else (integers, mixed dtypes, strided views, a
-    host tensor computed on a GPU, which is bound by the copy anyway) runs the torch
-    kernel.
+    numba imports; "triton" on CUDA for float16, bfloat16, float32 or float64 inputs on
+    the device with unit column stride, or on the host (they reach the GPU as staged,
+    contiguous chunks), when triton imports (it ships with the CUDA builds of torch).
+    Anything else (integers, mixed dtypes on the CPU, strided views on a device) runs the
+    torch kernel.
     """
     return _fused_kernel_why(a, b, _resolve(torch.device(device) if device else a.device))[0]
 
@@ -186,17 +243,19 @@ def _fused_kernel_why(
             return None, "numba takes C-contiguous inputs; pass a.contiguous()"
         return _available("numba")
     if target.type == "cuda":
-        if a.device != target or b.device != target:
-            return None, f"triton takes inputs already on {target}, got {a.device}, {b.device}"
+        # Host inputs arrive as staged, contiguous chunks on the target.
+        if any(t.device not in (target, _HOST) for t in (a, b)):
+            return None, f"triton takes inputs on {target} or the host, got {a.device}, {b.device}"
         if a.dtype not in _TRITON_DTYPES or b.dtype not in _TRITON_DTYPES:
             return None, f"triton takes float16/bfloat16/float32/float64, got {a.dtype}, {b.dtype}"
-        if a.stride(1) != 1 or b.stride(1) != 1:
+        if any(t.device == target and t.stride(1) != 1 for t in (a, b)):
             return None, "triton takes inputs with unit column stride; pass a.contiguous()"
         return _available("triton")
     return None, f"no fused kernel for device type {target.type!r}"
 
 
 _TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+_HOST = torch.device("cpu")
 _MODULES = {"numba": "dask_cosim._kernels_numba", "triton": "dask_cosim._kernels_triton"}
 _loaded: dict[str, ModuleType | str] = {}
 
@@ -233,16 +292,40 @@ def _choose_kernel(
     return kernel
 
 
-def _limits(acc: torch.dtype) -> tuple[float, float]:
-    """[lo, hi]: sums of squares in this range were computed without loss of range.
+def _staged_to(target: torch.device, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> bool:
+    """Whether host rows are to be computed on a GPU (through :mod:`dask_cosim.staging`)."""
+    return target.type == "cuda" and any(t.device.type == "cpu" for p in pairs for t in p)
 
-    Below lo, squares may have fallen into subnormals (losing digits) or to zero; above
-    the largest finite value they overflowed.  lo leaves 26 (float32) and 114 (float64)
-    bits of margin over the subnormals, so what was lost there is far below rounding.
-    """
-    if acc == torch.float64:
-        return 2.0**-960, float(torch.finfo(torch.float64).max)
-    return 2.0**-100, float(torch.finfo(torch.float32).max)
+
+def _staged(
+    pairs: list[tuple[torch.Tensor, torch.Tensor]],
+    eps: float,
+    target: torch.device,
+    dtype: torch.dtype,
+    fused: bool | str | None,
+    chunk_rows: int | None,
+    chunk_bytes: int | str | Mapping[str, int | str],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(res, redo) over row blocks staged onto ``target`` chunk by chunk: each chunk's
+    kernel is queued while the next chunk is copied, and nothing waits for the device
+    until the caller reads ``redo``."""
+    x0, y0 = pairs[0]
+    n, dim = sum(len(x) for x, _ in pairs), x0.shape[1]
+    if chunk_rows is None:
+        # Two inputs x two slots x (pinned + device buffer): eight buffers in the budget.
+        wider = x0.dtype if x0.element_size() >= y0.element_size() else y0.dtype
+        chunk_rows = chunk_rows_for(dim, wider, target, chunk_bytes=chunk_bytes) // 8
+    res = torch.empty(n, dtype=dtype, device=target)
+    redo = torch.empty(n, dtype=torch.bool, device=target)
+    for start, (x, y) in staging.device_chunks(pairs, target, max(1, chunk_rows)):
+        kernel = _choose_kernel(fused, x, y, target)
+        if kernel is None:
+            part, flags = _torch_kernel(x, y, eps, target, dtype, None, chunk_bytes)
+        else:
+            part, flags = _fused_kernel(kernel, x, y, eps, target, dtype)
+        res[start : start + len(x)] = part
+        redo[start : start + len(x)] = flags
+    return res, redo
 
 
 def _fused_kernel(
@@ -253,21 +336,21 @@ def _fused_kernel(
     target: torch.device,
     dtype: torch.dtype,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(res, redo): the fused kernel's results and the rows left to :func:`_careful_rows`."""
+    """(res, redo): the fused kernel's results and the rows left to :func:`careful_rows`."""
     n = a.shape[0]
     module = _loaded[kernel]
     assert isinstance(module, ModuleType)
     res = torch.empty(n, dtype=dtype, device=target)
     if kernel == "numba":
         redo = torch.empty(n, dtype=torch.bool)
-        lo, hi = _limits(torch.float64)  # numba sums in float64 whatever the input
+        lo, hi = limits(torch.float64)  # numba sums in float64 whatever the input
         module.rows_cosine(
             a.detach().numpy(), b.detach().numpy(), eps, lo, hi,
             res.numpy(), redo.numpy(), torch.get_num_threads(),
         )  # fmt: skip
         return res, redo
     flags = torch.empty(n, dtype=torch.int8, device=target)
-    lo, hi = _limits(dtype)
+    lo, hi = limits(dtype)
     module.rows_cosine(a.detach(), b.detach(), dtype, eps, lo, hi, res, flags)
     return res, flags.bool()
 
@@ -322,7 +405,7 @@ def _torch_kernel(
             continue
         start = stop
 
-    lo, hi = _limits(dtype)
+    lo, hi = limits(dtype)
     # NaN fails every comparison, so non-finite rows are redone (and come out NaN).
     fast = (norm_a >= lo) & (norm_a <= hi)
     fast &= (norm_b >= lo) & (norm_b <= hi)
@@ -330,11 +413,6 @@ def _torch_kernel(
     # Two divisions, not one by a product of norms, which could overflow.
     res = dot.div_(norm_a.sqrt_().clamp_min_(eps)).div_(norm_b.sqrt_().clamp_min_(eps))
     return res.clamp_(-1.0, 1.0), fast.logical_not_()
-
-
-# What an allocation on a full device raises: torch's caching allocator, or RMM (when
-# torch allocates through RMM's pool, as under dask-cuda with the shared pool).
-_OUT_OF_MEMORY = (torch.cuda.OutOfMemoryError, MemoryError)
 
 
 def _products(
@@ -357,49 +435,3 @@ def _products(
     torch.sum(torch.mul(x, y, out=p), dim=1, out=dot[start:stop])
     torch.sum(torch.mul(x, x, out=p), dim=1, out=norm_a[start:stop])
     torch.sum(torch.mul(y, y, out=p), dim=1, out=norm_b[start:stop])
-
-
-def _careful_rows(
-    res: torch.Tensor, redo: torch.Tensor, a: torch.Tensor, b: torch.Tensor, eps: float
-) -> None:
-    """Answer the rows flagged in ``redo`` by the rule, whatever their magnitudes.
-
-    These are rows whose sums left the range where the fast kernels are exact enough:
-    huge or tiny magnitudes, zero vectors, NaN and inf.  They are rare, so the second
-    read of just those rows costs one pass over N flags, not over N x D values.
-    """
-    if not bool(redo.any()):
-        return
-    rows = redo.nonzero().squeeze(1)
-    x = a.index_select(0, rows.to(a.device)).to(device=res.device, dtype=torch.float64)
-    y = b.index_select(0, rows.to(b.device)).to(device=res.device, dtype=torch.float64)
-    res.index_copy_(0, rows, _scaled_cosine(x, y, eps).to(res.dtype))
-
-
-def _scaled_cosine(x: torch.Tensor, y: torch.Tensor, eps: float) -> torch.Tensor:
-    """The cosine rule for float64 rows of any finite magnitude (D >= 1).
-
-    Each vector is divided by its largest magnitude first, as reference BLAS ``nrm2``
-    does, so every entry lies in [-1, 1] with one of magnitude 1: no sum below can
-    overflow, and none can underflow enough to matter.  The eps rule is applied through
-    ``a / max(|a|, eps) = (a / |a|) * min(1, |a| / eps)``, which needs no product of
-    norms (that product overflows at |a| = |b| = 1e155).
-    """
-    sx = x.abs().amax(1)  # amax propagates NaN
-    sy = y.abs().amax(1)
-    finite = torch.isfinite(sx) & torch.isfinite(sy)
-    zero = (sx == 0) | (sy == 0)
-    ok_x = torch.where(finite & (sx > 0), sx, 1.0)
-    ok_y = torch.where(finite & (sy > 0), sy, 1.0)
-    xs = x / ok_x[:, None]
-    ys = y / ok_y[:, None]
-    nx = xs.square().sum(1).sqrt()  # in [1, sqrt(D)] unless the row is zero
-    ny = ys.square().sum(1).sqrt()
-    cos = (xs * ys).sum(1) / nx / ny
-    if eps > 0:
-        # |a| = sx * nx may overflow to inf: then it is >= eps and the factor is 1.
-        cos = cos * (ok_x * nx / eps).clamp(max=1.0) * (ok_y * ny / eps).clamp(max=1.0)
-    # A zero vector: 0 / eps = 0.0, or 0 / 0 = NaN when eps is 0 (the formula, as stated).
-    cos = torch.where(zero, 0.0 if eps > 0 else math.nan, cos)
-    cos = torch.where(finite, cos, math.nan)
-    return cos.clamp(-1.0, 1.0)

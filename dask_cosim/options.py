@@ -20,10 +20,12 @@ from typing import TYPE_CHECKING, Any
 
 import dask.config
 import yaml
-from dask.utils import parse_bytes
+from dask.utils import parse_bytes, parse_timedelta
 
 if TYPE_CHECKING:
     import torch
+
+    from dask_cosim.placement import Rates
 
 __all__ = [
     "DEVICE_HELP",
@@ -35,6 +37,7 @@ __all__ = [
     "load_defaults",
     "memory_map",
     "memory_size",
+    "placement_rates",
     "positive_int",
     "search_k",
     "search_max_blocks",
@@ -203,6 +206,27 @@ def gpu_partition_bytes(value: Any = None) -> int:
     files are read as one partition of up to about this many bytes (their size on disk)."""
     value = _given(value, "read.gpu-partition-bytes")
     return _positive_size(value, "cosim.read.gpu-partition-bytes", "'1GiB'")
+
+
+def placement_rates() -> Rates:
+    """Config ``cosim.placement``: the measured constants of ``device="auto"`` for host data
+    (:class:`dask_cosim.placement.Rates`): three rates, positive sizes per second such as
+    "51.4GB", and a duration such as "1ms"."""
+    from dask_cosim.placement import Rates
+
+    config = dask.config.get("cosim.placement")
+    rates = {
+        key: float(_positive_size(config[key], f"cosim.placement.{key}", "'51.4GB' (per second)"))
+        for key in ("cpu-fused", "cpu-torch", "host-to-gpu")
+    }
+    fixed = config["gpu-fixed"]
+    try:
+        seconds = parse_timedelta(fixed)
+    except (TypeError, ValueError, KeyError):
+        seconds = None
+    if isinstance(fixed, bool) or seconds is None or not seconds >= 0:
+        raise ValueError(f"cosim.placement.gpu-fixed={fixed!r} must be a duration such as '1ms'")
+    return Rates(rates["cpu-fused"], rates["cpu-torch"], rates["host-to-gpu"], float(seconds))
 
 
 # --------------------------------------------------------------------------- arguments

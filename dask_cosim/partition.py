@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from dask_cosim import backends, errors, kernels, options
+from dask_cosim import backends, errors, kernels, options, placement
 from dask_cosim.options import DEVICE_HELP, torch_dtype
 
 __all__ = ["default_result_dtype", "pairwise_cosine", "pairwise_partition", "resolve_device"]
@@ -48,14 +48,33 @@ def default_result_dtype(input_dtypes: list[Any]) -> torch.dtype:
     return torch.float64 if names and all(n == "float64" for n in names) else torch.float32
 
 
-def resolve_device(device: str | torch.device, data_device: torch.device) -> torch.device:
-    """Resolve "auto": the data's GPU, else our GPU (cuda:0 under dask-cuda), else CPU."""
+def resolve_device(
+    device: str | torch.device,
+    data_device: torch.device,
+    *,
+    work: str = "rows",
+    nbytes: int = 0,
+    cpu_kernel: str | None = "numba",
+) -> torch.device:
+    """The device to compute on: ``device``, or for "auto" the one the placement rule picks.
+
+    "auto" (:func:`dask_cosim.placement.choose`, with the rates of config
+    ``cosim.placement``): data on a GPU stay there; host data go to this process's GPU
+    (cuda:0 under dask-cuda) for ``work="products"`` (search), and for ``work="rows"``
+    (pairwise) only when the staged copy of ``nbytes`` would take less time than the host
+    kernel ``cpu_kernel`` ("numba", or None for the torch kernel); else the CPU.  Nothing
+    is said either way.
+    """
     if isinstance(device, torch.device):
         return device
     if device == "auto":
         if data_device.type == "cuda":
-            return data_device
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+            return data_device  # the data's own GPU, not cuda:0
+        if not torch.cuda.is_available():
+            return torch.device("cpu")
+        rates = options.placement_rates()
+        where = placement.choose("cpu", work, nbytes, gpu=True, cpu_kernel=cpu_kernel, rates=rates)
+        return torch.device(where)
     try:
         resolved = torch.device(device)
     except RuntimeError as err:
@@ -92,6 +111,9 @@ def pairwise_partition(
     dtype : {None, "float32", "float64"}, default None
         Result dtype; None means float64 when both inputs are float64, else float32.
     device : {"auto", "cpu", "cuda", "cuda:N"}, default "auto"
+        "auto": where the placement rule says the partition is computed fastest
+        (:func:`resolve_device`): cudf partitions on their GPU, pandas partitions on the
+        CPU unless only the torch kernel applies to them and a GPU is present.
     name : hashable, default "cos"
     chunk_bytes : int, str or mapping, default config ``cosim.chunk-bytes``
         Temporaries budget of the torch kernel.
@@ -112,8 +134,12 @@ def pairwise_partition(
         out_dtype = default_result_dtype([t.dtype for t in va.blocks + vb.blocks])
 
     data_device = va.blocks[0].device if va.blocks else torch.device("cpu")
-    target = resolve_device(device, data_device)
-    result = torch.full((n,), float("nan"), dtype=out_dtype, device=target)
+    target = resolve_device(
+        device,
+        data_device,
+        nbytes=sum(t.nbytes for t in va.blocks + vb.blocks),
+        cpu_kernel=_host_kernel(va, vb, data_device),
+    )
 
     if n and va.dim != vb.dim:
         both = _valid_positions(null, n)
@@ -121,14 +147,22 @@ def pairwise_partition(
             label = backends.row_label(df.index, int(both[0]))
             raise errors.dims_differ(f"column {a!r}", va.dim, f"column {b!r}", vb.dim, label)
         # Not one row has both vectors: every result is null.
+        result = torch.full((n,), float("nan"), dtype=out_dtype, device=target)
         return backends.make_result(df[a], result, null, name)
 
-    for start, x, y in _aligned(va.blocks, vb.blocks):
-        res = kernels.pairwise_cosine(
-            x, y, eps=eps, device=target, dtype=out_dtype, chunk_bytes=chunk_bytes
-        )
-        result[start : start + len(res)] = res
-    return backends.make_result(df[a], result, null, name)
+    pairs = [(x, y) for _, x, y in _aligned(va.blocks, vb.blocks)]
+    result = kernels.pairwise_cosine_blocks(
+        pairs, eps=eps, device=target, dtype=out_dtype, chunk_bytes=chunk_bytes
+    )
+    return backends.make_result(df[a], result.to(out_dtype), null, name)
+
+
+def _host_kernel(va: backends.Vectors, vb: backends.Vectors, where: torch.device) -> str | None:
+    """The fused kernel the CPU would run on these vectors (None: the torch kernel), as
+    the placement rule of host data asks; not looked up for data on a GPU."""
+    if where.type != "cpu" or not va.blocks or not vb.blocks:
+        return None
+    return kernels.fused_kernel_for(va.blocks[0], vb.blocks[0], device="cpu")
 
 
 def _either(x: Any, y: Any) -> Any:

@@ -14,11 +14,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import dask
+
 from dask_cosim import errors, io
+from dask_cosim.io.files import filesystem
 from dask_cosim.search import check_column
 from dask_cosim.summary import Summary, summarize
 
-__all__ = ["Written", "check_columns", "check_output", "pairwise", "read_inputs", "write"]
+__all__ = [
+    "Written",
+    "check_columns",
+    "check_output",
+    "pairwise",
+    "read_inputs",
+    "read_queries",
+    "write",
+    "write_all",
+]
 
 
 @dataclass(frozen=True)
@@ -54,15 +66,61 @@ def check_output(output: str, overwrite: bool) -> None:
         raise FileExistsError(f"{output!r} exists; pass --overwrite to replace it")
 
 
-def write(result: Any, output: str, *, overwrite: bool, progress: bool) -> Written:
+def write(
+    result: Any,
+    output: str,
+    *,
+    overwrite: bool,
+    progress: bool,
+    layout: str = "binary",
+    index: bool = True,
+) -> Written:
     """Compute ``result`` (a dask or pandas frame, or a function returning one: results
-    that are computed eagerly, like ``topk``'s) and write it to ``output``."""
+    that are computed eagerly, like ``topk``'s) and write it to ``output`` in ``layout``,
+    with its index unless ``index`` is False (search results, numbered per partition)."""
+    return write_all([(result, output, index)], overwrite=overwrite, progress=progress,
+                     layout=layout)[0]  # fmt: skip
+
+
+def write_all(
+    results: Sequence[tuple[Any, str, bool]], *, overwrite: bool, progress: bool, layout: str
+) -> list[Written]:
+    """:func:`write` for several (result, output, index), computed together: work they
+    share (dedup's pairs, for the kept and the removed rows) is done once.  A failure
+    leaves none of the outputs."""
     t0 = time.perf_counter()
-    if callable(result):
-        result = result()
-    io.to_parquet(result, output, overwrite=overwrite, progress=progress)
+    results = [(r() if callable(r) else r, out, index) for r, out, index in results]
+    commits = [
+        io.to_parquet(r, out, layout=layout, write_index=None if index else False,
+                      overwrite=overwrite, compute=len(results) == 1, progress=progress)
+        for r, out, index in results
+    ]  # fmt: skip
+    if len(results) > 1:
+        try:
+            io.compute_with_progress(*commits) if progress else dask.compute(*commits)
+        except BaseException:
+            for _, out, _ in results:
+                io.remove_own_staging(*filesystem(out))
+            raise
     seconds = time.perf_counter() - t0
-    return Written(io.describe_parquet(output).get("rows"), seconds)
+    return [Written(io.describe_parquet(out).get("rows"), seconds) for _, out, _ in results]
+
+
+def read_queries(path: str, query_on: str | None, on: str) -> Any:
+    """The queries of ``topk``: a .npy array (N, D) (queries named by position), or the
+    column ``query_on`` (default ``on``) of Parquet, as a lazy Series (named by label)."""
+    if Path(path).suffix.lower() == ".npy":
+        if query_on is not None:
+            raise ValueError(
+                f"--query-on {query_on!r} names a column of Parquet queries; {path!r} is one "
+                ".npy array: leave --query-on out"
+            )
+        return io.numpy_vectors(path)
+    queries = read_inputs([path], "--queries reads a .npy array of shape (N, D) or Parquet")
+    column = on if query_on is None else query_on
+    check_columns(queries, [column], f"--query-on column (in {path!r})")
+    check_column(queries, column, "query_on")
+    return queries[column]
 
 
 def pairwise(
@@ -74,10 +132,12 @@ def pairwise(
     keep: Sequence[str] = (),
     name: str = "cos",
     overwrite: bool = False,
+    layout: str = "binary",
     **kwargs: Any,
 ) -> Callable[[bool], Written]:
     """cos(A[i], B[i]) for every row of the Parquet ``inputs``, into the folder ``output``
-    with the ``keep`` columns; ``kwargs`` (eps, dtype, device) go to ``pairwise``.
+    with the ``keep`` columns (vector columns among them stored in ``layout``); ``kwargs``
+    (eps, dtype, device) go to ``pairwise``.
 
     Checks and builds now; the returned function (taking ``progress``) writes, then
     summarises the written column (what the user got, without a second pass over the
@@ -91,7 +151,7 @@ def pairwise(
     spec = check_column(df, a)
 
     def run(progress: bool = False) -> Written:
-        written = write(out, output, overwrite=overwrite, progress=progress)
+        written = write(out, output, overwrite=overwrite, progress=progress, layout=layout)
         summary = summarize(io.read_parquet(output, columns=[name])[name])
         embedding_bytes = None
         if spec.dim is not None and spec.dtype is not None:

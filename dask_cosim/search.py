@@ -15,6 +15,7 @@ named by a token of their contents, so the same call built twice gives the same 
 from __future__ import annotations
 
 import functools
+import warnings
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -25,9 +26,10 @@ import numpy as np
 from dask.base import tokenize
 
 from dask_cosim import backends, errors, options
+from dask_cosim import search_dedup as sd
 from dask_cosim import search_partition as sp
 
-__all__ = ["check_column", "dedup", "join", "neighbors", "prepare", "topk"]
+__all__ = ["check_column", "dedup", "groups", "join", "neighbors", "prepare", "topk"]
 
 
 @dataclass(frozen=True)
@@ -52,13 +54,14 @@ def _options() -> _Options:
 
 
 def check_column(frame: Any, column: Any, argument: str = "on") -> backends.VectorSpec:
-    """What ``column`` of ``frame`` (dask, pandas or cudf: only its metadata is read)
-    holds, or the error to show: a KeyError naming ``argument`` with the closest column,
-    or a TypeError saying why the column holds no vectors."""
+    """What ``column`` of ``frame`` (dask, pandas or cudf: its metadata; the first rows
+    only for a column of strings, to tell text from vectors written as text) holds, or
+    the error to show: a KeyError naming ``argument`` with the closest column, or a
+    TypeError saying why the column holds no vectors."""
     meta = _meta_of(frame)
     if column not in meta.columns:
         raise errors.column_not_found(column, meta.columns, f"{argument}: column")
-    return backends.vector_spec(meta[column], column)
+    return backends.column_spec(frame, column)
 
 
 def _check_dims(spec_a: backends.VectorSpec, what_a: str, dim_b: int | None, what_b: str) -> None:
@@ -139,6 +142,45 @@ def _combine(k: int | None) -> Callable[..., Any]:
     return sp.concat_pairs if k is None else functools.partial(sp.merge_topk, k)
 
 
+def _carried(frame: Any, columns: Sequence[Hashable] | None, argument: str) -> list[Any]:
+    """``columns`` of ``frame`` to carry into a result, checked: each is a column, once."""
+    columns = [] if columns is None else list(columns)
+    available = _meta_of(frame).columns
+    missing = [c for c in columns if c not in available]
+    if missing:
+        raise errors.column_not_found(missing[0], available, f"{argument}: column")
+    if len(set(columns)) != len(columns):
+        raise ValueError(f"{argument}={columns!r} names a column twice; name each once")
+    return columns
+
+
+def _pair_columns(
+    left: Any, lcols: list[Any], right: Any, rcols: list[Any]
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """The carried columns of a pairs result, ``left_<c>`` then ``right_<c>``: {name:
+    dtype} for its meta, and {name in the partial frames: name} for finish_pairs."""
+    dtypes: dict[str, Any] = {}
+    inner: dict[str, str] = {}
+    for side, frame, cols, prefix in ((0, left, lcols, "_q"), (1, right, rcols, "_p")):
+        meta = backends.to_pandas(_meta_of(frame)[cols].iloc[:0]) if cols else None
+        for n, c in enumerate(cols):
+            name = f"{'right' if side else 'left'}_{c}"
+            dtypes[name] = meta[c].dtype  # type: ignore[index]
+            inner[f"{prefix}{n}"] = name
+    return dtypes, inner
+
+
+def _warn_if_labels_repeat(sides: list[tuple[Any, str, str]]) -> None:
+    """One warning for the first of ``sides`` (frame, what it is, the result columns
+    naming its rows) whose index labels may repeat across partitions: a dask frame of
+    several partitions with unknown divisions.  Sides that carry columns are left out."""
+    for frame, what, names in sides:
+        if dask.is_dask_collection(frame) and frame.npartitions > 1 and not frame.known_divisions:
+            warning = errors.labels_may_repeat(what, frame.npartitions, names, frame.columns)
+            warnings.warn(warning, stacklevel=4)  # the line that called the accessor
+            return
+
+
 def join(
     left: Any,
     right: Any,
@@ -147,6 +189,8 @@ def join(
     right_on: str | None = None,
     k: int | None = None,
     threshold: float | None = None,
+    columns: Sequence[Hashable] | None = None,
+    right_columns: Sequence[Hashable] | None = None,
 ) -> Any:
     """See :meth:`dask_cosim.CosimAccessor.join`."""
     k, threshold = options.k_or_threshold(k, threshold)
@@ -154,16 +198,23 @@ def join(
     spec_l = check_column(left, on, "on")
     spec_r = check_column(right, right_on, "right_on")
     _check_dims(spec_l, f"left column {on!r}", spec_r.dim, f"right column {right_on!r}")
+    lcols = _carried(left, columns, "columns")
+    rcols = _carried(right, columns if right_columns is None else right_columns, "right_columns")
+    _warn_if_labels_repeat(
+        [(left, "the left frame", "'left'")] * (not lcols)
+        + [(right, "the right frame", "'right'")] * (not rcols)
+    )
     opts = _options()
     score_dtype = sp.score_dtype(spec_l, spec_r)
     like = _meta_of(left)
-    meta = sp.result_meta(like.index, _meta_of(right).index, score_dtype, k is not None)
+    dtypes, carried = _pair_columns(left, lcols, right, rcols)
+    meta = sp.result_meta(like.index, _meta_of(right).index, score_dtype, k is not None, dtypes)
     # float64 results get float64 scores for every pair; float32 ones keep the tile's.
     exact = score_dtype == np.float64
     build = _Builder(dask.is_dask_collection(left) or dask.is_dask_collection(right))
-    rsides = _sides(build, right, right_on, opts)
+    rsides = _sides(build, right, right_on, opts, rcols)
     outs = []
-    for lside in _sides(build, left, on, opts):
+    for lside in _sides(build, left, on, opts, lcols):
         if k is not None:
             pair = build(sp.join_pair_topk)
             pieces = [pair(lside, r, k, threshold, opts.tile_bytes, opts.precision) for r in rsides]
@@ -175,20 +226,30 @@ def join(
                 for r in rsides
             ]  # fmt: skip
         merged = build.tree(pieces, _combine(k), opts.split_every)
-        outs.append(build(sp.finish_pairs)(merged, meta, k is not None, like))
+        outs.append(build(sp.finish_pairs)(merged, meta, k is not None, like, carried))
     return build.collect(outs, backends.frame_like(meta, like))
 
 
-def neighbors(df: Any, on: str, *, k: int | None = None, threshold: float | None = None) -> Any:
+def neighbors(
+    df: Any,
+    on: str,
+    *,
+    k: int | None = None,
+    threshold: float | None = None,
+    columns: Sequence[Hashable] | None = None,
+) -> Any:
     """See :meth:`dask_cosim.CosimAccessor.neighbors`."""
     k, threshold = options.k_or_threshold(k, threshold)
     spec = check_column(df, on)
+    cols = _carried(df, columns, "columns")
+    _warn_if_labels_repeat([(df, "the frame", "'left' and 'right'")] * (not cols))
     opts = _options()
     like = _meta_of(df)
-    meta = sp.result_meta(like.index, like.index, sp.score_dtype(spec), k is not None)
+    dtypes, carried = _pair_columns(df, cols, df, cols)
+    meta = sp.result_meta(like.index, like.index, sp.score_dtype(spec), k is not None, dtypes)
     exact = meta["score"].dtype == np.float64
     build = _Builder(dask.is_dask_collection(df))
-    sides = _sides(build, df, on, opts)
+    sides = _sides(build, df, on, opts, cols)
     n = len(sides)
     pieces: list[list[Any]] = [[] for _ in range(n)]
     for i in range(n):
@@ -209,37 +270,94 @@ def neighbors(df: Any, on: str, *, k: int | None = None, threshold: float | None
                 )  # fmt: skip
     finish = build(sp.finish_pairs)
     outs = [
-        finish(build.tree(p, _combine(k), opts.split_every), meta, k is not None, like)
+        finish(build.tree(p, _combine(k), opts.split_every), meta, k is not None, like, carried)
         for p in pieces
     ]
     return build.collect(outs, backends.frame_like(meta, like))
 
 
-def dedup(df: Any, on: str, threshold: float) -> Any:
+def dedup(
+    df: Any,
+    on: str,
+    threshold: float,
+    *,
+    return_removed: bool = False,
+    columns: Sequence[Hashable] | None = None,
+) -> Any:
     """See :meth:`dask_cosim.CosimAccessor.dedup`."""
     threshold_value = options.search_threshold(threshold, required=True)
-    check_column(df, on)
+    spec = check_column(df, on)
+    cols = _carried(df, columns, "columns")
+    if return_removed:
+        _warn_if_labels_repeat([(df, "the frame", "'left' and 'right'")] * (not cols))
     opts = _options()
     build = _Builder(dask.is_dask_collection(df))
-    sides = _sides(build, df, on, opts)
-    pair = build(sp.pair_threshold)
+    sides = _sides(build, df, on, opts, cols)
     frames = build.partitions(df)
     lengths = [build(len)(f) for f in frames] if len(frames) > len(sides) else None
-    outs = []
+    like = _meta_of(df)
+    if return_removed:
+        dtypes, carried = _pair_columns(df, cols, df, cols)
+        meta = sp.result_meta(like.index, like.index, sp.score_dtype(spec), False, dtypes)
+        pair = functools.partial(build(sd.earlier_matches), precision=opts.precision)
+        combine: Callable[..., Any] = sd.best_matches
+        drop: Callable[..., Any] = sd.drop_matched
+    else:
+        pair = functools.partial(build(sp.pair_threshold), positions=True,
+                                 precision=opts.precision)  # fmt: skip
+        combine, drop = sp.union_positions, sp.drop_rows
+    outs, removed = [], []
     for j, (a, b) in enumerate(_block_bounds(len(frames), opts.max_blocks)):
         # Rows of block j with an earlier row (in block i <= j) scoring enough.
-        drops = [
-            pair(sides[i], sides[j] if i < j else None, threshold_value, opts.tile_bytes,
-                 positions=True, precision=opts.precision)
+        found = [
+            pair(sides[i], sides[j] if i < j else None, threshold_value, opts.tile_bytes)
             for i in range(j + 1)
-        ]  # fmt: skip
-        dropped = build.tree(drops, sp.union_positions, opts.split_every)
+        ]
+        dropped = build.tree(found, combine, opts.split_every)
         for m in range(a, b):
             # The block's positions, shifted to partition m's own rows.
             before = lengths[a:m] if lengths is not None else []
-            outs.append(build(sp.drop_rows)(frames[m], dropped, *before))
+            outs.append(build(drop)(frames[m], dropped, *before))
+        if return_removed:
+            removed.append(build(sd.finish_removed)(dropped, meta, carried, like))
     divisions = df.divisions if dask.is_dask_collection(df) else None
-    return build.collect(outs, _meta_of(df), divisions)
+    kept = build.collect(outs, like, divisions)
+    if not return_removed:
+        return kept
+    return kept, build.collect(removed, backends.frame_like(meta, like))
+
+
+def groups(df: Any, on: str, threshold: float, *, name: str = "group") -> Any:
+    """See :meth:`dask_cosim.CosimAccessor.groups`."""
+    threshold_value = options.search_threshold(threshold, required=True)
+    check_column(df, on)
+    if name in _meta_of(df).columns:
+        raise ValueError(f"name={name!r} is a column of the frame already; pick another name")
+    opts = _options()
+    build = _Builder(dask.is_dask_collection(df))
+    sides = _sides(build, df, on, opts)
+    frames = build.partitions(df)
+    n = len(sides)
+    edge = functools.partial(build(sd.earlier_matches), precision=opts.precision, edges=True)
+    edges = [
+        edge(sides[i], sides[j] if j > i else None, threshold_value, opts.tile_bytes)
+        for i in range(n)
+        for j in range(i, n)
+    ]
+    rows = [build(sd.side_rows)(side) for side in sides]
+    all_edges = build.tree(edges, sd.concat_edges, opts.split_every)
+    # One task holds every edge: the components need the whole graph.
+    found = build(sd.components, nout=n)(rows, all_edges)
+    lengths = [build(len)(f) for f in frames] if len(frames) > n else None
+    outs = []
+    for j, (a, b) in enumerate(_block_bounds(len(frames), opts.max_blocks)):
+        for m in range(a, b):
+            # The block's group ids, sliced to partition m's own rows.
+            before = lengths[a:m] if lengths is not None else []
+            outs.append(build(sd.with_group)(frames[m], found[j], name, *before))
+    meta = _meta_of(df).iloc[:0].assign(**{name: np.zeros(0, dtype=np.int64)})
+    divisions = df.divisions if dask.is_dask_collection(df) else None
+    return build.collect(outs, meta, divisions)
 
 
 def prepare(df: Any, on: str) -> Any:
@@ -263,11 +381,8 @@ def topk(
     """See :meth:`dask_cosim.CosimAccessor.topk`."""
     k_value = options.search_k(k, required=True)
     spec = check_column(df, on)
-    columns = [] if columns is None else list(columns)
-    available = _meta_of(df).columns
-    missing = [c for c in columns if c not in available]
-    if missing:
-        raise errors.column_not_found(missing[0], available, "columns: column")
+    columns = _carried(df, columns, "columns")
+    _warn_if_labels_repeat([(df, "the frame", "'match'")] * (not columns))
     clash = sorted({str(c) for c in columns} & {"query", "rank", "match", "score"})
     if clash:
         raise ValueError(
@@ -277,6 +392,10 @@ def topk(
     opts = _options()
     query = sp.query_side(queries, opts.eps)
     _check_dims(spec, f"column {on!r}", query.prep.dim, "the queries")
+    by_position = not backends.is_vector_series(queries)
+    for labels, zero in zip(sp.unusable_queries(query), (False, True)):
+        if labels:
+            warnings.warn(errors.queries_unusable(labels, by_position, zero), stacklevel=3)
     score_dtype = sp.score_dtype(spec, backends.VectorSpec(None, _numpy_dtype(query)))
     build = _Builder(dask.is_dask_collection(df))
     q = build.value(query, "cosim-queries")

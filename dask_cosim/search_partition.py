@@ -25,7 +25,7 @@ import pandas as pd
 import pyarrow as pa
 import torch
 
-from dask_cosim import backends, errors, partition, search_twopass
+from dask_cosim import backends, errors, partition, search_twopass, staging
 from dask_cosim import search_kernels as sk
 
 __all__ = [
@@ -40,6 +40,7 @@ __all__ = [
     "join_pair_topk",
     "merge_topk",
     "pair_threshold",
+    "pairs_result",
     "prepare_columns",
     "prepare_side",
     "query_side",
@@ -47,10 +48,12 @@ __all__ = [
     "score_dtype",
     "self_pair_topk",
     "union_positions",
+    "unusable_queries",
 ]
 
 # Partition numbers sit above the position bits of a row's ordering key.
 _POS_BITS = 40
+POS_BITS = _POS_BITS  # for search_dedup, which decodes keys
 
 
 @dataclass
@@ -100,8 +103,13 @@ def prepare_side(
     path reads, are not kept (:func:`~dask_cosim.search_twopass.prepare_lean`).
     """
     v = backends.to_vectors(df[column], column)
-    x = v.blocks[0] if len(v.blocks) == 1 else torch.cat(v.blocks)
-    target = partition.resolve_device(device, x.device)
+    data_device = v.blocks[0].device if v.blocks else torch.device("cpu")
+    target = partition.resolve_device(device, data_device, work="products")
+    if target.type == "cuda" and data_device.type == "cpu" and v.blocks:
+        # Matrix products are worth the trip: through pinned staging, not a pageable copy.
+        x = staging.to_device(v.blocks, target)
+    else:
+        x = v.blocks[0] if len(v.blocks) == 1 else torch.cat(v.blocks)
     null = v.null
     if null is not None and not isinstance(null, torch.Tensor):
         null = torch.from_numpy(np.asarray(null))
@@ -208,15 +216,31 @@ def query_side(queries: Any, eps: float) -> Side:
     return Side(prep, pd.Index(labels), 0, "queries", None)
 
 
+def unusable_queries(side: Side) -> tuple[list[Any], list[Any]]:
+    """The labels of the queries of ``side`` that match nothing (null, NaN or inf), and of
+    those that are zero vectors."""
+    p = side.prep
+    invalid = ~p.valid.cpu().numpy()
+    zero = p.valid.cpu().numpy() & (p.raw.cpu() == 0).all(dim=1).numpy()
+    return side.labels[invalid].tolist(), side.labels[zero].tolist()
+
+
 def score_dtype(*specs: backends.VectorSpec) -> np.dtype:
     """The scores' dtype: float64 when every side is float64, else float32."""
     dt = partition.default_result_dtype([s.dtype for s in specs])
     return np.dtype("float64") if dt == torch.float64 else np.dtype("float32")
 
 
-def result_meta(left_index: Any, right_index: Any, score: np.dtype, rank: bool) -> pd.DataFrame:
+def result_meta(
+    left_index: Any,
+    right_index: Any,
+    score: np.dtype,
+    rank: bool,
+    carried: dict[str, Any] | None = None,
+) -> pd.DataFrame:
     """The empty result of a join or neighbours search: ``left`` and ``right`` (index
-    labels, as pandas holds them), ``score`` and, with ``rank``, ``rank``."""
+    labels, as pandas holds them), ``score``, with ``rank`` ``rank``, then the
+    ``carried`` columns ({name: dtype}, e.g. ``left_id``, ``right_id``)."""
     columns = {
         "left": pd.Series([], dtype=backends.to_pandas(left_index[:0]).dtype),
         "right": pd.Series([], dtype=backends.to_pandas(right_index[:0]).dtype),
@@ -224,6 +248,8 @@ def result_meta(left_index: Any, right_index: Any, score: np.dtype, rank: bool) 
     }
     if rank:
         columns["rank"] = pd.Series([], dtype="int64")
+    for name, dtype in (carried or {}).items():
+        columns[name] = pd.Series([], dtype=dtype)
     return pd.DataFrame(columns)
 
 
@@ -258,10 +284,14 @@ def _pairs_frame(
             "score": s.cpu().numpy(),
         }
     )
+    # The carried columns of each side: "_q0"... of the left rows, "_p0"... of the right.
+    carried = [out]
+    if q.payload is not None:
+        left = backends.take_to_pandas(q.payload, i_np).reset_index(drop=True)
+        carried.append(left.set_axis([f"_q{n}" for n in range(left.shape[1])], axis=1))
     if r.payload is not None:
-        taken = backends.take_to_pandas(r.payload, j_np).reset_index(drop=True)
-        out = pd.concat([out, taken], axis=1)
-    return out
+        carried.append(backends.take_to_pandas(r.payload, j_np).reset_index(drop=True))
+    return pd.concat(carried, axis=1) if len(carried) > 1 else out
 
 
 def _empty_pairs(q: Side, r: Side) -> pd.DataFrame:
@@ -410,11 +440,28 @@ def _ranks(groups: np.ndarray) -> np.ndarray:
     return np.arange(len(groups)) - starts
 
 
-def finish_pairs(merged: pd.DataFrame, meta: pd.DataFrame, rank: bool, like: Any = None) -> Any:
+def finish_pairs(
+    merged: pd.DataFrame,
+    meta: pd.DataFrame,
+    rank: bool,
+    like: Any = None,
+    carried: dict[str, str] | None = None,
+) -> Any:
     """The result partition: sorted by left row, then rank (score descending, ties by
     right row) with ``rank``, else by right row; in the library of ``like`` (cudf for a
-    cudf input), else pandas."""
-    df = _sorted_pairs(merged, by_score=rank)
+    cudf input), else pandas; ``carried`` maps the carried columns' names in ``merged``
+    ("_q0", "_p0", ...) to theirs in the result."""
+    return pairs_result(_sorted_pairs(merged, by_score=rank), meta, rank, like, carried)
+
+
+def pairs_result(
+    df: pd.DataFrame,
+    meta: pd.DataFrame,
+    rank: bool,
+    like: Any = None,
+    carried: dict[str, str] | None = None,
+) -> Any:
+    """The sorted partial frame ``df`` as result rows (see :func:`finish_pairs`)."""
     out = pd.DataFrame(
         {
             "left": df["left"].to_numpy(),
@@ -424,6 +471,8 @@ def finish_pairs(merged: pd.DataFrame, meta: pd.DataFrame, rank: bool, like: Any
     )
     if rank:
         out["rank"] = _ranks(df["_l"].to_numpy()).astype(np.int64)
+    for inner, name in (carried or {}).items():
+        out[name] = df[inner].array
     out = out.astype(meta.dtypes.to_dict())
     return out if like is None else backends.frame_like(out, like)
 

@@ -16,6 +16,7 @@ from types import ModuleType
 import numpy as np
 import torch
 
+from dask_cosim import staging
 from dask_cosim._search_tiles import numba_kernels
 
 __all__ = ["RAW_UNIT_TOLERANCE", "Prepared", "from_norms", "margin", "prepare", "rescore"]
@@ -62,17 +63,26 @@ class Prepared:
         return int(self.unit.shape[1])
 
     def to(self, device: torch.device) -> Prepared:
-        """This side on ``device`` (itself when it is there already)."""
+        """This side on ``device`` (itself when it is there already); from the host to a
+        GPU through pinned staging buffers (:mod:`dask_cosim.staging`)."""
         if self.unit.device == device:
             return self
+        staged = self.unit.device.type == "cpu" and device.type == "cuda"
+
+        def move(t: torch.Tensor) -> torch.Tensor:
+            # A placeholder without memory (a lean side's expanded unit rows) is not staged.
+            if staged and t.is_contiguous():
+                return staging.to_device([t], device)
+            return t.to(device)
+
         return Prepared(
-            self.unit.to(device),
-            self.raw.to(device),
-            self.inv.to(device),
-            self.scale.to(device),
-            self.valid.to(device),
+            move(self.unit),
+            move(self.raw),
+            move(self.inv),
+            move(self.scale),
+            move(self.valid),
             self.err,
-            None if self.norm is None else self.norm.to(device),
+            None if self.norm is None else move(self.norm),
         )
 
     def take(self, rows: torch.Tensor) -> Prepared:

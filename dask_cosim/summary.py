@@ -45,7 +45,8 @@ class Summary:
     outside: int
 
     def format(self, seconds: float | None = None, embedding_bytes: int | None = None) -> str:
-        """The summary as lines of text, with a histogram of ``#`` bars.
+        """The summary as lines of text, with a histogram of ``#`` bars (bin labels, bars
+        and counts each in a column of their own; the last bin includes its right edge).
 
         With ``seconds`` (how long the run took), a line of time and throughput (pairs/s,
         and GB/s of ``embedding_bytes`` read) comes before the histogram.
@@ -63,13 +64,19 @@ class Summary:
             lines.append(f"time        {seconds:.2f} s  ({rate})")
         lines.append("histogram")
         top = max(1, int(np.max(self.counts))) if len(self.counts) else 1
-        for lo, hi, c in zip(self.edges[:-1], self.edges[1:], self.counts):
-            bar = "#" * int(40 * c / top)
-            lines.append(f"  [{lo:+.2g}, {hi:+.2g})  {bar:<40} {int(c):,}")
+        last = len(self.counts) - 1
+        rows = [
+            (f"[{lo:+.2g}, {hi:+.2g}{']' if i == last else ')'}", "#" * int(40 * c / top), int(c))
+            for i, (lo, hi, c) in enumerate(zip(self.edges[:-1], self.edges[1:], self.counts))
+        ]
         if self.outside:
-            lines.append(
-                f"  outside [{self.edges[0]:+.2g}, {self.edges[-1]:+.2g}]  {self.outside:,}"
+            rows.append(
+                (f"outside [{self.edges[0]:+.2g}, {self.edges[-1]:+.2g}]", "", self.outside)
             )
+        # Labels and counts padded to their widest, so that bars and counts line up.
+        width = max((len(label) for label, _, _ in rows), default=0)
+        digits = max((len(f"{c:,}") for _, _, c in rows), default=0)
+        lines += [f"  {label:<{width}}  {bar:<40} {c:>{digits},}" for label, bar, c in rows]
         return "\n".join(lines)
 
     def plot(self, path: str | os.PathLike[str]) -> str:

@@ -2,9 +2,9 @@
 ``exact_reference`` in exact arithmetic, ``brute`` for every pair of two sets of rows),
 pairs and frames in every accepted input format, schedulers that count or forbid
 computations, the device-to-host bytes of a run, Triton's interpreter in a fresh process,
-and the search's adversarial rows and checks against the float64 answer (used on the
-CPU, in the interpreter and on GPUs).  Every test module takes them from here, none from
-another test module."""
+the search's adversarial rows and checks against the float64 answer (used on the CPU, in
+the interpreter and on GPUs), and the Parquet readers a written folder must read back in.
+Every test module takes them from here, none from another test module."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import math
 import os
 import subprocess
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from fractions import Fraction
 from pathlib import Path
@@ -24,8 +24,11 @@ import dask.dataframe as dd
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.dataset as pads
+import pyarrow.parquet as pq
 import torch
 
+import dask_cosim
 from dask_cosim import search_kernels as sk
 from dask_cosim import search_precision as sp
 from dask_cosim import search_twopass as tp
@@ -420,3 +423,71 @@ def check_overflow(device: str, config) -> None:
             assert pairs == set(zip(roomy.i.tolist(), roomy.j.tolist()))
             want = dict(zip(zip(roomy.i.tolist(), roomy.j.tolist()), roomy.s.tolist()))
             assert all(want[p] == s for p, s in zip(zip(tight.i.tolist(), tight.j.tolist()), tight.s.tolist()))  # fmt: skip
+
+
+# --------------------------------------------------------------------------- readers
+
+
+def vector_bytes(cell: Any) -> bytes | None:
+    """One vector cell of any reader (numpy array, list, Arrow scalar) as float32 bytes."""
+    if cell is None or cell is pd.NA or (isinstance(cell, float) and np.isnan(cell)):
+        return None
+    return np.asarray(cell, dtype=np.float32).tobytes()
+
+
+def comparable(df: pd.DataFrame, vectors: tuple[str, ...] = ("emb",)) -> pd.DataFrame:
+    """Vectors as bytes, strings as objects, missing values as None: what every reader
+    must agree on, whatever dtypes it picks."""
+    out = df.copy()
+    if out.index.dtype.kind not in "fiu":
+        out.index = out.index.astype(object)
+    for c in out.columns:
+        if c in vectors:
+            out[c] = [vector_bytes(v) for v in out[c].to_numpy(dtype=object)]
+        elif out[c].dtype.kind not in "fiu":
+            out[c] = out[c].astype(object).where(out[c].notna(), None)
+    return out
+
+
+def assert_same(
+    got: pd.DataFrame, want: pd.DataFrame, reader: str, vectors: tuple[str, ...] = ("emb",)
+) -> None:
+    """``got`` (read back by ``reader``) holds the columns, index and values of ``want``."""
+    assert list(got.columns) == list(want.columns), reader
+    assert got.index.name == want.index.name, reader
+    pd.testing.assert_frame_equal(
+        comparable(got, vectors),
+        comparable(want, vectors),
+        check_dtype=False,
+        check_index_type="equiv",
+        obj=reader,
+    )
+
+
+def stored_index(folder: Path) -> list[str]:
+    first = sorted(folder.glob("*.parquet"))[0]
+    meta = pq.read_schema(first).pandas_metadata or {}
+    return [c for c in meta.get("index_columns", []) if isinstance(c, str)]
+
+
+def read_duckdb(folder: Path) -> pd.DataFrame:
+    """DuckDB has no index: the stored index column becomes the index again, by the name
+    the pandas metadata gives it."""
+    import duckdb
+
+    with duckdb.connect() as con:
+        df = con.sql(f"SELECT * FROM read_parquet('{folder}/*.parquet')").df()
+    index = stored_index(folder)
+    if index:
+        df = df.set_index(index)
+        df.index.names = [None if n.startswith("__index_level_") else n for n in index]
+    return df
+
+
+READERS: dict[str, Callable[[Path], pd.DataFrame]] = {
+    "pandas": lambda f: pd.read_parquet(f),
+    "pyarrow dataset": lambda f: pads.dataset(f, format="parquet").to_table().to_pandas(),
+    "dask": lambda f: dd.read_parquet(f).compute(),
+    "duckdb": read_duckdb,
+    "dask_cosim": lambda f: dask_cosim.read_parquet(f).compute(),
+}

@@ -122,8 +122,12 @@ def test_errors_at_graph_build_time(lazy: bool) -> None:
         TypeError, match="column 'score' has dtype float64, which is not a column of vectors"
     ):
         acc.pairwise("embeds_a", "score")
-    with pytest.raises(TypeError, match=r"column 'text' holds strings .* dask_cosim\.from_pandas"):
+    # Text is told it is text, and how to embed it (not the advice for stringified vectors).
+    with pytest.raises(TypeError, match=r"column 'text' holds text \(\w+\) such as 'x'") as raised:
         acc.pairwise("text", "embeds_b")
+    assert "SentenceTransformer" in str(raised.value)
+    assert "from_pandas" not in str(raised.value)
+    assert "vector columns: ['embeds_a', 'embeds_b', 'five']" in str(raised.value)
     with pytest.raises(
         ValueError, match="column 'embeds_a' holds vectors of 4 values and column 'five' of 5"
     ):

@@ -306,13 +306,21 @@ CASES = [
     ),
     # ----------------------------------------------------------------- not numbers
     Case(
-        "string column",
+        "string column",  # text: how to embed it, not the advice for stringified vectors
         lambda: frame(pd.array([f"v{i}" for i in range(N)], dtype="str"), fixed(B)),
         lambda: Raises(
             TypeError,
-            r"column 'a' holds strings \((str|object)\), not vectors\..*dask_cosim.from_pandas",
+            r"column 'a' holds text \((str|object|string)\) such as 'v0', not vectors: (?!.*from_pandas).*SentenceTransformer",
             "graph",
-            dask_match=r"column 'a' holds strings \(string\), not vectors\..*dask_cosim.from_pandas",
+        ),
+    ),
+    Case(
+        "vectors turned into strings",
+        lambda: frame(pd.array([str(r) for r in A], dtype="str"), fixed(B)),
+        lambda: Raises(
+            TypeError,
+            r"column 'a' holds strings \((str|object|string)\), not vectors\..*dask_cosim.from_pandas",
+            "graph",
         ),
     ),
     Case(

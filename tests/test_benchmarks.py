@@ -60,6 +60,37 @@ def test_pairwise_gpu_script_without_cuda_says_so() -> None:
     assert "no CUDA device: nothing run" in run_script("pairwise_gpu", "--rows", "10")
 
 
+def test_dask_gpu_script_answers_help() -> None:
+    out = run_script("dask_gpu", "--help")
+    assert "--sizes" in out and "--workers-rows" in out
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="with CUDA it runs the whole benchmark")
+def test_dask_gpu_script_without_cuda_says_so() -> None:
+    assert "no CUDA device: nothing run" in run_script("dask_gpu", "--sizes", "10")
+
+
+def test_placement_rates_are_read_off_the_table() -> None:
+    """The GPU benchmark prints the placement rule's rates as cosim.yaml lines: the CPU
+    kernels' rates, the best staged copy, the one-row call's time."""
+    from benchmarks.gpu_host import FIXED, STAGED, placement_rates
+
+    def row(case: str, gb: float, seconds: float = 0.0) -> dict[str, object]:
+        return {"case": case, "gb_per_s": gb, "seconds": seconds}
+
+    table = [
+        row("ours: kernel", 77.51),
+        row("ours: kernel, torch fallback", 2.14),
+        row(f"{STAGED}, 4 MiB buffers", 30.0),
+        row(f"{STAGED}, 32 MiB buffers", 41.26),
+        row(FIXED, 0.0, 0.00042),
+    ]
+    assert placement_rates(table) == {
+        "cpu-fused": "77.5GB", "cpu-torch": "2.1GB", "host-to-gpu": "41.3GB", "gpu-fixed": "0.42ms"
+    }  # fmt: skip
+    assert placement_rates(table[:1]) == {"cpu-fused": "77.5GB"}
+
+
 @pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="peak RSS needs Linux")
 def test_memory_benchmark_runs(tmp_path: Path) -> None:
     out = run_script(

@@ -218,9 +218,17 @@ def test_convert_info_and_pickle_refusal(tmp_path: Path) -> None:
     assert npz.returncode == 0, npz.stderr
     bad_npz = cli("convert", str(tmp_path / "pairs.npz"), "-o", str(tmp_path / "c4"))
     assert bad_npz.returncode == 2 and "has no arrays ['embeds_a', 'embeds_b']" in bad_npz.stderr
-    np.save(tmp_path / "flat.npy", a)
-    flat = cli("convert", str(tmp_path / "flat.npy"), "-o", str(tmp_path / "c5"))
-    assert flat.returncode == 2 and "expected (N, 2, D)" in flat.stderr
+    np.save(tmp_path / "flat.npy", a)  # (N, D): one vector column
+    flat = cli("convert", str(tmp_path / "flat.npy"), "-o", str(tmp_path / "c5"),
+               "--column", "emb")  # fmt: skip
+    assert flat.returncode == 0 and "vectors: emb 6 x float32" in flat.stdout
+    got = np.stack(dask_cosim.read_parquet(tmp_path / "c5").compute()["emb"].to_numpy())
+    np.testing.assert_array_equal(got, a)
+    np.save(tmp_path / "cube.npy", np.zeros((2, 3, 4)))
+    cube = cli("convert", str(tmp_path / "cube.npy"), "-o", str(tmp_path / "c6"))
+    assert (
+        cube.returncode == 2 and "expected (N, D) (one vector per row) or (N, 2, D)" in cube.stderr
+    )
 
     for folder, left, right in (("c1", "embeds_a", "embeds_b"), ("c2", "embeds_a", "embeds_b"),
                                 ("c3", "left", "right")):  # fmt: skip
@@ -257,3 +265,16 @@ def test_failed_computation_exits_1_without_output(tmp_path: Path) -> None:
     assert "Error: the computation failed: RuntimeError: device='cuda'" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pairs"]  # no output, no staging
+
+
+def test_every_command_that_writes_vectors_takes_the_library_layouts() -> None:
+    import inspect
+
+    from dask_cosim import _cli, io
+    from dask_cosim.cli import main
+
+    assert _cli.LAYOUTS == io.LAYOUTS
+    default = inspect.signature(io.to_parquet).parameters["layout"].default
+    for command in ("pairwise", "convert", "topk", "join", "neighbors", "dedup"):
+        option = next(p for p in main.commands[command].params if p.name == "layout")
+        assert option.default == default, command

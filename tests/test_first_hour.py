@@ -244,7 +244,7 @@ def test_cli_names_a_file_that_is_not_parquet_and_how_to_convert_it(tmp_path: Pa
 
 
 @pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
-def test_make_demo_installs_only_what_the_demo_needs(tmp_path: Path) -> None:
+def test_make_demo_and_docs_install_only_what_they_need(tmp_path: Path) -> None:
     root = Path(dask_cosim.__file__).parents[1]
 
     def planned(target: str) -> str:
@@ -258,6 +258,9 @@ def test_make_demo_installs_only_what_the_demo_needs(tmp_path: Path) -> None:
     assert 'pip install -q -e ".[bench]"' in demo and ".[dev]" not in demo
     assert "installed-demo" in demo and "-m dask_cosim demo" in demo
     assert 'pip install -q -e ".[dev]"' in planned("test")
+    docs = planned("docs")
+    assert 'pip install -q -e ".[docs]"' in docs and ".[dev]" not in docs
+    assert "sphinx-build" in docs
 
 
 def test_parquet_column_lookups_did_you_mean(tmp_path: Path) -> None:
@@ -327,12 +330,10 @@ print(round(float(dask_cosim.from_pandas(df).cosim.pairwise("a", "b").compute().
 
 
 def test_lazy_names_are_the_public_ones() -> None:
-    from dask_cosim import io
 
     assert sorted(dask_cosim.__all__) == sorted(dask_cosim._LAZY)
     for name in dask_cosim.__all__:
         assert getattr(dask_cosim, name) is not None
-    assert cli._LAYOUTS == io.LAYOUTS
     with pytest.raises(AttributeError, match="module 'dask_cosim' has no attribute 'nothing'"):
         dask_cosim.nothing  # noqa: B018
 

@@ -6,8 +6,12 @@ dask_cudf / dask_cuda and skip cleanly where those are not installed.
 
 from __future__ import annotations
 
+import json
 import os
+import tempfile
+from typing import Any
 
+import dask
 import numpy as np
 import pandas as pd
 import pytest
@@ -15,7 +19,7 @@ import torch
 
 import dask_cosim
 from dask_cosim import kernels, options
-from dask_cosim.partition import pairwise_partition
+from dask_cosim.partition import pairwise_partition, resolve_device
 from tests.helpers import pairs_frame, random_pairs, reference
 
 # The kernels take their options as arguments: the configured defaults (cosim.yaml).
@@ -64,14 +68,129 @@ def test_cuda_chunk_budget_bounds_peak_memory() -> None:
     assert peak <= 3 * 200_000 * 4 + 16 * 2**20 + 4 * 2**20
 
 
+@pytest.mark.parametrize("device", ["auto", "cuda"])
 @pytest.mark.parametrize("fmt", ["fixed_size_list", "object_torch_300x1"])
-def test_pandas_partition_on_gpu_returns_host_series(fmt: str) -> None:
+def test_pandas_partition_on_gpu_returns_host_series(fmt: str, device: str) -> None:
     a, b = random_pairs(257, 300)
     res = pairwise_partition(
-        pairs_frame(a, b, fmt), "embeds_a", "embeds_b", eps=1e-8, device="auto"
+        pairs_frame(a, b, fmt), "embeds_a", "embeds_b", eps=1e-8, device=device
     )
     assert isinstance(res, pd.Series)
     np.testing.assert_allclose(res.to_numpy(), reference(a, b), atol=1e-6)
+
+
+def test_auto_places_host_rows_by_the_rule() -> None:
+    """With a GPU present, host float32 rows stay on the host (the numba kernel outruns the
+    bus) and host float16 rows (the torch kernel on the host) go to the GPU; search sends
+    host data to the GPU; device data stay on their device."""
+    cpu = torch.device("cpu")
+    assert resolve_device("auto", cpu, nbytes=10**9, cpu_kernel="numba") == cpu
+    assert resolve_device("auto", cpu, nbytes=10**9, cpu_kernel=None).type == "cuda"
+    assert resolve_device("auto", cpu, work="products").type == "cuda"
+    assert resolve_device("auto", torch.device("cuda:0")) == torch.device("cuda:0")
+
+
+def _copies(run: Any) -> dict[str, int]:
+    """Bytes copied by kind ("Memcpy HtoD (Pinned -> Device)", ...) while ``run()`` runs, as
+    the CUDA profiler sees them."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        run()
+        torch.cuda.synchronize()
+    with tempfile.TemporaryDirectory() as tmp:
+        trace = os.path.join(tmp, "trace.json")
+        prof.export_chrome_trace(trace)
+        with open(trace) as f:
+            events = json.load(f)["traceEvents"]
+    kinds: dict[str, int] = {}
+    for e in events:
+        if e.get("cat") == "gpu_memcpy":
+            kinds[e["name"]] = kinds.get(e["name"], 0) + int(e.get("args", {}).get("bytes", 0))
+    return kinds
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32])
+def test_host_rows_reach_the_gpu_through_pinned_staging(dtype: type) -> None:
+    """device="cuda" on a pandas partition of several Arrow chunks: the vectors cross the
+    bus from pinned buffers, in chunks that span the chunks' boundaries, and the answer
+    is the reference's."""
+    a, b = random_pairs(20_000, 300)
+    a, b = a.astype(dtype), b.astype(dtype)
+    pdf = pairs_frame(a, b, "fixed_size_list")
+    chunked = pd.concat([pdf.iloc[:7000], pdf.iloc[7000:13001], pdf.iloc[13001:]])
+
+    def run() -> Any:
+        with dask.config.set({"cosim.chunk-bytes.cuda": "4MiB"}):  # 0.5 MiB buffers: many chunks
+            return pairwise_partition(chunked, "embeds_a", "embeds_b", device="cuda")
+
+    res = run()
+    np.testing.assert_allclose(res.to_numpy(), reference(a, b), atol=1e-5)
+    copies = _copies(run)
+    to_device = {k: v for k, v in copies.items() if "HtoD" in k}
+    pinned = sum(v for k, v in to_device.items() if "Pinned" in k)
+    assert pinned >= a.nbytes + b.nbytes, copies
+    assert sum(to_device.values()) - pinned < 0.01 * (a.nbytes + b.nbytes), copies
+
+
+@pytest.mark.parametrize("fused", [None, False])
+def test_the_staged_loop_never_waits_for_the_device(fused: bool | None) -> None:
+    """Host copies overlap transfers and kernels only if nothing in the loop waits for the
+    device: torch's sync debug mode raises on every implicit synchronisation (a copy from
+    pageable memory, a read of a device value) while the chunks are queued."""
+    a, b = random_pairs(10_000, 300)
+    ta, tb = torch.from_numpy(a), torch.from_numpy(b)
+    target = torch.device("cuda", torch.cuda.current_device())
+    kernels.pairwise_cosine(ta[:10], tb[:10], device=target, eps=EPS, chunk_bytes=CHUNK_BYTES)
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        res, redo = kernels._staged([(ta, tb)], EPS, target, torch.float32, fused, 700, CHUNK_BYTES)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert not bool(redo.any())
+    np.testing.assert_allclose(res.cpu().numpy(), reference(a, b), atol=1e-6)
+
+
+def test_staged_chunks_are_the_host_rows() -> None:
+    """The staging pipeline alone: landing buffers reused two chunks later (each chunk's
+    work queued before the next but one is asked for), and rows copied into place; a block
+    already on the device is sliced."""
+    from dask_cosim import staging
+
+    x = torch.randn(10_007, 33)
+    y = torch.arange(10_007, dtype=torch.float64)
+    blocks = [(x[:4000], y[:4000]), (x[4000:4001], y[4000:4001]), (x[4001:], y[4001:])]
+    sums = torch.empty(len(x), dtype=torch.float64, device="cuda")
+    ids = torch.empty(len(x), dtype=torch.float64, device="cuda")
+    for start, (cx, cy) in staging.device_chunks(blocks, "cuda", 999):
+        assert cx.device.type == "cuda" and len(cx) <= 999
+        sums[start : start + len(cx)] = cx.double().sum(1)  # queued on the current stream
+        ids[start : start + len(cx)] = cy
+    torch.testing.assert_close(sums.cpu(), x.double().sum(1))
+    torch.testing.assert_close(ids.cpu(), y)
+    whole = staging.to_device([x[:5000], x[5000:]], "cuda", rows=777)
+    assert torch.equal(whole.cpu(), x)
+    on_device = [(x[:10].cuda(), y[:10])]
+    [(start, (cx, cy))] = list(staging.device_chunks(on_device, "cuda", 100))
+    assert cx.data_ptr() == on_device[0][0].data_ptr() and torch.equal(cy.cpu(), y[:10])
+
+
+def test_search_sides_reach_the_gpu_through_pinned_staging() -> None:
+    """A pandas partition prepared for search on a GPU worker: its vectors cross the bus
+    from pinned buffers, and the side answers as on the CPU."""
+    from dask_cosim import search_partition as sp
+
+    a, _ = random_pairs(30_000, 128)
+    pdf = pairs_frame(a, a, "fixed_size_list")
+    side = sp.prepare_side(pdf, "embeds_a", 0, eps=1e-8, device="auto")
+    assert side.prep.unit.device.type == "cuda"
+    copies = _copies(lambda: sp.prepare_side(pdf, "embeds_a", 0, eps=1e-8, device="auto"))
+    pinned = sum(v for k, v in copies.items() if "HtoD" in k and "Pinned" in k)
+    assert pinned >= a.nbytes, copies
+    on_cpu = sp.prepare_side(pdf, "embeds_a", 0, eps=1e-8, device="cpu")
+    torch.testing.assert_close(side.prep.unit.cpu(), on_cpu.prep.unit)
+    queries = on_cpu.prep.to(torch.device("cuda", torch.cuda.current_device()))
+    assert torch.equal(queries.raw.cpu(), on_cpu.prep.raw)
 
 
 def _cudf_frame(a: np.ndarray, b: np.ndarray, null_a: list[int] = ()) -> object:  # type: ignore[assignment]
@@ -148,13 +267,14 @@ def test_dask_cudf_to_parquet_round_trip(tmp_path: object, layout: str) -> None:
 
 def test_kernel_halves_chunks_on_a_full_gpu() -> None:
     """A real out-of-memory: the GPU is filled until 64 MiB are left, then a chunk budget
-    of 8 GiB is asked for; the kernel halves its chunk until it fits."""
+    of 8 GiB is asked for; the torch kernel halves its chunk until it fits (the fused
+    kernel allocates only its outputs, so it is not the one tested)."""
     a, b = random_pairs(200_000, 300)
     ga, gb = torch.from_numpy(a).cuda(), torch.from_numpy(b).cuda()
     free, _ = torch.cuda.mem_get_info()
     filler = torch.empty(max(0, free - 64 * 2**20), dtype=torch.uint8, device="cuda")
     try:
-        res = kernels.pairwise_cosine(ga, gb, chunk_bytes="8GiB", eps=EPS)
+        res = kernels.pairwise_cosine(ga, gb, chunk_bytes="8GiB", eps=EPS, fused=False)
     finally:
         del filler
         torch.cuda.empty_cache()
@@ -169,6 +289,11 @@ def test_local_cuda_cluster_one_worker_per_gpu() -> None:
         # Each worker sees its own GPU as cuda:0 (CUDA_VISIBLE_DEVICES rotated).
         visible = client.run(lambda: os.environ["CUDA_VISIBLE_DEVICES"].split(",")[0])
         assert len(set(visible.values())) == n
+        # Host partitions kept on a GPU worker's CPU get the cores the workers share.
+        from dask.system import CPU_COUNT
+
+        threads = client.run(torch.get_num_threads)
+        assert set(threads.values()) == {max(1, CPU_COUNT // n)}
         a, b = random_pairs(4000, 300)
         ddf = dask_cosim.from_pandas(pairs_frame(a, b, "fixed_size_list"), npartitions=2 * n)
         res = ddf.cosim.pairwise("embeds_a", "embeds_b").compute()

@@ -75,8 +75,9 @@ def test_triton_kernel_on_gpu() -> None:
     ones = torch.ones(4, 3, device="cuda")
     assert kernels.fused_kernel_for(ones, ones) == "triton"
     assert kernels.fused_kernel_for(ones, ones, device="cuda") == "triton"  # "cuda" = cuda:0
-    # Host tensors computed on the GPU are bound by the copy: the chunked torch kernel.
-    assert kernels.fused_kernel_for(ones.cpu(), ones.cpu(), device="cuda") is None
+    # Host tensors computed on the GPU arrive as staged, contiguous chunks: Triton too.
+    assert kernels.fused_kernel_for(ones.cpu(), ones.cpu(), device="cuda") == "triton"
+    assert kernels.fused_kernel_for(ones.cpu().long(), ones.cpu().long(), device="cuda") is None
     check_against_reference("cuda")
 
 

@@ -84,6 +84,25 @@ def test_search_arguments() -> None:
     assert options.memory_size("memory_limit", 0.5, "4GiB") is None
 
 
+def test_placement_rates() -> None:
+    """The measured constants of device="auto" (their sources are in cosim.yaml)."""
+    rates = options.placement_rates()
+    assert (rates.cpu_fused, rates.cpu_torch, rates.host_to_gpu) == (77.5e9, 2.1e9, 51.4e9)
+    assert rates.gpu_fixed == 1e-3
+    with dask.config.set({"cosim.placement.host-to-gpu": "25GB", "cosim.placement.gpu-fixed": 0}):
+        assert options.placement_rates().host_to_gpu == 25e9
+        assert options.placement_rates().gpu_fixed == 0.0
+    for key, bad, message in [
+        ("cpu-torch", 0, "cosim.placement.cpu-torch=0 must be a positive size"),
+        ("host-to-gpu", "fast", "cosim.placement.host-to-gpu='fast' must be a positive size"),
+        ("gpu-fixed", "soon", "cosim.placement.gpu-fixed='soon' must be a duration"),
+        ("gpu-fixed", -1, "cosim.placement.gpu-fixed=-1 must be a duration"),
+    ]:
+        with dask.config.set({f"cosim.placement.{key}": bad}):
+            with pytest.raises(ValueError, match=message):
+                options.placement_rates()
+
+
 def test_bad_config_is_reported_where_it_is_used() -> None:
     with dask.config.set({"cosim.eps": -5}), pytest.raises(ValueError, match="eps=-5"):
         options.eps()
@@ -147,6 +166,8 @@ def test_cosim_yaml_follows_its_schema() -> None:
         {"cosim": {"search": {"split-every": 1}}},
         {"cosim": {"chunk-bytes": {"tpu": "1MiB"}}},
         {"cosim": {"unknown": 1}},
+        {"cosim": {"placement": {"gpu-fixed": -1}}},
+        {"cosim": {"placement": {"cpu-fused": 0}}},
     ],
 )
 def test_the_schema_rejects_bad_values(bad: dict[str, Any]) -> None:

@@ -137,10 +137,21 @@ def test_format() -> None:
         "mean        +1.000000",
         "min / max   -0.500000 / +3.000000",
         "histogram",
-        "  [-1, +0)  " + "#" * 40 + " 1",
-        "  [+0, +1)  " + "#" * 40 + " 1",
-        "  outside [-1, +1]  1",
+        "  [-1, +0)          " + "#" * 40 + " 1",
+        "  [+0, +1]          " + "#" * 40 + " 1",
+        "  outside [-1, +1]  " + " " * 40 + " 1",
     ]
+
+
+def test_histogram_bars_and_counts_line_up() -> None:
+    values = pd.Series(np.random.default_rng(0).uniform(-1, 1, 100_000))
+    lines = dask_cosim.summarize(values).format().splitlines()
+    bins = lines[lines.index("histogram") + 1 :]
+    assert len(bins) == 10
+    # Labels of different widths ("[-1, -0.8)", "[-0.8, -0.6)"): bars start in one column,
+    # counts end in one.
+    assert len({line.index("#") for line in bins}) == 1
+    assert len({len(line) for line in bins}) == 1
 
 
 @pytest.mark.gpu

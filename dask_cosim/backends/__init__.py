@@ -4,7 +4,9 @@ Every question whose answer depends on the dataframe (or array) library is a dis
 here, keyed on the type of its first argument (dask's ``Dispatch``):
 
 - ``vector_spec(meta_series, column)``: what a (possibly empty) column holds, from its dtype
-  alone, or a ``TypeError`` saying what is wrong and how to fix it;
+  alone, or a ``TypeError`` saying what is wrong and how to fix it (:func:`column_spec`
+  asks it about a frame's column, and tells text from vectors written as text;
+  :func:`vector_columns` lists the columns it accepts);
 - ``to_vectors(series, column)``: the column's rows as (N, D) tensors, zero-copy where the
   layout allows;
 - ``make_result(like, values, null, name)``: a Series of the library of ``like``;
@@ -40,10 +42,12 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import torch
+from dask import compute as dask_compute
+from dask import is_dask_collection
 from dask.base import tokenize
 from dask.utils import Dispatch
 
-from dask_cosim.errors import ACCEPTED
+from dask_cosim.errors import ACCEPTED, StringColumnError, string_column
 
 __all__ = [
     "ACCEPTED",
@@ -52,6 +56,7 @@ __all__ = [
     "add_columns",
     "arrow_vector_types",
     "boolean_mask",
+    "column_spec",
     "concat_frames",
     "data_token",
     "frame_from_arrow",
@@ -66,6 +71,7 @@ __all__ = [
     "to_numbers",
     "to_pandas",
     "to_vectors",
+    "vector_columns",
     "vector_spec",
 ]
 
@@ -124,6 +130,67 @@ def _on_host(obj: Any) -> bool:
 @data_token.register(object)
 def _dask_token(obj: Any) -> str:
     return tokenize(obj)
+
+
+def column_spec(obj: Any, column: Any) -> VectorSpec:
+    """:func:`vector_spec` of ``obj[column]`` (a dask, pandas or cudf frame: its metadata),
+    except that a column of strings raises saying what they hold, text or vectors written
+    as text: for that, and only then, the first rows of the first partitions are read."""
+    meta = obj._meta if is_dask_collection(obj) else obj
+    try:
+        return vector_spec(meta[column], column)  # type: ignore[no-any-return]
+    except StringColumnError as err:
+        sample = _first_string(obj, column)
+        raise string_column(column, err.dtype, sample, vector_columns(meta)) from None
+
+
+def _first_string(obj: Any, column: Any, partitions: int = 3) -> str | None:
+    """The first non-null cell of ``obj[column]``: of the frame in memory behind a dask
+    frame made by ``dd.from_pandas`` (as it was before dask turned it into text), else
+    of the first ``partitions`` partitions; None when there is none or reading failed."""
+    try:
+        if not is_dask_collection(obj):
+            heads = [obj[column].dropna().head(1)]
+        else:
+            source = _pandas_source(obj, column)
+            if source is not None:
+                heads = [source.dropna().head(1)]
+            else:
+                series = obj[column]
+                n = min(series.npartitions, partitions)
+                heads = dask_compute(
+                    *[series.partitions[i].dropna().head(1, npartitions=1, compute=False)
+                      for i in range(n)]
+                )  # fmt: skip
+        for head in heads:
+            if len(head):
+                return str(to_pandas(head).iloc[0])
+    except Exception:  # the error being raised matters more than its example
+        return None
+    return None
+
+
+def _pandas_source(obj: Any, column: Any) -> Any:
+    """``column`` of the frame a ``dd.from_pandas`` collection holds in memory, or None."""
+    for expr in obj.expr.walk():
+        if type(expr).__name__ == "FromPandas":
+            data = getattr(expr.frame, "_data", expr.frame)
+            if column in getattr(data, "columns", ()):
+                return data[column]
+    return None
+
+
+def vector_columns(meta: Any) -> list[Any]:
+    """Columns whose dtype alone says they hold vectors (Arrow or cudf lists of numbers)."""
+    found = []
+    for column in meta.columns:
+        try:
+            spec = vector_spec(meta[column], str(column))
+        except TypeError:
+            continue
+        if spec.dtype is not None:  # object columns could hold anything: name them
+            found.append(column)
+    return found
 
 
 def is_vector_series(obj: Any) -> bool:

@@ -169,7 +169,7 @@ def stack_object_column(
     if isinstance(cells[0], str):
         # A text column, or vectors that became text: pandas before 3.0 keeps strings in
         # object columns, so this is where they are first seen.
-        raise errors.string_column(column, values.dtype)
+        raise errors.string_column(column, values.dtype, cells[0])
 
     dense = _stack_uniform(cells)
     if dense is None:
@@ -272,7 +272,8 @@ def _pandas_to_vectors(s: pd.Series, column: str) -> Vectors:
             if values.shape[1] or null is None or not null.all():
                 dims.append((row0, values.shape[1]))
             row0 += len(chunk)
-        dim = _check_chunk_dims(dims, column, s.index)
+        # No rows (or only null rows of a variable list): D from the dtype where it says.
+        dim = _check_chunk_dims(dims, column, s.index) if dims else (spec.dim or 0)
         blocks = [b if b.shape[1] == dim else np.zeros((len(b), dim), b.dtype) for b in blocks]
         if not blocks:  # no rows: an empty block still carries the value dtype
             blocks = [np.zeros((0, dim), spec.dtype)]

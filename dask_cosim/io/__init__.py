@@ -8,18 +8,27 @@
   metadata.
 - :func:`read_parquet` (:mod:`.read`): our folders (any layout) zero-copy at pyarrow's
   speed; any other Parquet with list columns kept as Arrow lists (pandas) or cudf list
-  columns.  :func:`describe_parquet` says what a read would give, from the metadata;
+  columns, and files that store no index numbered across the read (:mod:`.positions`).
+  :func:`describe_parquet` says what a read would give, from the metadata;
   :func:`check_parquet_inputs` names a local file that is not Parquet and how to convert it.
-- :func:`numpy_pairs`, :func:`read_pickle` (:mod:`.convert`): .npy/.npz arrays and pandas
-  pickles as frames, for ``dask-cosim convert``.
+- :func:`numpy_frame`, :func:`numpy_vectors`, :func:`read_pickle`, :func:`source_frame`
+  (:mod:`.convert`): .npy/.npz arrays and pandas pickles as frames, for ``dask-cosim
+  convert`` and the queries of ``dask-cosim topk``.
 - :mod:`.layouts`: the two ways a vector column is stored; :mod:`.files`: filesystems,
-  listing, globs and the manifest; :mod:`.cudf_parquet`: cudf's GPU reader and writer,
-  which the cudf backend of :mod:`.read` and :mod:`.write` use.
+  listing, globs, the manifest and staging folders; :mod:`.cudf_parquet`: cudf's GPU
+  reader and writer, which the cudf backend of :mod:`.read` and :mod:`.write` use.
 """
 
 from dask_cosim.backends import arrow_vector_types
-from dask_cosim.io.convert import from_pandas, numpy_pairs, read_pickle, vector_columns
-from dask_cosim.io.files import MANIFEST
+from dask_cosim.io.convert import (
+    from_pandas,
+    numpy_frame,
+    numpy_vectors,
+    read_pickle,
+    source_frame,
+    vector_columns,
+)
+from dask_cosim.io.files import MANIFEST, remove_own_staging
 from dask_cosim.io.layouts import (
     LAYOUTS,
     encode_vectors,
@@ -29,22 +38,26 @@ from dask_cosim.io.layouts import (
     vectors_to_arrow,
 )
 from dask_cosim.io.read import check_parquet_inputs, describe_parquet, read_parquet
-from dask_cosim.io.write import frame_to_table, to_parquet
+from dask_cosim.io.write import compute_with_progress, frame_to_table, to_parquet
 
 __all__ = [
     "LAYOUTS",
     "MANIFEST",
     "arrow_vector_types",
     "check_parquet_inputs",
+    "compute_with_progress",
     "describe_parquet",
     "encode_vectors",
     "frame_to_table",
     "from_pandas",
     "list_columns",
-    "numpy_pairs",
+    "numpy_frame",
+    "numpy_vectors",
     "read_parquet",
     "read_pickle",
+    "remove_own_staging",
     "restore_vectors",
+    "source_frame",
     "stored_vector",
     "to_parquet",
     "vector_columns",

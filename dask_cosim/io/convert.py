@@ -1,5 +1,5 @@
 """Frames of per-row vectors into dask without turning them into text, and local files of
-other formats (.npy/.npz arrays, pandas pickles) into frames."""
+other formats (.npy/.npz arrays, pandas pickles) into frames (:func:`source_frame`)."""
 
 from __future__ import annotations
 
@@ -161,22 +161,42 @@ def _active_client() -> Any:
     return None
 
 
-def numpy_pairs(source: str | Path, a: str = "embeds_a", b: str = "embeds_b") -> pd.DataFrame:
-    """A .npy array of shape (N, 2, D) (pair i is [i, 0] and [i, 1]), or a .npz holding
-    two (N, D) arrays named ``a`` and ``b``, as a frame of two vector columns ``a``, ``b``.
+def numpy_vectors(source: str | Path) -> np.ndarray:
+    """A .npy file of one array of numbers of shape (N, D): N vectors (e.g. queries).
+
+    Object arrays are refused (``allow_pickle=False``): loading one would run code stored
+    in the file.
+    """
+    values = np.load(source, allow_pickle=False)
+    if values.ndim != 2 or values.dtype.kind not in "fiu":
+        raise ValueError(
+            f"{str(source)!r} holds an array of shape {values.shape} and dtype {values.dtype}; "
+            "expected (N, D) numbers: one vector per row"
+        )
+    return values
+
+
+def numpy_frame(
+    source: str | Path, a: str = "embeds_a", b: str = "embeds_b", column: str = "embedding"
+) -> pd.DataFrame:
+    """A .npy array as a frame: (N, D) gives one vector column ``column``; (N, 2, D) two,
+    ``a`` and ``b`` (pair i is [i, 0] and [i, 1]).  A .npz holding two (N, D) arrays named
+    ``a`` and ``b`` gives those two columns.
 
     Object arrays are refused (``allow_pickle=False``): loading one would run code stored
     in the file.
     """
     source = Path(source)
     if source.suffix.lower() == ".npy":
-        pairs = np.load(source, allow_pickle=False)
-        if pairs.ndim != 3 or pairs.shape[1] != 2:
+        values = np.load(source, allow_pickle=False)
+        if values.ndim == 2:
+            return pd.DataFrame({column: vectors_to_arrow(numpy_vectors(source))})
+        if values.ndim != 3 or values.shape[1] != 2:
             raise ValueError(
-                f"{str(source)!r} holds an array of shape {pairs.shape}; expected (N, 2, D): "
-                "pair i is [i, 0] and [i, 1]"
+                f"{str(source)!r} holds an array of shape {values.shape}; expected (N, D) "
+                "(one vector per row) or (N, 2, D) (pair i is [i, 0] and [i, 1])"
             )
-        first, second = pairs[:, 0], pairs[:, 1]
+        first, second = values[:, 0], values[:, 1]
     else:
         with np.load(source, allow_pickle=False) as arrays:
             missing = [c for c in (a, b) if c not in arrays]
@@ -207,3 +227,27 @@ def read_pickle(source: str | Path, allow_pickle: bool = False) -> pd.DataFrame:
     if not isinstance(frame, pd.DataFrame):
         raise TypeError(f"{str(source)!r} holds a {type(frame).__name__}, not a DataFrame")
     return frame
+
+
+def source_frame(
+    path: str | Path,
+    *,
+    a: str = "embeds_a",
+    b: str = "embeds_b",
+    column: str = "embedding",
+    allow_pickle: bool = False,
+) -> dd.DataFrame:
+    """What ``dask-cosim convert`` reads, as a dask frame: a pandas pickle (read only with
+    ``allow_pickle``), a .npy or .npz array (:func:`numpy_frame`), or Parquet."""
+    from dask_cosim.io.read import check_parquet_inputs, read_parquet
+
+    source = Path(path)
+    if not source.exists():
+        raise FileNotFoundError(f"{str(path)!r} not found")
+    suffix = source.suffix.lower()
+    if suffix in (".pkl", ".pickle"):
+        return from_pandas(read_pickle(source, allow_pickle))
+    if suffix in (".npy", ".npz"):
+        return from_pandas(numpy_frame(source, a, b, column))
+    check_parquet_inputs([str(path)], "convert reads pandas pickles, .npy/.npz and Parquet")
+    return read_parquet(path)

@@ -18,7 +18,19 @@ import pyarrow.parquet as pq
 
 from dask_cosim import backends
 
-__all__ = ["MAX_BINARY_WIDTH", "read_files", "write_file", "writer_takes"]
+__all__ = [
+    "MAX_BINARY_WIDTH",
+    "footer_ranges",
+    "manifest_ranges",
+    "range_positions",
+    "read_files",
+    "write_file",
+    "writer_takes",
+]
+
+
+# Each file's RangeIndex, for files read together: (index name, [(start, rows, step)]).
+Ranges = tuple[Any, list[tuple[int, int, int]]]
 
 
 def read_files(
@@ -28,6 +40,7 @@ def read_files(
     columns: list[str] | None,
     filters: Any,
     vectors: dict[str, tuple[int, str]],
+    ranges: Ranges | None = None,
 ) -> Any:
     """Parquet files (or some row groups of one) decoded on the GPU by cudf's reader, as
     one frame.
@@ -37,7 +50,9 @@ def read_files(
     (D, dtype): cudf reads such a column as bytes (a strings column, or lists of uint8),
     and each becomes a list column of D numbers over those same device bytes, without a
     copy or a trip through the host.  The index is restored from the pandas metadata,
-    as cudf does (several files with RangeIndex metadata: their ranges, one after another).
+    as cudf does; for several files stored with a RangeIndex each (cudf numbers their
+    rows from 0), their ranges one after another: from ``ranges`` when the caller knows
+    them (our manifest: :func:`manifest_ranges`), else from the files' footers.
     """
     import cudf
 
@@ -48,7 +63,9 @@ def read_files(
         filters=filters,
     )
     if len(files) > 1:
-        df = _files_range_index(df, files)
+        ranges = ranges if ranges is not None else footer_ranges(files)
+        if ranges is not None:
+            df.index = _range_index(*ranges)
     wanted = [c for c in df.columns if c in vectors]
     if not wanted:
         return df
@@ -62,35 +79,81 @@ def read_files(
     return cudf.DataFrame.from_pylibcudf(plc.Table(plc_columns), metadata)
 
 
-def _files_range_index(df: Any, files: list[str]) -> Any:
-    """``df`` read from ``files``; if each file stores its index as a RangeIndex (pandas
-    metadata, no column), the index is those ranges in order, as pyarrow gives them
-    file by file.  Only the files' footers are read."""
+def footer_ranges(files: list[str]) -> Ranges | None:
+    """Each file's RangeIndex from its footer's pandas metadata and row count, or None
+    when a file stores its index otherwise (as columns, or none)."""
+    name, ranges = None, []
+    for i, file in enumerate(files):
+        parquet = pq.ParquetFile(file)
+        stored = _stored_range(parquet.schema_arrow)
+        if stored is None:
+            return None
+        if i == 0:
+            name = stored.get("name")
+        ranges.append((int(stored["start"]), parquet.metadata.num_rows, int(stored["step"])))
+    return name, ranges
+
+
+def manifest_ranges(schema: pa.Schema, manifest: dict[str, Any] | None) -> Ranges | None:
+    """Each file's RangeIndex in our folder, from the manifest's row counts and index
+    bounds and the first file's schema: what :func:`footer_ranges` would read from the
+    footers, known when the graph is built.
+
+    None unless the first file stores a RangeIndex (pandas metadata) and every file's
+    bounds are those of a range of its rows with that step (so that a file storing its
+    index as a column, or a manifest without bounds, falls back to the footers).
+    """
+    stored = _stored_range(schema)
+    if stored is None or manifest is None:
+        return None
+    step = int(stored["step"])
+    ranges = []
+    for entry in manifest.get("files", []):
+        rows, bounds = entry.get("rows"), entry.get("index")
+        if not (isinstance(rows, int) and rows > 0 and isinstance(bounds, list)):
+            return None
+        first, last = bounds
+        if not all(isinstance(x, int) and not isinstance(x, bool) for x in (first, last)):
+            return None
+        if last != first + (rows - 1) * step:
+            return None
+        ranges.append((first, rows, step))
+    if not ranges or ranges[0][0] != int(stored["start"]):
+        return None
+    return stored.get("name"), ranges
+
+
+def _stored_range(schema: pa.Schema) -> dict[str, Any] | None:
+    """The pandas metadata's RangeIndex entry of a schema, or None."""
+    index_columns = (schema.pandas_metadata or {}).get("index_columns") or [None]
+    first = index_columns[0]
+    if len(index_columns) == 1 and isinstance(first, dict) and first.get("kind") == "range":
+        return first
+    return None
+
+
+def range_positions(ranges: list[tuple[int, int, int]]) -> tuple[int, int, int] | None:
+    """(start, stop, step) of one RangeIndex when the files' ranges follow one another
+    (one frame written in order), else None (their values are concatenated)."""
+    start, _, step = ranges[0]
+    at = start
+    for first, rows, this_step in ranges:
+        if this_step != step or first != at:
+            return None
+        at += rows * step
+    return start, at, step
+
+
+def _range_index(name: Any, ranges: list[tuple[int, int, int]]) -> Any:
+    """The index of files read together, each stored with a RangeIndex."""
     import cudf
     import cupy
 
-    ranges, rows = [], []
-    for file in files:
-        parquet = pq.ParquetFile(file)
-        index_columns = (parquet.schema_arrow.pandas_metadata or {}).get("index_columns") or [None]
-        if not (isinstance(index_columns[0], dict) and index_columns[0].get("kind") == "range"):
-            return df
-        ranges.append(index_columns[0])
-        rows.append(parquet.metadata.num_rows)
-    step = ranges[0]["step"]
-    start = ranges[0]["start"]
-    contiguous = all(
-        r["step"] == step and r["start"] == start + sum(rows[:i]) * step
-        for i, r in enumerate(ranges)
-    )
-    name = ranges[0].get("name")
-    if contiguous:
-        df.index = cudf.RangeIndex(start, start + sum(rows) * step, step, name=name)
-    else:
-        parts = [cupy.arange(r["start"], r["start"] + n * r["step"], r["step"])
-                 for r, n in zip(ranges, rows)]  # fmt: skip
-        df.index = cudf.Index(cupy.concatenate(parts), name=name)
-    return df
+    whole = range_positions(ranges)
+    if whole is not None:
+        return cudf.RangeIndex(*whole, name=name)
+    parts = [cupy.arange(s, s + n * step, step) for s, n, step in ranges]
+    return cudf.Index(cupy.concatenate(parts), name=name)
 
 
 def _bytes_to_lists(column: Any, name: str, dim: int, dtype: str) -> Any:

@@ -1,10 +1,15 @@
-"""Where Parquet data lives: filesystems, listing files and globs, the folder manifest."""
+"""Where Parquet data lives: filesystems, listing files and globs, the folder manifest, and
+the hidden staging folders writes go to first."""
 
 from __future__ import annotations
 
 import glob
 import json
 import os
+import re
+import shutil
+import socket
+import uuid
 from typing import Any
 
 import pyarrow as pa
@@ -94,3 +99,58 @@ def filesystem(path: Any) -> tuple[pafs.FileSystem, str]:
 
         fs, inner = fsspec.core.url_to_fs(text)
         return pafs.PyFileSystem(pafs.FSSpecHandler(fs)), inner
+
+
+def new_staging(fs: pafs.FileSystem, root: str) -> str:
+    """A new hidden staging folder next to ``root``, created, after removing those that
+    earlier writes to ``root`` by dead processes of this host left behind."""
+    parent, name = root.rsplit("/", 1) if "/" in root else ("", root)
+    _remove_abandoned_staging(fs, parent, name)
+    # Host and pid in the name tell a later run whether the writer is still alive.
+    staging = f"{parent}/.{name}.cosim-{_HOST}-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+    fs.create_dir(staging)
+    return staging
+
+
+_HOST = socket.gethostname().replace("/", "_")
+
+
+_STAGING = re.compile(r"\.cosim-(?P<host>.+)-(?P<pid>\d+)-[0-9a-f]{12}$")
+
+
+def remove_own_staging(fs: pafs.FileSystem, root: str) -> None:
+    """Delete the staging folders this process made for ``root`` (writes of
+    ``to_parquet(..., compute=False)`` whose computation failed)."""
+    if not isinstance(fs, pafs.LocalFileSystem):
+        return
+    parent, name = root.rsplit("/", 1) if "/" in root else ("", root)
+    for found in glob.glob(os.path.join(parent, f".{name}.cosim-{_HOST}-{os.getpid()}-*")):
+        shutil.rmtree(found, ignore_errors=True)
+
+
+def _remove_abandoned_staging(fs: pafs.FileSystem, parent: str, name: str) -> None:
+    """Delete staging folders of earlier writes to ``name`` by processes of this host
+    that no longer exist (killed before they could clean up); others are left alone."""
+    if not isinstance(fs, pafs.LocalFileSystem):
+        return  # no way to tell whether a writer elsewhere is alive
+    try:
+        entries = os.listdir(parent or ".")
+    except OSError:
+        return
+    for entry in entries:
+        if not entry.startswith(f".{name}.cosim-"):
+            continue
+        found = _STAGING.search(entry)
+        if found is None or found["host"] != _HOST or _alive(int(found["pid"])):
+            continue
+        shutil.rmtree(os.path.join(parent, entry), ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True

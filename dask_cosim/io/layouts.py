@@ -121,15 +121,7 @@ def restore_vectors(table: pa.Table) -> pa.Table:
 
 def list_columns(meta: Any) -> list[str]:
     """Columns whose dtype alone says they hold vectors (Arrow or cudf lists of numbers)."""
-    found = []
-    for column in meta.columns:
-        try:
-            spec = backends.vector_spec(meta[column], str(column))
-        except TypeError:
-            continue
-        if spec.dtype is not None:  # object columns could hold anything: name them
-            found.append(column)
-    return found
+    return backends.vector_columns(meta)
 
 
 def encode_column(series: Any, column: str, layout: str) -> tuple[pa.Field, pa.ChunkedArray]:

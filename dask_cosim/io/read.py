@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 
 from dask_cosim import backends, errors, options
 from dask_cosim.backends import arrow_vector_types
-from dask_cosim.io import cudf_parquet
+from dask_cosim.io import cudf_parquet, positions
 from dask_cosim.io.convert import TARGET_PARTITION_BYTES
 from dask_cosim.io.files import parquet_files
 from dask_cosim.io.layouts import binary_layout, binary_vectors, restore_vectors
@@ -34,6 +34,13 @@ def read_parquet(path: Any, columns: list[str] | None = None, **kwargs: Any) -> 
 
     A folder written by :func:`to_parquet` (any layout) has its vectors restored without
     a copy, and divisions from its manifest when the index was sorted.
+
+    Files that store no index (plain pyarrow, pandas with ``index=False``, Spark, DuckDB)
+    are numbered across the read: row ``i`` (files in order, then rows) is labelled
+    ``i``, as ``pandas.read_parquet`` labels a folder, with known divisions, from the
+    footers alone; rows a filter drops keep their numbers out of the sequence.  One file
+    whose pandas metadata holds a RangeIndex keeps it.  (dask's own reader numbers each
+    file from 0, so labels repeat across partitions.)
 
     Parameters
     ----------
@@ -137,15 +144,23 @@ def _read_files(
     meta = backends.frame_from_arrow(restore_vectors(empty), backend)
     divisions = manifest.get("divisions") if manifest else None
     binary = binary_vectors(schema)
-    pieces: list[tuple[Any, list[int] | None]] = []
+    pieces: list[tuple[Any, ...]] = []
     if backend == "cudf" and filters is None and gpu_reads(fs, filters):
-        pieces, divisions = _gpu_pieces(fs, files, sizes, divisions)
+        ranges = cudf_parquet.manifest_ranges(schema, manifest)
+        pieces, divisions = _gpu_pieces(fs, files, sizes, divisions, ranges)
     else:
         for file, size in zip(files, sizes):
             pieces += _split(fs, file) if size > _SPLIT_FILE_BYTES else [(file, None)]
+    numbering = positions.numbering(schema, len(files), manifest)
+    firsts: list[positions.Numbering | None] = [None] * len(pieces)
+    if numbering is not None:
+        pieces, numbered, divisions = positions.numbered_pieces(fs, pieces, numbering)
+        firsts = list(numbered)
+        meta = positions.label_rows(meta, numbering)
     return dd.from_map(
         _read_piece,
         pieces,
+        firsts,
         fs=fs,
         columns=columns,
         filters=filters,
@@ -180,30 +195,40 @@ def _read_schema(file: str, fs: pafs.FileSystem) -> pa.Schema:
 
 
 def _gpu_pieces(
-    fs: pafs.FileSystem, files: list[str], sizes: list[int], divisions: list[Any] | None
-) -> tuple[list[tuple[Any, list[int] | None]], list[Any] | None]:
+    fs: pafs.FileSystem,
+    files: list[str],
+    sizes: list[int],
+    divisions: list[Any] | None,
+    ranges: cudf_parquet.Ranges | None = None,
+) -> tuple[list[tuple[Any, ...]], list[Any] | None]:
     """Partitions for cudf's reader: consecutive whole files together up to about
     ``cosim.read.gpu-partition-bytes`` (a tuple of files), larger files split by row groups
     to about that size; the divisions (one per file, from the manifest) kept at the
-    partitions' boundaries."""
+    partitions' boundaries.  Where ``ranges`` gives each file's RangeIndex (our manifest),
+    a piece of several files carries theirs, so that no worker reads the footers again."""
     limit = options.gpu_partition_bytes()
     if not all(sizes):  # our folders list their files without sizes: ask the filesystem
         sizes = [info.size for info in fs.get_file_info(files)]
-    pieces: list[tuple[Any, list[int] | None]] = []
+    pieces: list[tuple[Any, ...]] = []
     starts: list[int] = []  # the first file of each partition
-    group: list[str] = []
+    group: list[int] = []
     group_bytes = 0
 
     def close_group() -> None:
         nonlocal group, group_bytes
-        if group:
-            pieces.append((group[0] if len(group) == 1 else tuple(group), None))
+        if len(group) == 1:
+            pieces.append((files[group[0]], None))
+        elif group:
+            piece: tuple[Any, ...] = (tuple(files[i] for i in group), None)
+            if ranges is not None:
+                piece += ((ranges[0], [ranges[1][i] for i in group]),)
+            pieces.append(piece)
         group, group_bytes = [], 0
 
-    for i, (file, size) in enumerate(zip(files, sizes)):
+    for i, size in enumerate(sizes):
         if size > limit:
             close_group()
-            split = _split(fs, file, limit)
+            split = _split(fs, files[i], limit)
             starts += [i] * len(split)
             pieces += split
             continue
@@ -211,7 +236,7 @@ def _gpu_pieces(
             close_group()
         if not group:
             starts.append(i)
-        group.append(file)
+        group.append(i)
         group_bytes += size
     close_group()
     if divisions is None or len(divisions) != len(files) + 1 or len(set(starts)) != len(starts):
@@ -241,7 +266,8 @@ def _split(
 
 
 def _read_piece(
-    piece: tuple[Any, list[int] | None],
+    piece: tuple[Any, ...],
+    first: positions.Numbering | None,
     fs: pafs.FileSystem,
     columns: list[str] | None = None,
     filters: Any = None,
@@ -254,18 +280,24 @@ def _read_piece(
 
     ``columns`` is filled in by dask's column projection.  With the cudf backend, local
     files are decoded on the GPU by cudf's reader, several at a time where the piece is a
-    tuple of files (``binary_vectors``: the columns of our binary layout, as (D, dtype));
-    other files by pyarrow, then copied to the GPU.
+    tuple of files (``binary_vectors``: the columns of our binary layout, as (D, dtype);
+    a third item of the piece, their RangeIndexes from our manifest); other files by
+    pyarrow, then copied to the GPU.  ``first``: how the piece's first row
+    is labelled, for files that store no index (:mod:`.positions`); rows a filter drops
+    take their labels with them.
     """
-    file, row_groups = piece
-    if backend == "cudf" and gpu_reads(fs, filters):
-        return cudf_parquet.read_files(
+    file, row_groups, *ranges = piece
+    # Labels that survive a filter need the rows before it: pyarrow's path, then.
+    if backend == "cudf" and gpu_reads(fs, filters) and (first is None or filters is None):
+        df = cudf_parquet.read_files(
             [file] if isinstance(file, str) else list(file),
             row_groups=row_groups,
             columns=columns,
             filters=filters,
             vectors=binary_vectors or {},
+            ranges=ranges[0] if ranges else None,
         )
+        return df if first is None else positions.label_rows(df, first)
     # Local files: memory-mapped or through a 1 MiB buffer (see _memory_map); pyarrow maps
     # only when given no filesystem.
     where: dict[str, Any] = {"filesystem": fs}
@@ -283,8 +315,11 @@ def _read_piece(
             row_groups, columns=columns, use_pandas_metadata=True
         )
     if filters is not None:
+        if first is not None:
+            table = positions.with_positions(table, first)
         table = table.filter(pq.filters_to_expression(filters))
-    return backends.frame_from_arrow(restore_vectors(table), backend)
+    df = backends.frame_from_arrow(restore_vectors(table), backend)
+    return df if first is None else positions.label_rows(df, first)
 
 
 def gpu_reads(fs: pafs.FileSystem, filters: Any) -> bool:

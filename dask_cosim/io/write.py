@@ -7,9 +7,6 @@ import itertools
 import json
 import os
 import re
-import shutil
-import socket
-import uuid
 from collections.abc import Sequence
 from typing import Any
 
@@ -25,7 +22,7 @@ from dask.dataframe.dispatch import to_pyarrow_table_dispatch
 from dask_cosim import backends, errors
 from dask_cosim.io import cudf_parquet
 from dask_cosim.io.convert import from_pandas
-from dask_cosim.io.files import FORMAT_VERSION, MANIFEST, exists, filesystem
+from dask_cosim.io.files import FORMAT_VERSION, MANIFEST, exists, filesystem, new_staging
 from dask_cosim.io.layouts import (
     check_layout,
     encode_column,
@@ -94,7 +91,8 @@ def to_parquet(
     Parameters
     ----------
     df : dask DataFrame or pandas DataFrame
-        pandas frames go through :func:`from_pandas` first.
+        pandas frames go through :func:`from_pandas` first (``sort=False``: rows are
+        written in the frame's order).
     path : str or path-like
         The folder to create: a local path, or a URL pyarrow or fsspec knows.  The final
         rename is atomic on local disks; on object stores it is a copy.
@@ -111,8 +109,11 @@ def to_parquet(
     row_group_rows : int, optional
         Rows per Parquet row group; default pyarrow's (a whole partition up to 1Mi rows).
     write_index : bool, optional
-        As ``preserve_index`` in ``pyarrow.Table.from_pandas``: None stores a RangeIndex
-        as metadata and any other index as a column.
+        True stores the index as a column of every file, False stores none.  None (the
+        default): as True, except for the default index of a frame of one partition
+        (RangeIndex 0, 1, ..., n - 1, unnamed), which is not stored: every reader numbers
+        the rows of one file so.  A stored index reads back whole in pandas, dask, pyarrow
+        datasets and cudf (DuckDB, which has no index, sees a column).
     overwrite : bool, default False
         Replace an existing ``path`` (after the new folder is complete).
     compute : bool, default True
@@ -129,7 +130,7 @@ def to_parquet(
     """
     check_layout(layout)
     if isinstance(df, pd.DataFrame):
-        df = from_pandas(df)
+        df = from_pandas(df, sort=False)  # the rows in the frame's order, not the index's
     if not isinstance(df, dd.DataFrame):
         raise TypeError(
             f"to_parquet expects a dask or pandas DataFrame, got {type(df).__name__}; "
@@ -141,14 +142,16 @@ def to_parquet(
     missing = [c for c in vectors if c not in meta.columns]
     if missing:
         raise errors.column_not_found(missing, meta.columns, "vector columns")
+    if write_index is None and df.npartitions > 1:
+        # RangeIndex metadata describes one file: readers of a folder take the first
+        # file's (pandas, pyarrow datasets: the name lost; dask: a KeyError) or none.  As a
+        # column in every file, every reader restores the index, repeated labels included.
+        write_index = True
+    # None from here on: one partition, its index stored unless it is the default one.
     fs, root = filesystem(path)
     if exists(fs, root) and not overwrite:
         raise FileExistsError(f"{str(path)!r} exists; pass overwrite=True to replace it")
-    parent, name = root.rsplit("/", 1) if "/" in root else ("", root)
-    _remove_abandoned_staging(fs, parent, name)
-    # Host and pid in the name tell a later run whether the writer is still alive.
-    staging = f"{parent}/.{name}.cosim-{_HOST}-{os.getpid()}-{uuid.uuid4().hex[:12]}"
-    fs.create_dir(staging)
+    staging = new_staging(fs, root)
     written = df.map_partitions(
         _write_partition,
         fs,
@@ -168,7 +171,7 @@ def to_parquet(
         return commit
     try:
         if progress:
-            return _compute_with_progress(commit)
+            return compute_with_progress(commit)[0]
         return commit.compute()
     except BaseException:
         if exists(fs, staging):
@@ -176,55 +179,22 @@ def to_parquet(
         raise
 
 
-def _compute_with_progress(commit: Any) -> Any:
-    """``commit.compute()`` under the progress bar of the scheduler that will run it."""
+def compute_with_progress(*collections: Any) -> tuple[Any, ...]:
+    """``dask.compute(*collections)`` under the progress bar of the scheduler that will
+    run it: distributed's with an active Client, else dask's local ProgressBar."""
     from distributed import Client
     from distributed import progress as progress_bar
 
     # dask resolves an active distributed client to its bound ``get``.
     client = getattr(dask.base.get_scheduler(), "__self__", None)
     if isinstance(client, Client):
-        future = client.compute(commit)
-        progress_bar(future)
-        return future.result()
+        futures = client.compute(list(collections))
+        progress_bar(futures)
+        return tuple(client.gather(futures))
     from dask.diagnostics import ProgressBar
 
     with ProgressBar():
-        return commit.compute()
-
-
-_HOST = socket.gethostname().replace("/", "_")
-
-
-_STAGING = re.compile(r"\.cosim-(?P<host>.+)-(?P<pid>\d+)-[0-9a-f]{12}$")
-
-
-def _remove_abandoned_staging(fs: pafs.FileSystem, parent: str, name: str) -> None:
-    """Delete staging folders of earlier writes to ``name`` by processes of this host
-    that no longer exist (killed before they could clean up); others are left alone."""
-    if not isinstance(fs, pafs.LocalFileSystem):
-        return  # no way to tell whether a writer elsewhere is alive
-    try:
-        entries = os.listdir(parent or ".")
-    except OSError:
-        return
-    for entry in entries:
-        if not entry.startswith(f".{name}.cosim-"):
-            continue
-        found = _STAGING.search(entry)
-        if found is None or found["host"] != _HOST or _alive(int(found["pid"])):
-            continue
-        shutil.rmtree(os.path.join(parent, entry), ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's process
-        return True
-    return True
+        return dask.compute(*collections)
 
 
 # One row per partition written: file name, rows, JSON [min, max] of a sorted index (or
@@ -252,6 +222,8 @@ def _write_partition(
 ) -> pd.DataFrame:
     number = partition_info["number"] if partition_info else 0
     name = f"part.{number:05d}.parquet"
+    if write_index is None:
+        write_index = not _default_index(df.index)
     if _writes_on_gpu(df, fs, compression):
         schema = _file_schema(df, layout, vectors, write_index)
         if cudf_parquet.writer_takes(schema):
@@ -356,6 +328,16 @@ def _index_named_as_pyarrow(df: Any, preserve_index: bool | None) -> Any:
     return df
 
 
+def _default_index(index: Any) -> bool:
+    """Whether ``index`` is 0, 1, ..., n - 1, unnamed, as a RangeIndex (pandas or cudf)."""
+    return (
+        type(index).__name__ == "RangeIndex"
+        and index.name is None
+        and index.start == 0
+        and index.step == 1
+    )
+
+
 def _first_length(series: Any) -> int:
     """D of a variable-length list column: the length of its first non-null row (0 if
     none).  One scalar from the device."""
@@ -388,6 +370,8 @@ def _commit(
     for file, spec in zip(written["file"], written["vectors"]):
         for column, (dim, dtype) in json.loads(spec).items():
             first = vectors.setdefault(column, {"dim": dim, "dtype": dtype, "file": file})
+            if not first["dim"]:  # no rows, or only null ones, of a variable list: no D
+                first.update(dim=dim, dtype=dtype, file=file)
             if (first["dim"], first["dtype"]) != (dim, dtype) and dim:
                 raise ValueError(
                     f"column {column!r}: {file} holds {dim}-long {dtype} vectors but "

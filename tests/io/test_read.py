@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ import pytest
 
 import dask_cosim
 from dask_cosim import io
-from tests.helpers import pairs_frame, random_pairs, reference
+from tests.helpers import no_computes, pairs_frame, random_pairs, reference
 
 
 def test_read_parquet_reads_only_the_columns_used(tmp_path: Path) -> None:
@@ -137,3 +138,139 @@ def test_gpu_pieces_read_small_files_together() -> None:
     with dask.config.set({"cosim.read.gpu-partition-bytes": "1GiB"}):
         pieces, divisions = _gpu_pieces(pafs.LocalFileSystem(), files, [100] * 5, None)
     assert pieces == [(tuple(files), None)] and divisions is None
+
+
+@pytest.mark.parametrize("index", ["range", "stepped", "column"])
+def test_gpu_reads_take_the_files_ranges_from_the_manifest(tmp_path: Path, index: str) -> None:
+    """Files read together on the GPU each need their RangeIndex: our manifest gives the
+    same ranges the footers hold, so workers read no footer again; an index stored as a
+    column (or no manifest) gives none.  Folders written today store the index of a frame
+    of several partitions as a column; folders written before kept each file's RangeIndex
+    in its pandas metadata, as rewritten here."""
+    import pyarrow.fs as pafs
+
+    from dask_cosim.io import cudf_parquet
+    from dask_cosim.io.files import parquet_files
+    from dask_cosim.io.read import _gpu_pieces
+
+    a, b = random_pairs(100, 4)
+    pdf = pairs_frame(a, b, "fixed_size_list")
+    if index == "stepped":
+        pdf.index = pd.RangeIndex(10, 10 + 3 * len(pdf), 3, name="row")
+    elif index == "column":
+        pdf.index = pd.Index(np.arange(len(pdf)) * 2)
+    dask_cosim.to_parquet(dask_cosim.from_pandas(pdf, npartitions=4), tmp_path / "d", layout="list")
+    found = parquet_files(tmp_path / "d")
+    assert found is not None
+    _, files, sizes, manifest = found  # sizes: none in our manifests (zeros)
+    assert cudf_parquet.manifest_ranges(pq.read_schema(files[0]), manifest) is None
+    if index != "column":  # the layout of folders written before: RangeIndex metadata
+        for file in files:
+            part = pd.read_parquet(file)
+            start = part.index[0]
+            step = part.index[1] - start
+            part.index = pd.RangeIndex(start, start + step * len(part), step, name=part.index.name)
+            pq.write_table(pa.Table.from_pandas(part), file)
+    schema = pq.read_schema(files[0])
+    from_manifest = cudf_parquet.manifest_ranges(schema, manifest)
+    assert from_manifest == cudf_parquet.footer_ranges(files)
+    assert cudf_parquet.manifest_ranges(schema, None) is None
+    if index == "column":
+        assert from_manifest is None
+        return
+    assert from_manifest is not None
+    name, ranges = from_manifest
+    assert name == pdf.index.name and len(ranges) == 4
+    start, stop, step = cudf_parquet.range_positions(ranges) or (0, 0, 0)
+    assert pd.RangeIndex(start, stop, step).equals(pdf.index)
+    assert cudf_parquet.range_positions([ranges[0], ranges[2]]) is None  # not in a row
+    largest = max(Path(f).stat().st_size for f in files)
+    with dask.config.set({"cosim.read.gpu-partition-bytes": 2 * largest + 1}):
+        pieces, _ = _gpu_pieces(pafs.LocalFileSystem(), files, sizes, None, from_manifest)
+    assert [p[0] for p in pieces] == [tuple(files[:2]), tuple(files[2:])]
+    assert [p[2] for p in pieces] == [(name, ranges[:2]), (name, ranges[2:])]
+
+
+def test_manifest_ranges_refuse_bounds_that_are_not_a_range() -> None:
+    """A file whose manifest bounds do not span its rows with the first file's step (its
+    index was not a RangeIndex) sends the reader back to the footers."""
+    from dask_cosim.io import cudf_parquet
+
+    meta = {"index_columns": [{"kind": "range", "name": None, "start": 0, "stop": 5, "step": 1}]}
+    schema = pa.schema([("x", pa.int64())], metadata={b"pandas": json.dumps(meta).encode()})
+    files = [{"path": "p0", "rows": 5, "index": [0, 4]}, {"path": "p1", "rows": 3, "index": [5, 9]}]
+    assert cudf_parquet.manifest_ranges(schema, {"files": files}) is None
+    files[1]["index"] = [5, 7]
+    assert cudf_parquet.manifest_ranges(schema, {"files": files}) == (None, [(0, 5, 1), (5, 3, 1)])
+    files[1]["index"] = None
+    assert cudf_parquet.manifest_ranges(schema, {"files": files}) is None
+
+
+# --------------------------------------------------------------------------- row numbering
+
+
+def plain_folder(folder: Path, sizes: list[int], row_group_size: int | None = None) -> Path:
+    """Files as plain pyarrow writes them (no pandas metadata): id and a vector column."""
+    folder.mkdir()
+    start = 0
+    for i, n in enumerate(sizes):
+        table = pa.table(
+            {"id": np.arange(start, start + n), "v": io.encode_vectors(np.ones((n, 3), "f4"))}
+        )
+        pq.write_table(table, folder / f"part-{i}.parquet", row_group_size=row_group_size)
+        start += n
+    return folder
+
+
+def test_files_without_an_index_are_numbered_across_the_read(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """Row i of the read is labelled i (what pd.read_parquet gives the folder), with known
+    divisions, from the footers alone; an empty file adds no partition."""
+    folder = plain_folder(tmp_path / "plain", [30, 0, 25, 45])
+    with no_computes():
+        df = dask_cosim.read_parquet(folder)
+    assert df.divisions == (0, 30, 55, 99)
+    got = df.compute()
+    pd.testing.assert_index_equal(got.index, pd.read_parquet(folder).index, exact="equiv")
+    assert (got.index == got["id"]).all()
+    assert (dask_cosim.read_parquet(folder, columns=["v"]).compute().index == got.index).all()
+    # Filters keep each row's label.
+    half = dask_cosim.read_parquet(folder, filters=[("id", ">=", 40)]).compute()
+    assert half.index.tolist() == half["id"].tolist() == list(range(40, 100))
+    # A big file split by row groups is numbered across its pieces.
+    monkeypatch.setattr(io.read, "_SPLIT_FILE_BYTES", 1)
+    monkeypatch.setattr(io.read, "TARGET_PARTITION_BYTES", 300)
+    big = dask_cosim.read_parquet(plain_folder(tmp_path / "big", [100], row_group_size=20))
+    assert big.npartitions > 1 and big.known_divisions
+    assert (big.compute().index == np.arange(100)).all()
+
+
+def test_a_stored_index_is_read_as_stored(tmp_path: Path) -> None:
+    pdf = pd.DataFrame({"id": np.arange(6), "x": np.arange(6.0)})
+    pdf.set_index(pd.Index([5, 3, 9, 1, 0, 2], name="key")).to_parquet(tmp_path / "cols.parquet")
+    assert dask_cosim.read_parquet(tmp_path / "cols.parquet").compute().index.tolist() == [
+        5, 3, 9, 1, 0, 2
+    ]  # fmt: skip
+    # One file with a RangeIndex in its metadata keeps it, as pandas does.
+    pdf.set_index(pd.RangeIndex(10, 22, 2, name="r")).to_parquet(tmp_path / "range.parquet")
+    got = dask_cosim.read_parquet(tmp_path / "range.parquet")
+    assert got.divisions == (10, 20)
+    pd.testing.assert_index_equal(got.compute().index, pd.RangeIndex(10, 22, 2, name="r"))
+    # Our folders written without an index are numbered too.
+    dask_cosim.to_parquet(dd.from_pandas(pdf, npartitions=3), tmp_path / "ours", write_index=False)
+    ours = dask_cosim.read_parquet(tmp_path / "ours")
+    assert ours.known_divisions and ours.compute().index.tolist() == list(range(6))
+
+
+@pytest.mark.gpu
+def test_cudf_reader_numbers_files_without_an_index(tmp_path: Path) -> None:
+    pytest.importorskip("cudf")
+    folder = plain_folder(tmp_path / "plain", [30, 0, 25, 45])
+    with dask.config.set({"dataframe.backend": "cudf"}):
+        df = dask_cosim.read_parquet(folder)
+        assert df.known_divisions
+        got = df.compute().to_pandas()
+        filtered = dask_cosim.read_parquet(folder, filters=[("id", ">=", 40)]).compute()
+    assert got.index.tolist() == got["id"].tolist() == list(range(100))
+    assert filtered.to_pandas().index.tolist() == list(range(40, 100))

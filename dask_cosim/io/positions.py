@@ -1,0 +1,105 @@
+"""Row positions as the index of Parquet files that store none.
+
+Files written by plain pyarrow, by pandas with ``index=False``, by Spark or DuckDB, store
+no index: read one at a time, each is numbered from 0 (dask's convention), so index labels
+repeat across partitions, and a search result that names rows by label cannot be traced
+back to them.  The row counts are in the footers: :func:`numbered_pieces` labels row ``i``
+of the read (files in order, rows in order) ``i``, as ``pandas.read_parquet(folder)``
+does, and gives the divisions, without reading data.  :func:`label_rows` then sets each
+partition's labels when it is read.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+__all__ = ["POSITION", "Numbering", "label_rows", "numbered_pieces", "numbering", "with_positions"]
+
+# The column that carries row positions through a filter, then becomes the index.
+POSITION = "__dask_cosim_position__"
+
+# (first label, step, name): row p of the read is labelled first + step * p.
+Numbering = tuple[int, int, Any]
+
+# Footers are read this many at a time (remote filesystems: one round trip each).
+_FOOTER_THREADS = 16
+
+
+def numbering(schema: pa.Schema, files: int, manifest: dict[str, Any] | None) -> Numbering | None:
+    """How rows are labelled, or None when the files' own index stands: a stored index
+    column, or the per-file RangeIndex metadata of a folder of ours.
+
+    A single file whose pandas metadata holds a RangeIndex keeps its start, step and name
+    (what pandas gives); anything else with no stored index is numbered 0, 1, 2, ...
+    """
+    entries = (schema.pandas_metadata or {}).get("index_columns") or []
+    if any(isinstance(e, str) for e in entries):
+        return None
+    ranges = [e for e in entries if isinstance(e, dict) and e.get("kind") == "range"]
+    if ranges and manifest is not None:
+        return None
+    if len(ranges) == 1 and files == 1 and int(ranges[0].get("step", 1)) > 0:
+        r = ranges[0]
+        return int(r.get("start", 0)), int(r.get("step", 1)), r.get("name")
+    return 0, 1, None
+
+
+def numbered_pieces(
+    fs: pafs.FileSystem, pieces: list[tuple[Any, ...]], numbering: Numbering
+) -> tuple[list[tuple[Any, ...]], list[Numbering], list[int] | None]:
+    """The non-empty ``pieces`` (a file, a tuple of files, or row groups of a file), the
+    numbering of each one's first row, and the divisions; from the footers alone."""
+    rows = _piece_rows(fs, pieces)
+    start, step, name = numbering
+    kept, firsts, divisions = [], [], []
+    position = 0
+    for piece, n in zip(pieces, rows):
+        if n:
+            kept.append(piece)
+            firsts.append((start + step * position, step, name))
+            divisions.append(start + step * position)
+        position += n
+    if not kept:  # nothing to number: one empty partition, as before
+        return pieces[:1], [numbering], None
+    return kept, firsts, [*divisions, start + step * (position - 1)]
+
+
+def _piece_rows(fs: pafs.FileSystem, pieces: list[tuple[Any, ...]]) -> list[int]:
+    # A piece may carry a third item (its files' ranges, cudf_parquet.manifest_ranges).
+    files = sorted({f for file, *_ in pieces for f in ([file] if isinstance(file, str) else file)})
+    with ThreadPoolExecutor(min(_FOOTER_THREADS, len(files))) as pool:
+        footers = dict(zip(files, pool.map(lambda f: pq.read_metadata(f, filesystem=fs), files)))
+    rows = []
+    for file, row_groups, *_ in pieces:
+        if not isinstance(file, str):
+            rows.append(sum(footers[f].num_rows for f in file))
+        elif row_groups is None:
+            rows.append(footers[file].num_rows)
+        else:
+            rows.append(sum(footers[file].row_group(g).num_rows for g in row_groups))
+    return rows
+
+
+def with_positions(table: pa.Table, first: Numbering) -> pa.Table:
+    """``table`` with its rows' labels in a :data:`POSITION` column, to survive a filter."""
+    start, step, _ = first
+    labels = start + step * np.arange(table.num_rows, dtype=np.int64)
+    return table.append_column(POSITION, pa.array(labels))
+
+
+def label_rows(df: Any, first: Numbering) -> Any:
+    """``df`` (pandas or cudf) labelled from ``first``: by its :data:`POSITION` column when
+    it has one (rows filtered after reading), else consecutively."""
+    start, step, name = first
+    if POSITION in df.columns:
+        df = df.set_index(POSITION)
+    else:
+        df.index = range(start, start + step * len(df), step)
+    df.index.name = name
+    return df

@@ -1,0 +1,123 @@
+"""What dedup removed, and groups of near-duplicates, one partition (or pair) at a time.
+
+Knows no dask: :mod:`dask_cosim.search` maps these functions, one call per block of
+consecutive partitions (a partition, unless there are many).  Rows are named by their
+ordering key (block number above :data:`~dask_cosim.search_partition.POS_BITS` bits of
+position: frame order), never by index labels, which may repeat.
+
+- :func:`earlier_matches`: for each row of one partition, its best earlier row in another
+  (or the same) partition, among those scoring at least the threshold;
+  :func:`best_matches` keeps the best over several such frames; :func:`finish_removed`
+  turns them into the rows of ``dedup(..., return_removed=True)``'s second frame, and
+  :func:`drop_matched` removes the matched rows from the partition.
+- :func:`earlier_matches` with ``edges`` and :func:`components`: the threshold graph's
+  edges as pairs of keys, then its connected components (scipy, in one task), one array
+  of group ids per block; :func:`with_group` puts a partition's share beside its rows.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from dask_cosim import search_partition as sp
+
+__all__ = [
+    "best_matches",
+    "components",
+    "concat_edges",
+    "drop_matched",
+    "earlier_matches",
+    "finish_removed",
+    "side_rows",
+    "with_group",
+]
+
+_POSITION_MASK = (1 << sp.POS_BITS) - 1
+
+
+def earlier_matches(
+    q: sp.Side,
+    r: sp.Side | None,
+    threshold: float,
+    tile_bytes: dict[str, int],
+    precision: str = "fp32",
+    *,
+    edges: bool = False,
+) -> Any:
+    """For each row of ``r`` (of ``q`` when ``r`` is None: then only earlier rows of
+    ``q`` count) with a row of ``q`` scoring at least ``threshold``: the best such row
+    (float64 score, ties to the earlier row), one pair per right row; with ``edges``
+    every such pair instead, as an (E, 2) array of the two rows' ordering keys."""
+    pairs = sp.pair_threshold(q, r, threshold, tile_bytes, exact_scores=not edges,
+                              precision=precision)  # fmt: skip
+    pairs["_lkey"] = (np.int64(q.part) << sp.POS_BITS) + pairs["_l"].to_numpy(np.int64)
+    if edges:
+        return pairs[["_lkey", "_key"]].to_numpy(np.int64).reshape(-1, 2)
+    return best_matches(pairs)
+
+
+def best_matches(*parts: pd.DataFrame) -> pd.DataFrame:
+    """Per right row (``_key``), the pair of highest score, ties to the smallest
+    ``_lkey`` (the earliest left row)."""
+    df = sp.concat_pairs(*parts)
+    order = np.lexsort((df["_lkey"].to_numpy(), -df["score"].to_numpy(), df["_key"].to_numpy()))
+    df = df.take(order)
+    first = np.ones(len(df), dtype=bool)
+    keys = df["_key"].to_numpy()
+    first[1:] = keys[1:] != keys[:-1]
+    return df[first].reset_index(drop=True)
+
+
+def finish_removed(
+    best: pd.DataFrame, meta: pd.DataFrame, carried: dict[str, str], like: Any = None
+) -> Any:
+    """The removed rows of one block, in frame order: ``left`` (the earlier row),
+    ``right`` (the removed row), ``score`` and the carried columns; in the library of
+    ``like`` (cudf for a cudf input), else pandas."""
+    return sp.pairs_result(best.sort_values("_key"), meta, False, like, carried)
+
+
+def drop_matched(df: Any, best: pd.DataFrame, *before: int) -> Any:
+    """``df`` without its rows that have an earlier match in ``best``; ``before``: the
+    lengths of the partitions ahead of ``df`` in its block."""
+    return sp.drop_rows(df, np.sort(best["_key"].to_numpy() & _POSITION_MASK), *before)
+
+
+def concat_edges(*parts: np.ndarray) -> np.ndarray:
+    return np.concatenate(parts)
+
+
+def side_rows(side: sp.Side) -> int:
+    return len(side.labels)
+
+
+def components(rows: list[int], edges: np.ndarray) -> list[np.ndarray]:
+    """Connected components of the graph of ``edges`` over blocks of ``rows`` rows: for
+    each block, each row's group id, the frame position (0-based, over all blocks) of
+    the group's first row.  A row without edges is its own group."""
+    from scipy.sparse import coo_matrix
+    from scipy.sparse.csgraph import connected_components
+
+    offsets = np.concatenate([[0], np.cumsum(rows)]).astype(np.int64)
+    total = int(offsets[-1])
+    ends = offsets[edges >> sp.POS_BITS] + (edges & _POSITION_MASK)
+    graph = coo_matrix(
+        (np.ones(len(ends), dtype=np.int8), (ends[:, 0], ends[:, 1])), shape=(total, total)
+    )
+    _, label = connected_components(graph, directed=False)
+    # Positions ascend: the first row with each label is its group's first row.
+    _, first = np.unique(label, return_index=True)
+    group = first[label].astype(np.int64)
+    return [group[a:b] for a, b in itertools.pairwise(offsets)]
+
+
+def with_group(df: Any, group: np.ndarray, name: str, *before: int) -> Any:
+    """``df`` (pandas or cudf) with the column ``name`` holding its rows of ``group``
+    (its block's group ids; ``before``: the lengths of the partitions ahead of ``df`` in
+    the block), by position (index labels may repeat)."""
+    start = sum(before)
+    return df.assign(**{name: group[start : start + len(df)]})

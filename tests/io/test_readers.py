@@ -1,0 +1,165 @@
+"""Folders written by ``to_parquet`` read back whole in every reader: pandas, dask, pyarrow
+datasets, DuckDB and ours (cudf on a GPU), whatever index or partitioning the frame has."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import dask
+import dask.dataframe as dd
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import dask_cosim
+from dask_cosim.io import vectors_to_arrow
+from tests.helpers import READERS, assert_same
+
+D = 4
+
+
+def source(n: int = 40, seed: int = 0, nulls: bool = False) -> pd.DataFrame:
+    """id, text, score and a vector column emb; with ``nulls``, null cells in each."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, D)).astype(np.float32)
+    null = rng.random(n) < 0.25 if nulls else np.zeros(n, bool)
+    text = pd.array([None if m else f"row {i}" for i, m in enumerate(null)], dtype="str")
+    score = np.where(null, np.nan, rng.random(n))
+    emb = vectors_to_arrow(x, null)
+    return pd.DataFrame({"id": np.arange(n) * 7, "text": text, "score": score, "emb": emb})
+
+
+def _from_parts(parts: list[pd.DataFrame]) -> dd.DataFrame:
+    return dd.from_map(lambda p: p, parts, meta=parts[0].iloc[:0], enforce_metadata=False)
+
+
+def split(pdf: pd.DataFrame, parts: int) -> list[pd.DataFrame]:
+    bounds = np.linspace(0, len(pdf), parts + 1).astype(int)
+    return [pdf.iloc[a:b] for a, b in itertools.pairwise(bounds)]
+
+
+def _repeating(pdf: pd.DataFrame) -> dd.DataFrame:
+    """Each partition numbered from 0, as dd.read_parquet reads a folder of plain files."""
+    return _from_parts([p.reset_index(drop=True) for p in split(pdf, 4)])
+
+
+def _with_empty(pdf: pd.DataFrame) -> dd.DataFrame:
+    half = len(pdf) // 2
+    return _from_parts([pdf.iloc[:0], pdf.iloc[:half], pdf.iloc[half:half], pdf.iloc[half:]])
+
+
+FRAMES: dict[str, Callable[[pd.DataFrame], dd.DataFrame]] = {
+    "range index, one partition": lambda p: dask_cosim.from_pandas(p, npartitions=1),
+    "range index, many partitions": lambda p: dask_cosim.from_pandas(p, npartitions=3),
+    "range index from 5, one partition": lambda p: dask_cosim.from_pandas(
+        p.iloc[5:], npartitions=1
+    ),
+    "named index": lambda p: dask_cosim.from_pandas(
+        p.set_index(pd.Index(np.arange(len(p)) * 10 + 3, name="key")), npartitions=3
+    ),
+    "unnamed index, unsorted": lambda p: dask_cosim.from_pandas(
+        p.set_index(pd.Index(np.arange(len(p))[::-1] * 2)), npartitions=3, sort=False
+    ),
+    "unnamed string index": lambda p: dask_cosim.from_pandas(
+        p.set_index(pd.Index([f"r{i:03d}" for i in range(len(p))], dtype="str")), npartitions=2
+    ),
+    "index set from a column": lambda p: dask_cosim.from_pandas(p, npartitions=3).set_index("id"),
+    "per-partition range indexes that repeat": _repeating,
+    "empty partitions": _with_empty,
+}
+
+
+def check_every_reader(ddf: dd.DataFrame, folder: Path, layout: str = "list") -> None:
+    want = ddf.compute()
+    dask_cosim.to_parquet(ddf, folder, layout=layout)
+    readers = READERS if layout == "list" else {"dask_cosim": READERS["dask_cosim"]}
+    for reader, read in readers.items():
+        assert_same(read(folder), want, reader)
+
+
+@pytest.mark.parametrize("nulls", [False, True], ids=["values", "nulls"])
+@pytest.mark.parametrize("frame", list(FRAMES))
+def test_every_reader_gets_the_folder_back_whole(tmp_path: Path, frame: str, nulls: bool) -> None:
+    with dask.config.set(scheduler="sync"):
+        check_every_reader(FRAMES[frame](source(nulls=nulls)), tmp_path / "out")
+
+
+@pytest.mark.parametrize("frame", list(FRAMES))
+def test_binary_layout_in_our_reader(tmp_path: Path, frame: str) -> None:
+    with dask.config.set(scheduler="sync"):
+        check_every_reader(FRAMES[frame](source(nulls=True)), tmp_path / "out", "binary")
+
+
+def test_binary_layout_elsewhere_after_the_documented_conversion(tmp_path: Path) -> None:
+    """docs/parquet.md: convert to the list layout, or decode the bytes per cell."""
+    ddf = FRAMES["named index"](source(nulls=True))
+    want = ddf.compute()
+    with dask.config.set(scheduler="sync"):
+        dask_cosim.to_parquet(ddf, tmp_path / "binary")
+        converted = dask_cosim.read_parquet(tmp_path / "binary")
+        dask_cosim.to_parquet(converted, tmp_path / "list", layout="list")
+    for reader, read in READERS.items():
+        assert_same(read(tmp_path / "list"), want, reader)
+    raw = pd.read_parquet(tmp_path / "binary")
+    raw["emb"] = [None if b is None else np.frombuffer(b, "<f4") for b in raw["emb"]]
+    assert_same(raw, want, "pandas, bytes decoded")
+
+
+def test_read_with_index_then_write_keeps_the_index(tmp_path: Path) -> None:
+    """The recipe of a folder of plain files: read_parquet(..., index="id"), to_parquet."""
+    pdf = source(60)
+    src = tmp_path / "src"
+    src.mkdir()
+    for i, part in enumerate(split(pdf, 3)):
+        part.to_parquet(src / f"part-{i}.parquet", index=False)
+    ddf = dask_cosim.read_parquet(src, index="id")
+    with dask.config.set(scheduler="sync"):
+        check_every_reader(ddf, tmp_path / "out")
+        assert pd.read_parquet(tmp_path / "out").index.name == "id"
+
+
+@st.composite
+def frames(draw: Any) -> dd.DataFrame:
+    n = draw(st.integers(0, 30))
+    pdf = source(n, seed=draw(st.integers(0, 2**16)), nulls=draw(st.booleans()))
+    kind = draw(st.sampled_from(["range", "named", "unnamed", "strings", "from column"]))
+    if kind == "named":
+        pdf.index = pd.Index(np.arange(n) * 3 - 5, name="key")
+    elif kind == "unnamed":
+        pdf.index = pd.Index(draw(st.permutations(list(range(n)))), dtype="int64")
+    elif kind == "strings":
+        pdf.index = pd.Index([f"k{i}" for i in range(n)], dtype="str", name="s")
+    elif kind == "range":
+        start = draw(st.integers(0, 3))
+        pdf.index = pd.RangeIndex(start, start + n)
+    cuts = sorted(draw(st.lists(st.integers(0, n), max_size=3)))
+    parts = [pdf.iloc[a:b] for a, b in zip([0, *cuts], [*cuts, n])]
+    if draw(st.booleans()):  # each partition numbered from 0
+        parts = [p.reset_index(drop=True) for p in parts]
+    ddf = _from_parts(parts)
+    return ddf.set_index("id") if kind == "from column" and n else ddf
+
+
+@settings(
+    max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(ddf=frames())
+def test_random_frames_read_back_whole(tmp_path_factory: pytest.TempPathFactory, ddf: Any) -> None:
+    with dask.config.set(scheduler="sync"):
+        check_every_reader(ddf, tmp_path_factory.mktemp("random") / "out")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("frame", list(FRAMES))
+def test_cudf_reads_the_folder_back_whole(tmp_path: Path, frame: str) -> None:
+    cudf = pytest.importorskip("cudf")
+    ddf = FRAMES[frame](source(nulls=True))
+    with dask.config.set(scheduler="sync"):
+        dask_cosim.to_parquet(ddf, tmp_path / "out", layout="list")
+    got = cudf.read_parquet(str(tmp_path / "out")).to_pandas()
+    assert_same(got, ddf.compute(), "cudf")
