@@ -1,13 +1,19 @@
 """Similarity search: ours against faiss, scikit-learn and sentence-transformers.
 
-One run, same process, same threads, ratios measured side by side:
+One run, same process, same threads, cases timed in rounds (one run of each per round,
+after a checked first run; medians of 5; a case whose first run took over 5 s keeps
+that run's time):
 
-- ``topk``: ``df.cosim.topk`` (pandas frame, Arrow fixed_size_list column, normalised
-  inside) vs faiss ``IndexFlatIP`` (add + search on L2-normalised arrays), scikit-learn
-  ``NearestNeighbors(metric="cosine", algorithm="brute")`` and sentence-transformers
-  ``util.semantic_search``; result sets compared with faiss's;
-- ``neighbors(threshold)`` vs faiss ``range_search`` on the same rows, same pair set;
-- ``join(k)`` against the machine's matrix-multiply rate (a large ``torch.mm``);
+- ``topk`` at every shape (N = 200k and 1M, D = 128 and 384, Q = 1, 100 and 1,000,
+  k = 10 and 100): ``df.cosim.topk`` on a pandas frame (Arrow fixed_size_list column,
+  normalised per call) and on the same frame prepared once (``df.cosim.prepare``),
+  against faiss ``IndexFlatIP.search`` (index built once, from L2-normalised rows),
+  scikit-learn ``NearestNeighbors(metric="cosine", algorithm="brute").kneighbors``
+  (fitted once) and sentence-transformers ``util.semantic_search``; every result set
+  compared with faiss's (differences allowed only at float64 near-ties);
+- ``neighbors(threshold)`` against faiss ``range_search`` on the same rows, same pair set;
+- ``join(k=10)`` (2 x 2 partitions) against one bare ``torch.mm`` of the same shapes, and
+  against a large product's rate;
 - ``dedup``: rows/s on data with planted near-duplicates, checked against float64;
 - scaling of ``topk`` with N, and ``neighbors(k)`` on a 2-worker LocalCluster giving the
   same result as the eager frame;
@@ -15,9 +21,10 @@ One run, same process, same threads, ratios measured side by side:
   its own, so RSS follows the live tensors).
 
 Prints a table per case and writes ``benchmarks/results/<name>.json`` (default
-``search-cpu<cores>``; with the machine and its load average), one key per case.  Usage::
+``search-cpu<cores>``; with the machine and its load average, and each case's load
+before and after it), one key per case.  Usage::
 
-    python -m benchmarks.search              # the default run, ~2 minutes on 2 cores
+    python -m benchmarks.search              # the full run: ~15 minutes on 2 quiet cores
     python -m benchmarks.search --quick      # seconds, for the smoke test
 
 A new case is a ``bench_`` function that measures, checks and returns its record, a
@@ -27,6 +34,7 @@ A new case is a ``bench_`` function that measures, checks and returns its record
 from __future__ import annotations
 
 import os
+import statistics
 import subprocess
 import sys
 import textwrap
@@ -60,57 +68,122 @@ def same_sets(ours: np.ndarray, theirs: np.ndarray, exact: np.ndarray, k: int) -
     return {"queries": len(ours), "differ": differ, "differ_only_at_near_ties": near_tie_only}
 
 
-def bench_topk(n: int, q: int, d: int, k: int, repeat: int) -> dict[str, Any]:
+# A case whose checked first run takes longer than this is not run again: that run is
+# its time (the table marks it '*').  Only scikit-learn and sentence-transformers at the
+# largest shapes take that long; the full run stays near a quarter of an hour.
+SLOW_SECONDS = 5.0
+
+OURS = "ours: df.cosim.topk"
+PREPARED = "ours: prepared frame"
+FAISS = "faiss IndexFlatIP.search"
+SKLEARN = "scikit-learn brute kneighbors"
+ST = "sentence-transformers semantic_search"
+RANGE_OURS = "ours: df.cosim.neighbors(threshold)"
+RANGE_FAISS = "faiss IndexFlatIP.range_search"
+
+
+def rounds(cases: dict[str, Callable[[], Any]], repeat: int) -> tuple[dict, dict, dict]:
+    """(first result, median seconds, runs timed) of each case: one checked run of each,
+    then ``repeat`` rounds of one run per case, so drift in the machine hits every case
+    alike (a case slower than SLOW_SECONDS keeps its first run's time)."""
+    first, times = {}, {}
+    for name, fn in cases.items():
+        t0 = time.perf_counter()
+        first[name] = fn()
+        times[name] = [time.perf_counter() - t0]
+    slow = {name for name, t in times.items() if t[0] > SLOW_SECONDS}
+    for name in cases:
+        if name not in slow:
+            times[name] = []  # the first run warmed up
+    for _ in range(repeat):
+        for name, fn in cases.items():
+            if name not in slow:
+                t0 = time.perf_counter()
+                fn()
+                times[name].append(time.perf_counter() - t0)
+    seconds = {n: statistics.median(t) for n, t in times.items()}
+    return first, seconds, {n: len(t) for n, t in times.items()}
+
+
+def bench_topk(
+    sizes: list[int], dims: list[int], queries: list[int], ks: list[int], repeat: int
+) -> dict[str, Any]:
+    """Every shape: ours (an Arrow column, normalised per call; and the same frame
+    prepared once) against faiss IndexFlatIP (index built once), scikit-learn's brute
+    force (fitted once) and sentence-transformers (corpus tensor made once), on the same
+    L2-normalised rows (clustered) and queries; result sets compared with faiss's, and
+    differences explained by float64 near-ties only."""
     import faiss
-    from sentence_transformers import util
-    from sklearn.neighbors import NearestNeighbors
+    import sentence_transformers
+    import sklearn
 
-    x = embeddings(n, d, seed=0, clusters=max(1, n // 100))
-    queries = embeddings(q, d, seed=1, clusters=0)
-    df = vector_frame(x)
-    out: dict[str, Any] = {"rows": n, "queries": q, "dim": d, "k": k, "load_before": load_text()}
-
-    def ours() -> pd.DataFrame:
-        return df.cosim.topk(queries, "emb", k=k)
-
-    def faiss_flat() -> tuple[np.ndarray, np.ndarray]:
-        index = faiss.IndexFlatIP(d)
-        index.add(x)
-        return index.search(queries, k)
-
-    xt, qt = torch.from_numpy(x), torch.from_numpy(queries)
-
-    def st_search() -> Any:
-        return util.semantic_search(qt, xt, top_k=k)
-
-    nn = NearestNeighbors(n_neighbors=k, metric="cosine", algorithm="brute")
-
-    def sklearn_nn() -> Any:
-        return nn.fit(x).kneighbors(queries, k)
-
-    cases = {
-        "ours: df.cosim.topk": ours,
-        "faiss IndexFlatIP": faiss_flat,
-        "sentence-transformers semantic_search": st_search,
-        "scikit-learn NearestNeighbors brute": sklearn_nn,
+    shapes = []
+    for n in sizes:
+        for d in dims:
+            data = _TopkData(embeddings(n, d, seed=0, clusters=max(1, n // 100)))
+            shapes += [_topk_shape(data, q, k, repeat) for k in ks for q in queries]
+            del data
+    versions = {
+        "faiss": faiss.__version__,
+        "scikit-learn": sklearn.__version__,
+        "sentence-transformers": sentence_transformers.__version__,
     }
-    seconds = {name: median_seconds(fn, repeat) for name, fn in cases.items()}
-    out["seconds"] = seconds
-    out["load_after"] = load_text()
-    base = seconds["faiss IndexFlatIP"]
-    out["throughput_vs_faiss"] = {name: base / s for name, s in seconds.items()}
-    got = ours()
-    mine = got["match"].to_numpy().reshape(q, k)
-    _, theirs = faiss_flat()
-    exact = queries.astype(np.float64) @ x.astype(np.float64).T
-    out["result_sets_vs_faiss"] = same_sets(mine, theirs, exact, k)
-    st = np.array([[h["corpus_id"] for h in hits] for hits in st_search()])
-    out["result_sets_vs_sentence_transformers"] = same_sets(mine, st, exact, k)
-    out["queries_per_s"] = {name: q / s for name, s in seconds.items()}
-    return out
+    return {"shapes": shapes, "peers": versions}
 
 
-def bench_range(n: int, d: int, threshold: float, repeat: int) -> dict[str, Any]:
+class _TopkData:
+    """The rows of a top-k shape and what each contender builds from them once: our frame
+    and its prepared copy, faiss's index, scikit-learn's fitted model, a tensor."""
+
+    def __init__(self, x: np.ndarray) -> None:
+        import faiss
+        from sklearn.neighbors import NearestNeighbors
+
+        self.x = x
+        self.df = vector_frame(x)
+        self.prepared = self.df.cosim.prepare("emb")
+        self.index = faiss.IndexFlatIP(x.shape[1])
+        self.index.add(x)
+        self.nn = NearestNeighbors(metric="cosine", algorithm="brute").fit(x)
+        self.xt = torch.from_numpy(x)
+
+
+def _topk_shape(data: _TopkData, q: int, k: int, repeat: int) -> dict[str, Any]:
+    from sentence_transformers import util
+
+    x = data.x
+    n, d = x.shape
+    qs = embeddings(q, d, seed=1)
+    cases = {
+        OURS: lambda: data.df.cosim.topk(qs, "emb", k=k),
+        PREPARED: lambda: data.prepared.cosim.topk(qs, "emb", k=k),
+        FAISS: lambda: data.index.search(qs, k)[1],
+        SKLEARN: lambda: data.nn.kneighbors(qs, k, return_distance=False),
+        ST: lambda: util.semantic_search(torch.from_numpy(qs), data.xt, top_k=k),
+    }
+    load_before = load_text()
+    first, seconds, timed = rounds(cases, repeat)
+    exact = qs.astype(np.float64) @ x.astype(np.float64).T
+    found = {
+        OURS: first[OURS]["match"].to_numpy().reshape(q, k),
+        PREPARED: first[PREPARED]["match"].to_numpy().reshape(q, k),
+        SKLEARN: first[SKLEARN],
+        ST: np.array([[h["corpus_id"] for h in hits] for hits in first[ST]]),
+    }
+    return {
+        "rows": n, "dim": d, "queries": q, "k": k, "seconds": seconds, "rounds": timed,
+        "x_faiss": {c: seconds[FAISS] / s for c, s in seconds.items()},
+        "sets_vs_faiss": {c: same_sets(f, first[FAISS], exact, k) for c, f in found.items()},
+        "load_before": load_before, "load_after": load_text(),
+    }  # fmt: skip
+
+
+def bench_range(sizes: list[int], d: int, threshold: float, repeat: int) -> list[dict[str, Any]]:
+    """neighbors(threshold) against faiss range_search on the same rows (pairs i < j)."""
+    return [_range(n, d, threshold, repeat) for n in sizes]
+
+
+def _range(n: int, d: int, threshold: float, repeat: int) -> dict[str, Any]:
     import faiss
 
     x = embeddings(n, d, seed=2, clusters=max(1, n // 50), noise=0.25)
@@ -124,13 +197,17 @@ def bench_range(n: int, d: int, threshold: float, repeat: int) -> dict[str, Any]
         index.add(x)
         return index.range_search(x, threshold)
 
-    seconds = {
-        "ours: df.cosim.neighbors(threshold)": median_seconds(ours, repeat),
-        "faiss IndexFlatIP.range_search": median_seconds(faiss_range, repeat),
-    }
-    got = ours()
+    load_before = load_text()
+    first, seconds, _ = rounds(
+        {
+            "ours: df.cosim.neighbors(threshold)": ours,
+            "faiss IndexFlatIP.range_search": faiss_range,
+        },
+        repeat,
+    )
+    got = first["ours: df.cosim.neighbors(threshold)"]
     mine = set(zip(got["left"].tolist(), got["right"].tolist()))
-    lims, _, labels = faiss_range()
+    lims, _, labels = first[RANGE_FAISS]
     rows = np.repeat(np.arange(n), np.diff(lims.astype(np.int64)))
     theirs = {(int(i), int(j)) for i, j in zip(rows, labels) if i < j}
     exact = {}
@@ -143,47 +220,49 @@ def bench_range(n: int, d: int, threshold: float, repeat: int) -> dict[str, Any]
         "threshold": threshold,
         "pairs": len(mine),
         "seconds": seconds,
-        "throughput_vs_faiss": seconds["faiss IndexFlatIP.range_search"]
-        / seconds["ours: df.cosim.neighbors(threshold)"],
+        "throughput_vs_faiss": seconds[RANGE_FAISS] / seconds[RANGE_OURS],
         "pair_sets_differ_beyond_near_ties": len(unexplained),
         "pair_sets_differ_at_near_ties": len(exact) - len(unexplained),
+        "load_before": load_before,
         "load": load_text(),
     }
 
 
-def bench_join(nl: int, nr: int, d: int, k: int, repeat: int) -> dict[str, Any]:
+def bench_join(shapes: list[tuple[int, int, int]], k: int, repeat: int) -> list[dict[str, Any]]:
+    """join(k) of two 2-partition frames (synchronous scheduler: torch's threads inside
+    each task) against one bare ``torch.mm`` of the same shapes (left @ right.T, the score
+    matrix written whole), and against a large product's rate (4096 x D x 32768)."""
+    return [_join(nl, nr, d, k, repeat) for nl, nr, d in shapes]
+
+
+def _join(nl: int, nr: int, d: int, k: int, repeat: int) -> dict[str, Any]:
     import dask
 
-    left = vector_frame(embeddings(nl, d, seed=3, clusters=nl // 100))
-    right = vector_frame(embeddings(nr, d, seed=4, clusters=nr // 100))
+    lx = embeddings(nl, d, seed=3, clusters=max(1, nl // 100))
+    rx = embeddings(nr, d, seed=4, clusters=max(1, nr // 100))
+    lt, rt = torch.from_numpy(lx), torch.from_numpy(rx)
     a, b = torch.randn(4096, d), torch.randn(d, 32768)
-
-    def mm() -> torch.Tensor:
-        return torch.mm(a, b)
-
-    lazy = dask_cosim.from_pandas(left, npartitions=2).cosim.join(
-        dask_cosim.from_pandas(right, npartitions=2), "emb", k=k
+    lazy = dask_cosim.from_pandas(vector_frame(lx), npartitions=2).cosim.join(
+        dask_cosim.from_pandas(vector_frame(rx), npartitions=2), "emb", k=k
     )
 
     def ours() -> pd.DataFrame:
-        with dask.config.set(scheduler="sync"):  # torch uses every core inside a task
+        with dask.config.set(scheduler="sync"):
             return lazy.compute()
 
-    t_mm = median_seconds(mm, repeat)
-    t_join = median_seconds(ours, repeat)
-    mm_rate = 2 * 4096 * d * 32768 / t_mm
-    join_rate = 2 * nl * nr * d / t_join
+    load_before = load_text()
+    cases = {"join": ours, "bare": lambda: torch.mm(lt, rt.T), "large": lambda: torch.mm(a, b)}
+    first, seconds, _ = rounds(cases, repeat)
+    got = first["join"].sort_values(["left", "rank"])["right"].to_numpy().reshape(nl, k)
+    best = torch.topk(lt[:200].double() @ rt.double().T, k, dim=1).indices.numpy()
+    exact = lx[:200].astype(np.float64) @ rx.astype(np.float64).T
     return {
-        "left_rows": nl,
-        "right_rows": nr,
-        "dim": d,
-        "k": k,
-        "seconds": t_join,
-        "join_gflops": join_rate / 1e9,
-        "torch_mm_gflops": mm_rate / 1e9,
-        "fraction_of_mm": join_rate / mm_rate,
-        "load": load_text(),
-    }
+        "left_rows": nl, "right_rows": nr, "dim": d, "k": k, "seconds": seconds,
+        "x_bare_mm": seconds["bare"] / seconds["join"],
+        "fraction_of_large_mm": (nl * nr / seconds["join"]) / (4096 * 32768 / seconds["large"]),
+        "sets_vs_float64_first_200": same_sets(got[:200], best, exact, k),
+        "load_before": load_before, "load_after": load_text(),
+    }  # fmt: skip
 
 
 def bench_dedup(n: int, d: int, threshold: float, check_rows: int) -> dict[str, Any]:
@@ -316,37 +395,66 @@ def _case_table(seconds: dict[str, float], *more: harness.Column) -> None:
 
 
 def report_topk(t: dict[str, Any]) -> None:
-    print(
-        f"topk  N={t['rows']:,} Q={t['queries']} D={t['dim']} k={t['k']}  load {t['load_before']}"
-    )
-    _case_table(
-        t["seconds"],
-        harness.Column("x faiss", lambda r: t["throughput_vs_faiss"][r["case"]], ".2f"),
-        harness.Column("queries/s", lambda r: t["queries_per_s"][r["case"]], ",.0f"),
-    )
-    print(f"  result sets vs faiss: {t['result_sets_vs_faiss']}")
-    print(f"  result sets vs sentence-transformers: {t['result_sets_vs_sentence_transformers']}")
+    names = [OURS, PREPARED, FAISS, SKLEARN, ST]
+    short = {OURS: "ours", PREPARED: "prepared", FAISS: "faiss", SKLEARN: "sklearn", ST: "s-t"}
+
+    def secs(name: str) -> Callable[[dict[str, Any]], str]:
+        def cell(r: dict[str, Any]) -> str:
+            mark = "*" if r["rounds"][name] < max(r["rounds"].values()) else ""
+            return f"{r['seconds'][name]:.4f}{mark}"
+
+        return cell
+
+    def sets(r: dict[str, Any]) -> str:
+        v = r["sets_vs_faiss"]
+        bad = [short[c] for c, s in v.items() if s["differ"] != s["differ_only_at_near_ties"]]
+        return "same" if not bad else "DIFFER: " + ",".join(bad)
+
+    columns = [
+        harness.Column("N", "rows", ","),
+        harness.Column("D", "dim"),
+        harness.Column("Q", "queries", ","),
+        harness.Column("k", "k"),
+        *[harness.Column(f"{short[n]} s", secs(n)) for n in names],
+        harness.Column("ours x faiss", lambda r: r["x_faiss"][OURS], ".2f"),
+        harness.Column("prepared x faiss", lambda r: r["x_faiss"][PREPARED], ".2f"),
+        harness.Column("sets vs faiss", sets, align="<"),
+        harness.Column("load", "load_before", align="<"),
+    ]
+    print(f"topk: seconds (median; * fewer rounds), peers {t['peers']}")
+    harness.print_table(columns, t["shapes"])
 
 
-def report_range(g: dict[str, Any]) -> None:
-    print(
-        f"range N={g['rows']:,} D={g['dim']} thr={g['threshold']}  pairs {g['pairs']:,}  "
-        f"load {g['load']}"
-    )
-    _case_table(g["seconds"])
-    print(
-        f"  ours vs faiss range_search: {g['throughput_vs_faiss']:.2f}x; pair sets differ "
-        f"beyond near-ties: {g['pair_sets_differ_beyond_near_ties']}"
-    )
+def report_range(rows: list[dict[str, Any]]) -> None:
+    columns = [
+        harness.Column("range N", "rows", ","),
+        harness.Column("D", "dim"),
+        harness.Column("thr", "threshold"),
+        harness.Column("pairs", "pairs", ","),
+        harness.Column(
+            "ours s", lambda r: r["seconds"]["ours: df.cosim.neighbors(threshold)"], ".3f"
+        ),
+        harness.Column("faiss s", lambda r: r["seconds"][RANGE_FAISS], ".3f"),
+        harness.Column("ours x faiss", "throughput_vs_faiss", ".2f"),
+        harness.Column("differ beyond near-ties", "pair_sets_differ_beyond_near_ties"),
+        harness.Column("load", "load_before", align="<"),
+    ]
+    harness.print_table(columns, rows)
 
 
-def report_join(j: dict[str, Any]) -> None:
-    print(
-        f"join  {j['left_rows']:,} x {j['right_rows']:,} D={j['dim']} k={j['k']}: "
-        f"{j['seconds']:.2f} s, "
-        f"{j['join_gflops']:.1f} GFLOP/s = {j['fraction_of_mm']:.2f} of torch.mm "
-        f"({j['torch_mm_gflops']:.1f})  load {j['load']}"
-    )
+def report_join(rows: list[dict[str, Any]]) -> None:
+    columns = [
+        harness.Column("join k", "k"),
+        harness.Column("left", "left_rows", ","),
+        harness.Column("right", "right_rows", ","),
+        harness.Column("D", "dim"),
+        harness.Column("join s", lambda r: r["seconds"]["join"], ".3f"),
+        harness.Column("bare mm s", lambda r: r["seconds"]["bare"], ".3f"),
+        harness.Column("x bare mm", "x_bare_mm", ".2f"),
+        harness.Column("of large mm rate", "fraction_of_large_mm", ".2f"),
+        harness.Column("load", "load_before", align="<"),
+    ]
+    harness.print_table(columns, rows)
 
 
 def report_dedup(d: dict[str, Any]) -> None:
@@ -396,9 +504,21 @@ class SearchCase(NamedTuple):
 
 # The results file's keys, in the order the cases run, with each case's arguments.
 CASES = {
-    "topk": SearchCase(bench_topk, report_topk, (100_000, 1000, 128, 10, 2), (2000, 50, 64, 10, 1)),
-    "range": SearchCase(bench_range, report_range, (10_000, 128, 0.9, 2), (1000, 64, 0.9, 1)),
-    "join": SearchCase(bench_join, report_join, (5000, 50_000, 128, 10, 1), (500, 2000, 64, 10, 1)),
+    "topk": SearchCase(
+        bench_topk,
+        report_topk,
+        ([200_000, 1_000_000], [128, 384], [1, 100, 1000], [10, 100], 5),
+        ([2000], [64], [1, 50], [10], 1),
+    ),
+    "range": SearchCase(
+        bench_range, report_range, ([10_000, 40_000], 128, 0.9, 5), ([1000], 64, 0.9, 1)
+    ),
+    "join": SearchCase(
+        bench_join,
+        report_join,
+        ([(5000, 50_000, 128), (5000, 50_000, 384)], 10, 5),
+        ([(500, 2000, 64)], 10, 1),
+    ),
     "dedup": SearchCase(
         bench_dedup, report_dedup, (20_000, 128, 0.95, 6000), (2000, 64, 0.95, 1000)
     ),

@@ -119,6 +119,22 @@ class CosimAccessor:
 
     # ----------------------------------------------------------------- search (search.py)
 
+    def prepare(self, on: str) -> Any:
+        """The frame with the numbers a search of ``on`` would compute from its vectors on
+        every call, computed once: a frame to persist (or write) and search many times.
+
+        Adds three columns beside ``on``: ``{on}.cosim.inv`` and ``{on}.cosim.norm``
+        (float64: each row's range factor and norm) and ``{on}.cosim.unit`` (its rows
+        divided by their norms, float32 lists, where the rows are not already of norm 1:
+        null otherwise, so vectors written normalised, as most embedding models write
+        them, take no more memory).  ``topk``, ``join``, ``neighbors`` and ``dedup`` then
+        read these instead of normalising, with the same results.  The columns follow the
+        rows through filters, repartitions and Parquet; prepare again after changing the
+        vectors of ``on`` (a search would otherwise trust norms of the old ones).  Lazy
+        for a dask frame, else eager.
+        """
+        return search.prepare(self._obj, on)
+
     def topk(
         self,
         queries: Any,

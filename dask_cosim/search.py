@@ -28,8 +28,9 @@ from dask.base import tokenize
 from dask_cosim import backends, errors, options
 from dask_cosim import search_dedup as sd
 from dask_cosim import search_partition as sp
+from dask_cosim import search_results as sr
 
-__all__ = ["check_column", "dedup", "groups", "join", "neighbors", "topk"]
+__all__ = ["check_column", "dedup", "groups", "join", "neighbors", "prepare", "topk"]
 
 
 @dataclass(frozen=True)
@@ -118,10 +119,14 @@ def _sides(
 ) -> list[Any]:
     """One normalised side per block of ``df[on]`` (carrying the ``payload`` columns)."""
     prep = build(sp.prepare_side)
-    keep = [on, *[c for c in payload if c != on]]
+    # A prepared frame's companion columns travel with the vectors (prepare_side reads
+    # them instead of the vectors' norms).
+    ready = [sp.companion(on, w) for w in sp.COMPANIONS]
+    ready = ready if all(c in _meta_of(df).columns for c in ready) else []
+    keep = [on, *ready, *[c for c in payload if c not in (on, *ready)]]
     parts = build.partitions(df[keep])
     blocks = [
-        parts[a] if b == a + 1 else build(sp.concat_frames)(*parts[a:b])
+        parts[a] if b == a + 1 else build(sr.concat_frames)(*parts[a:b])
         for a, b in _block_bounds(len(parts), opts.max_blocks)
     ]
     return [
@@ -135,7 +140,7 @@ def _sides(
 
 def _combine(k: int | None) -> Callable[..., Any]:
     """How partial pair frames of one left partition merge: the k best, or all of them."""
-    return sp.concat_pairs if k is None else functools.partial(sp.merge_topk, k)
+    return sr.concat_pairs if k is None else functools.partial(sr.merge_topk, k)
 
 
 def _carried(frame: Any, columns: Sequence[Hashable] | None, argument: str) -> list[Any]:
@@ -222,7 +227,7 @@ def join(
                 for r in rsides
             ]  # fmt: skip
         merged = build.tree(pieces, _combine(k), opts.split_every)
-        outs.append(build(sp.finish_pairs)(merged, meta, k is not None, like, carried))
+        outs.append(build(sr.finish_pairs)(merged, meta, k is not None, like, carried))
     return build.collect(outs, backends.frame_like(meta, like))
 
 
@@ -264,7 +269,7 @@ def neighbors(
                     pair(sides[i], other, threshold, opts.tile_bytes, exact_scores=exact,
                          precision=opts.precision)
                 )  # fmt: skip
-    finish = build(sp.finish_pairs)
+    finish = build(sr.finish_pairs)
     outs = [
         finish(build.tree(p, _combine(k), opts.split_every), meta, k is not None, like, carried)
         for p in pieces
@@ -301,7 +306,7 @@ def dedup(
     else:
         pair = functools.partial(build(sp.pair_threshold), positions=True,
                                  precision=opts.precision)  # fmt: skip
-        combine, drop = sp.union_positions, sp.drop_rows
+        combine, drop = sr.union_positions, sr.drop_rows
     outs, removed = [], []
     for j, (a, b) in enumerate(_block_bounds(len(frames), opts.max_blocks)):
         # Rows of block j with an earlier row (in block i <= j) scoring enough.
@@ -356,6 +361,16 @@ def groups(df: Any, on: str, threshold: float, *, name: str = "group") -> Any:
     return build.collect(outs, meta, divisions)
 
 
+def prepare(df: Any, on: str) -> Any:
+    """See :meth:`dask_cosim.CosimAccessor.prepare`."""
+    check_column(df, on)
+    opts = _options()
+    fn = functools.partial(sp.prepare_columns, column=on, eps=opts.eps, device=opts.device)
+    if not dask.is_dask_collection(df):
+        return fn(df)
+    return df.map_partitions(fn, meta=fn(df._meta), token="cosim-prepare")
+
+
 def topk(
     df: Any,
     queries: Any,
@@ -391,7 +406,7 @@ def topk(
         for r in _sides(build, df, on, opts, columns)
     ]
     merged = build.tree(pieces, _combine(k_value), opts.split_every)
-    result = build(sp.finish_topk)(merged, _meta_of(df), columns, score_dtype)
+    result = build(sr.finish_topk)(merged, _meta_of(df), columns, score_dtype)
     return result.compute() if build.lazy else result
 
 

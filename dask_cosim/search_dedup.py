@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 
 from dask_cosim import search_partition as sp
+from dask_cosim import search_results as sr
 
 __all__ = [
     "best_matches",
@@ -63,7 +64,7 @@ def earlier_matches(
 def best_matches(*parts: pd.DataFrame) -> pd.DataFrame:
     """Per right row (``_key``), the pair of highest score, ties to the smallest
     ``_lkey`` (the earliest left row)."""
-    df = sp.concat_pairs(*parts)
+    df = sr.concat_pairs(*parts)
     order = np.lexsort((df["_lkey"].to_numpy(), -df["score"].to_numpy(), df["_key"].to_numpy()))
     df = df.take(order)
     first = np.ones(len(df), dtype=bool)
@@ -78,13 +79,13 @@ def finish_removed(
     """The removed rows of one block, in frame order: ``left`` (the earlier row),
     ``right`` (the removed row), ``score`` and the carried columns; in the library of
     ``like`` (cudf for a cudf input), else pandas."""
-    return sp.pairs_result(best.sort_values("_key"), meta, False, like, carried)
+    return sr.pairs_result(best.sort_values("_key"), meta, False, like, carried)
 
 
 def drop_matched(df: Any, best: pd.DataFrame, *before: int) -> Any:
     """``df`` without its rows that have an earlier match in ``best``; ``before``: the
     lengths of the partitions ahead of ``df`` in its block."""
-    return sp.drop_rows(df, np.sort(best["_key"].to_numpy() & _POSITION_MASK), *before)
+    return sr.drop_rows(df, np.sort(best["_key"].to_numpy() & _POSITION_MASK), *before)
 
 
 def concat_edges(*parts: np.ndarray) -> np.ndarray:

@@ -3,16 +3,20 @@
 Two reductions over blocks of the score matrix ``S = U_q @ U_r.T`` of two sets of
 unit vectors, one tile at a time (the whole matrix never exists):
 
-- :func:`topk`: for each query row its ``k`` best rows, by a running top-k merge;
+- :func:`topk`: for each query row its ``k`` best rows, kept per row between tiles;
 - :func:`threshold_pairs`: every pair (i, j, score) with score >= a threshold.
 
 Exactness.  Tiles are float32 products, but every answer is decided on float64 scores
 re-computed from the original values for the candidates only: a float32 score differs
-from the exact one by at most ``margin(D) = (D + 8) * 2**-24`` (the worst-case bound of a
-float32 dot product of two unit vectors), so keeping every candidate within that margin
-of the boundary and re-scoring it in float64 gives the float64 answer.  Ties of the
-float64 score are broken by position (the lower position first), so the result does not
-depend on how the rows were split into tiles or partitions.
+from the exact one by at most :func:`margin` (``(D + 8) * 2**-24`` for rows normalised
+in float32), so keeping every candidate within that margin of the boundary and
+re-scoring it in float64 gives the float64 answer.  Ties of the float64 score are
+broken by position (the lower position first), so the result does not depend on how
+the rows were split into tiles or partitions.  A top-k row keeps its float32 best
+k + max(8, k // 4) and the best float32 score outside them: if that score plus the
+margin is below the row's k-th float64 score, the row is certain; else an exact
+threshold pass decides it.  On CPUs numba kernels select from each tile while it is
+in cache (:mod:`dask_cosim._search_sweep`); elsewhere ``torch.topk`` merges do.
 
 Validity.  Rows holding NaN or inf, and rows marked null, are invalid: they never match
 and get no matches.  A zero vector is valid and scores 0.0 with every row (the numerics
@@ -22,61 +26,45 @@ policy: cos = (a / max(|a|, eps)) . (b / max(|b|, eps))).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-from dask_cosim import staging
+from dask_cosim._search_sweep import (
+    DIRECT_BLOCK_ROWS,
+    DIRECT_MAX_QUERIES,
+    DirectPart,
+    NumbaPairs,
+    TopkPart,
+    TorchPairs,
+    sweep,
+)
+from dask_cosim._search_tiles import Heaps, Running, cpu_tile_bytes, numba_kernels, tiles
+from dask_cosim.search_prepare import (
+    RAW_UNIT_TOLERANCE,
+    Prepared,
+    from_norms,
+    margin,
+    prepare,
+    rescore,
+)
 
-__all__ = ["Prepared", "TopK", "margin", "prepare", "rescore", "threshold_pairs", "topk"]
+# Prepared, from_norms, margin, prepare, rescore: re-exported from dask_cosim.search_prepare.
+__all__ = [
+    "RAW_UNIT_TOLERANCE",
+    "Prepared",
+    "TopK",
+    "from_norms",
+    "margin",
+    "prepare",
+    "rescore",
+    "threshold_pairs",
+    "topk",
+]
 
 _NEG_INF = float("-inf")
-
-
-@dataclass
-class Prepared:
-    """One side of a search, normalised once.
-
-    ``unit`` (N, D) float32 rows of length 1 (0 for zero and invalid rows) for the tile
-    products; ``raw`` the original values, and ``inv`` (1 / max |x|) and ``scale``
-    (max |x| / max(|x|_2, eps)), float64, for the exact re-score
-    ``(raw_i * inv_i) . (raw_j * inv_j) * scale_i * scale_j``, which cannot overflow even
-    for values near 1e308.  ``valid`` (N,) bool marks rows that take part.
-    """
-
-    unit: torch.Tensor
-    raw: torch.Tensor
-    inv: torch.Tensor
-    scale: torch.Tensor
-    valid: torch.Tensor
-
-    def __len__(self) -> int:
-        return int(self.unit.shape[0])
-
-    @property
-    def dim(self) -> int:
-        return int(self.unit.shape[1])
-
-    def to(self, device: torch.device) -> Prepared:
-        """This side on ``device`` (itself when it is there already); from the host to a
-        GPU through pinned staging buffers (:mod:`dask_cosim.staging`)."""
-        if self.unit.device == device:
-            return self
-        staged = self.unit.device.type == "cpu" and device.type == "cuda"
-        fields = (self.unit, self.raw, self.inv, self.scale, self.valid)
-        # A placeholder without memory (a lean side's expanded unit rows) is not staged.
-        return Prepared(
-            *(
-                staging.to_device([t], device) if staged and t.is_contiguous() else t.to(device)
-                for t in fields
-            )
-        )
-
-    def take(self, rows: torch.Tensor) -> Prepared:
-        """The rows at positions ``rows`` (int64), in that order."""
-        return Prepared(
-            self.unit[rows], self.raw[rows], self.inv[rows], self.scale[rows], self.valid[rows]
-        )
 
 
 @dataclass
@@ -86,129 +74,6 @@ class TopK:
 
     index: torch.Tensor
     score: torch.Tensor
-
-
-def margin(dim: int) -> float:
-    """Largest difference between a float32 tile score and the exact score of two unit
-    vectors of ``dim`` values: the worst-case rounding bound of the dot product plus the
-    normalisation."""
-    return (dim + 8) * 2.0**-24
-
-
-def prepare(
-    x: torch.Tensor,
-    null: torch.Tensor | None = None,
-    *,
-    eps: float,
-    device: torch.device | str | None = None,
-) -> Prepared:
-    """Normalise (N, D) rows once: see :class:`Prepared`.
-
-    ``null`` (N,) bool marks null rows (their values are ignored).  Any real dtype.  A few
-    passes over the rows, no N x D temporary but ``unit`` itself.
-    """
-    target = torch.device(device) if device is not None else x.device
-    raw = x.to(target)
-    if not raw.is_floating_point():
-        raw = raw.to(torch.float64)
-    work = raw if raw.dtype in (torch.float32, torch.float64) else raw.to(torch.float32)
-    n, d = work.shape
-    f64 = torch.float64
-    if n and d:
-        # NaN propagates through max/min; inf stays inf: one test for both.
-        m = torch.maximum(work.amax(dim=1), -work.amin(dim=1)).to(f64)
-    else:
-        m = torch.zeros(n, dtype=f64, device=target)
-    valid = torch.isfinite(m)
-    if null is not None:
-        valid &= ~torch.as_tensor(null, device=target).to(torch.bool)
-    # Zero and invalid rows: any finite positive scale keeps their products at 0.
-    m = torch.where(valid & (m > 0), m, torch.ones_like(m))
-    # Norms in float64: exact enough for the re-score, and float32 values can neither
-    # overflow nor underflow there.
-    norm = torch.linalg.vector_norm(work, dim=1, dtype=f64) if d else torch.zeros_like(m)
-    scale = m / torch.clamp(norm, min=eps)
-    unit = torch.mul(work, (scale / m).to(work.dtype)[:, None]).to(torch.float32)
-    if work.dtype == f64:
-        # float64 squares overflow past ~1e154 and lose precision below ~1e-154: those
-        # rows again, divided by their largest value first.
-        redo = valid & ((m > 1e150) | (m < 1e-150))
-        if bool(redo.any()):
-            rows = redo.nonzero().squeeze(1)
-            y = work[rows] / m[rows, None]
-            ny = torch.linalg.vector_norm(y, dim=1)
-            scale[rows] = torch.where(ny * m[rows] >= eps, 1.0 / ny, m[rows] / eps)
-            unit[rows] = (y * scale[rows, None]).to(torch.float32)
-    if not bool(valid.all()):
-        unit[~valid] = 0.0
-        scale = torch.where(valid, scale, torch.zeros_like(scale))
-    return Prepared(unit.contiguous(), raw, 1.0 / m, scale, valid)
-
-
-def rescore(
-    q: Prepared, i: torch.Tensor, r: Prepared, j: torch.Tensor, *, chunk: int = 65536
-) -> torch.Tensor:
-    """float64 cos(q[i[t]], r[j[t]]) for each t, clamped to [-1, 1]."""
-    out = torch.empty(len(i), dtype=torch.float64, device=q.unit.device)
-    for s in range(0, len(i), chunk):
-        ii, jj = i[s : s + chunk], j[s : s + chunk]
-        a = q.raw[ii].to(torch.float64) * q.inv[ii, None]
-        b = r.raw[jj].to(torch.float64) * r.inv[jj, None]
-        out[s : s + chunk] = (a * b).sum(dim=1) * q.scale[ii] * r.scale[jj]
-    return out.clamp_(-1.0, 1.0)
-
-
-# The most bytes of one tile of a threshold-only search on a CPU (see threshold_pairs):
-# benchmarks/NOTES.md, section 8, has the measurement.
-THRESHOLD_CPU_TILE_BYTES = 4 * 2**20
-
-
-def _tiles(nq: int, nr: int, tile_bytes: int) -> tuple[int, int]:
-    elems = max(1, tile_bytes // 4)
-    tq = max(1, min(nq, 1024, elems // max(1, min(nr, 1024))))
-    tr = max(1, min(nr, elems // tq))
-    return tq, tr
-
-
-class _Tile:
-    """One score buffer reused for every tile: a fresh 32 MiB block per tile would be
-    mapped and page-faulted each time where malloc returns large blocks to the OS (dask
-    workers set MALLOC_TRIM_THRESHOLD_)."""
-
-    def __init__(self, tq: int, tr: int, device: torch.device) -> None:
-        self.flat = torch.empty(tq * tr, dtype=torch.float32, device=device)
-
-    def product(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        """a @ b.T into the buffer (a contiguous view)."""
-        out = self.flat[: a.shape[0] * b.shape[0]].view(a.shape[0], b.shape[0])
-        return torch.mm(a, b.T, out=out)
-
-
-class _Running:
-    """The running top-``kk`` of float32 scores for n rows, and the best score dropped."""
-
-    def __init__(self, n: int, kk: int, device: torch.device) -> None:
-        self.kk = kk
-        self.score = torch.full((n, kk), _NEG_INF, dtype=torch.float32, device=device)
-        self.index = torch.full((n, kk), -1, dtype=torch.int64, device=device)
-        self.dropped = torch.full((n,), _NEG_INF, dtype=torch.float32, device=device)
-
-    def merge(self, rows: slice, s: torch.Tensor, col0: int) -> None:
-        kk = self.kk
-        kt = min(kk + 1, s.shape[1])
-        ts, ti = torch.topk(s, kt, dim=1)
-        ti += col0
-        if kt == kk + 1:
-            torch.maximum(self.dropped[rows], ts[:, kk], out=self.dropped[rows])
-            ts, ti = ts[:, :kk], ti[:, :kk]
-        cs = torch.cat([self.score[rows], ts], dim=1)
-        ci = torch.cat([self.index[rows], ti], dim=1)
-        ms, mi = torch.topk(cs, kk + 1, dim=1)
-        torch.maximum(self.dropped[rows], ms[:, kk], out=self.dropped[rows])
-        self.score[rows] = ms[:, :kk]
-        # A masked entry (invalid row, the row itself) is no candidate, even while a
-        # row has fewer than kk real ones.
-        self.index[rows] = torch.gather(ci, 1, mi[:, :kk]).masked_fill_(ms[:, :kk] == _NEG_INF, -1)
 
 
 def _order(score: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
@@ -221,10 +86,10 @@ def _order(score: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
 
 
 def _finish(
-    run: _Running, q: Prepared, r: Prepared, k: int, tile_bytes: int, self_pos: bool
+    run: Running | Heaps, q: Prepared, r: Prepared, k: int, tile_bytes: int, self_pos: bool
 ) -> TopK:
-    n, kk = run.index.shape
-    ci = run.index
+    ci, dropped32 = run.result()
+    n, kk = ci.shape
     s64 = torch.full((n, kk), _NEG_INF, dtype=torch.float64, device=ci.device)
     found = ci >= 0
     rows = torch.arange(n, device=ci.device)[:, None].expand(n, kk)
@@ -233,9 +98,9 @@ def _finish(
     score = torch.gather(s64, 1, order)
     index = torch.gather(ci, 1, order)
     # A row is certain when nothing it dropped can reach its k-th float64 score.
-    delta = margin(q.dim)
+    delta = margin(q.dim, q.err, r.err)
     kth = score[:, k - 1] if score.shape[1] == k else torch.full_like(score[:, 0], _NEG_INF)
-    dropped = run.dropped.to(torch.float64)
+    dropped = dropped32.to(torch.float64)
     unsure = torch.isfinite(dropped) & (dropped + delta >= kth)
     if bool(unsure.any()):
         u = unsure.nonzero().squeeze(1)
@@ -312,33 +177,34 @@ def topk(
 
         exact = precision == "exact"
         return search_twopass.topk_prepared(q, r, k, same=same, both=both, exact=exact)
-    device = q.unit.device
     nq, nr = len(q), len(r)
-    kk = k + max(k, 8)  # candidates kept per row: room below the k-th for near-ties
-    run_q = _Running(nq, kk, device)
-    run_r = _Running(nr, kk, device) if both else None
-    tq, tr = _tiles(nq, nr, tile_bytes)
-    tile = _Tile(tq, tr, device)
-    r_invalid = ~r.valid
-    q_invalid = ~q.valid
-    mask_r = bool(r_invalid.any())
-    mask_q = both and bool(q_invalid.any())
+    kk = k + max(8, k // 4)  # candidates kept per row: room below the k-th for near-ties
+    fast = numba_kernels() if q.unit.device.type == "cpu" and max(nq, nr) < 2**31 else None
+
+    def state(n: int, own: torch.Tensor, other: torch.Tensor, same: bool = False) -> Any:
+        return (
+            Running(n, kk, own, other, same)
+            if fast is None
+            else Heaps(fast, n, kk, own, other, same)
+        )
+
+    run_r = state(nr, r.valid, q.valid) if both else None
+    make: Callable[[], TopkPart]
+    if fast is None:
+        tq, tr = tiles(nq, nr, tile_bytes)
+        make = lambda: TopkPart(state(nq, q.valid, r.valid, same), run_r)  # noqa: E731
+    elif nq <= DIRECT_MAX_QUERIES and not both:
+        tq, tr = nq, DIRECT_BLOCK_ROWS
+        make = lambda: DirectPart(state(nq, q.valid, r.valid, same), q.unit, r.unit)  # noqa: E731
+    else:
+        # The numba scan reads each tile right after the product wrote it: from cache.
+        tq, tr = tiles(nq, nr, min(tile_bytes, cpu_tile_bytes("topk")), fast.BLOCK)
+        make = lambda: TopkPart(state(nq, q.valid, r.valid, same), run_r)  # noqa: E731
+    parts = sweep(q.unit, r.unit, tq, tr, make, fast is not None)
+    run_q = parts[0].run_q
+    for part in parts[1:]:  # several parts: numba heaps of other columns
+        run_q.merge(part.run_q)  # type: ignore[union-attr,arg-type]
     with torch.no_grad():
-        for a0 in range(0, nq, tq):
-            a1 = min(nq, a0 + tq)
-            for c0 in range(0, nr, tr):
-                c1 = min(nr, c0 + tr)
-                s = tile.product(q.unit[a0:a1], r.unit[c0:c1])
-                if mask_r:
-                    s.masked_fill_(r_invalid[None, c0:c1], _NEG_INF)
-                if same and a0 < c1 and c0 < a1:
-                    s.diagonal(a0 - c0).fill_(_NEG_INF)
-                run_q.merge(slice(a0, a1), s, c0)
-                if run_r is not None:
-                    st = s.T
-                    if mask_q:
-                        st = st.masked_fill(q_invalid[None, a0:a1], _NEG_INF)
-                    run_r.merge(slice(c0, c1), st, a0)
         res_q = _finish(run_q, q, r, k, tile_bytes, same)
         res_r = _finish(run_r, r, q, k, tile_bytes, False) if run_r is not None else None
     return res_q, res_r
@@ -380,61 +246,39 @@ def threshold_pairs(
         return empty, empty.clone(), torch.zeros(0, dtype=torch.float64, device=device)
     thr = torch.as_tensor(threshold, dtype=torch.float64, device=device).expand(nq)
     # Invalid query rows get an unreachable bar.
-    low = torch.where(q.valid, thr - margin(q.dim), torch.full_like(thr, math.inf))
+    delta = margin(q.dim, q.err, r.err)
+    low = torch.where(q.valid, thr - delta, torch.full_like(thr, math.inf))
+    # Rounded down: a float32 bar above ``low`` would narrow the margin.
     low32 = low.to(torch.float32)
+    below = torch.nextafter(low32, torch.full_like(low32, -math.inf))
+    low32 = torch.where(low32.to(torch.float64) > low, below, low32)
     identity = row_pos is None  # row i of q is row i of r (the self-join's diagonal pair)
-    if mode is not None and row_pos is None:
-        row_pos = torch.arange(nq, device=device)
+    pos = torch.arange(nq, device=device) if row_pos is None else row_pos
+    fast = numba_kernels() if device.type == "cpu" else None
     if device.type == "cpu":
-        # The scan for hits reads each tile again: a tile that stays in the CPU's cache
-        # makes that scan cheap (top-k's merges, by contrast, gain from large tiles).
-        tile_bytes = min(tile_bytes, THRESHOLD_CPU_TILE_BYTES)
-    tq, tr = _tiles(nq, nr, tile_bytes)
-    tile = _Tile(tq, tr, device)
-    mask_r = not bool(r.valid.all())
-    out_i, out_j, out_s = [], [], []
+        # The scan for hits reads each tile again: from the cache, if the tile fits.
+        tile_bytes = min(tile_bytes, cpu_tile_bytes("threshold"))
+    tq, tr = tiles(nq, nr, tile_bytes, 1 if fast is None else fast.BLOCK)
+    make: Callable[[], NumbaPairs | TorchPairs]
+    if fast is not None:
+        make = lambda: NumbaPairs(fast, low32, r.valid, pos, mode, tq, tr)  # noqa: E731
+    else:
+        make = lambda: TorchPairs(low32, r.valid, pos, mode, tq, identity, r.all_valid)  # noqa: E731
+    parts: list[NumbaPairs | TorchPairs] = sweep(q.unit, r.unit, tq, tr, make, fast is not None)
+    found = [part.result() for part in parts]
     with torch.no_grad():
-        for a0 in range(0, nq, tq):
-            a1 = min(nq, a0 + tq)
-            for c0 in range(0, nr, tr):
-                c1 = min(nr, c0 + tr)
-                if mode == "upper" and row_pos is not None and c1 <= int(row_pos[a0:a1].min()):
-                    continue  # the tile lies wholly on or below the diagonal
-                s = tile.product(q.unit[a0:a1], r.unit[c0:c1])
-                hit = s >= low32[a0:a1, None]
-                if mask_r:
-                    hit &= r.valid[None, c0:c1]
-                if mode is not None and identity:
-                    # Row i of the tile is row a0 + i of r: the diagonal is at c = i + a0 - c0.
-                    if mode == "upper":
-                        hit.triu_(a0 - c0 + 1)
-                    elif a0 < c1 and c0 < a1:
-                        hit.diagonal(a0 - c0).fill_(False)
-                # One flat nonzero, then arithmetic: few ops per tile, each output-sized.
-                flat = hit.view(-1).nonzero().squeeze(1)
-                if mode is not None and not identity:
-                    assert row_pos is not None
-                    ii = torch.div(flat, c1 - c0, rounding_mode="floor")
-                    cols = flat - ii * (c1 - c0) + c0
-                    pos = row_pos[ii + a0]
-                    flat = flat[(cols > pos) if mode == "upper" else (cols != pos)]
-                if not len(flat):
-                    continue
-                ii = torch.div(flat, c1 - c0, rounding_mode="floor")
-                out_i.append(ii + a0)
-                out_j.append(flat - ii * (c1 - c0) + c0)
-                out_s.append(s.view(-1)[flat])
-        if not out_i:
+        if not any(len(f[0]) for f in found):
             return empty, empty.clone(), torch.zeros(0, dtype=torch.float64, device=device)
-        i = torch.cat(out_i)
-        j = torch.cat(out_j)
+        i = torch.cat([f[0] for f in found])
+        j = torch.cat([f[1] for f in found])
+        s32 = torch.cat([f[2] for f in found])
         bar = thr[i]
         if exact_scores:
             score = rescore(q, i, r, j)
             keep = score >= bar
         else:
-            score = torch.cat(out_s).to(torch.float64)
-            near = (score - bar).abs_() < margin(q.dim)
+            score = s32.to(torch.float64)
+            near = (score - bar).abs_() < delta
             if bool(near.any()):
                 score[near] = rescore(q, i[near], r, j[near])
             keep = score >= bar

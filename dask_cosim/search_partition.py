@@ -3,12 +3,9 @@
 Knows no dask.  A partition's vectors are normalised once into a :class:`Side`
 (:func:`prepare_side`, :func:`query_side`); a pair of sides is reduced tile by tile by
 :mod:`dask_cosim.search_kernels` into a frame of candidate pairs (:func:`join_pair_topk`,
-:func:`self_pair_topk`, :func:`pair_threshold`); partial results are merged
-(:func:`merge_topk`, :func:`concat_pairs`, :func:`union_positions`) and finished into the
-result's rows (:func:`finish_pairs`, :func:`finish_topk`, :func:`drop_rows`), whose columns
-and dtypes :func:`result_meta` states.  pandas/cudf partitions in (through
-:mod:`dask_cosim.backends`), pandas out (``finish_topk`` and ``drop_rows``: the library of
-the input).
+:func:`self_pair_topk`, :func:`pair_threshold`), whose columns and dtypes
+:func:`result_meta` states; :mod:`dask_cosim.search_results` merges them into the result.
+pandas/cudf partitions in (through :mod:`dask_cosim.backends`), pandas out.
 
 Ordering.  Every right row has a key (partition number, position), which is its place
 in frame order: among equal float64 scores the smaller key wins, so results do not
@@ -22,28 +19,24 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import torch
 
 from dask_cosim import backends, errors, partition, search_twopass, staging
 from dask_cosim import search_kernels as sk
 
 __all__ = [
+    "COMPANIONS",
     "Side",
-    "concat_frames",
-    "concat_pairs",
-    "drop_rows",
-    "finish_pairs",
-    "finish_topk",
+    "companion",
     "join_pair_topk",
-    "merge_topk",
     "pair_threshold",
-    "pairs_result",
+    "prepare_columns",
     "prepare_side",
     "query_side",
     "result_meta",
     "score_dtype",
     "self_pair_topk",
-    "union_positions",
     "unusable_queries",
 ]
 
@@ -90,7 +83,9 @@ def prepare_side(
     payload: list[Any] | None = None,
     precision: str = "fp32",
 ) -> Side:
-    """Normalise one partition's ``column`` (any format :mod:`dask_cosim.backends` reads).
+    """Normalise one partition's ``column`` (any format :mod:`dask_cosim.backends` reads),
+    or take its normalisation from the columns :func:`prepare_columns` added, when ``df``
+    has them.
 
     Null rows and rows holding NaN or inf never match; a zero row scores 0.0.  On CUDA
     with ``precision`` "exact" or "fast" the float32 unit rows, which only the float32
@@ -107,9 +102,12 @@ def prepare_side(
     null = v.null
     if null is not None and not isinstance(null, torch.Tensor):
         null = torch.from_numpy(np.asarray(null))
+    prep = None
     if precision != "fp32" and target.type == "cuda":
         prep = search_twopass.prepare_lean(x, null, eps=eps, device=target)
-    else:
+    elif target == x.device and all(companion(column, w) in df.columns for w in COMPANIONS):
+        prep = _from_companions(df, column, x, null, eps)
+    if prep is None:
         prep = sk.prepare(x, null, eps=eps, device=target)
     carried = None
     if payload:
@@ -118,6 +116,69 @@ def prepare_side(
         # the bookkeeping columns on the way to the result.
         carried.columns = [f"_p{n}" for n in range(len(payload))]
     return Side(prep, df.index, part, column, carried)
+
+
+# --------------------------------------------------------------------------- prepared frames
+
+# The columns prepare_columns adds beside a vector column: its rows' range factors and
+# norms (float64), and their unit rows where the rows cannot serve as their own (a list
+# column, null where they can).
+COMPANIONS = ("inv", "norm", "unit")
+
+
+def companion(column: str, what: str) -> str:
+    """The name of the ``what`` column (one of :data:`COMPANIONS`) beside ``column``."""
+    return f"{column}.cosim.{what}"
+
+
+def prepare_columns(df: Any, column: str, *, eps: float, device: str = "auto") -> Any:
+    """``df`` with :data:`COMPANIONS` beside ``column``: what a search would compute
+    from its vectors on every call (:class:`~dask_cosim.search_kernels.Prepared`),
+    computed once.  The norms do not depend on ``eps``; unit rows are stored only for
+    rows on the CPU that are not already of norm 1 (on a GPU they are quick to redo)."""
+    v = backends.to_vectors(df[column], column)
+    x = v.blocks[0] if len(v.blocks) == 1 else torch.cat(v.blocks)
+    null = v.null
+    if null is not None and not isinstance(null, torch.Tensor):
+        null = torch.from_numpy(np.asarray(null))
+    p = sk.prepare(x, null, eps=eps, device=partition.resolve_device(device, x.device))
+    assert p.norm is not None
+    n = len(p)
+    # Stored only where a search reads them back (from_norms: float32/float64 rows on a
+    # CPU) and the rows cannot serve as their own.
+    stored = (
+        n > 0
+        and p.unit.device.type == "cpu"
+        and p.raw.dtype in (torch.float32, torch.float64)
+        and p.unit.data_ptr() != p.raw.data_ptr()
+    )
+    if stored:
+        step = np.arange(0, n * p.dim + 1, p.dim, dtype=np.int32)
+        unit = pa.ListArray.from_arrays(step, pa.array(p.unit.numpy().reshape(-1)))
+    else:
+        unit = pa.nulls(n, pa.list_(pa.float32()))
+    extra = pd.DataFrame(
+        {
+            companion(column, "inv"): p.inv.cpu().numpy(),
+            companion(column, "norm"): p.norm.cpu().numpy(),
+            companion(column, "unit"): pd.arrays.ArrowExtensionArray(unit),
+        }
+    )
+    return backends.add_columns(df, extra)
+
+
+def _from_companions(
+    df: Any, column: str, x: torch.Tensor, null: torch.Tensor | None, eps: float
+) -> sk.Prepared | None:
+    """The side from :func:`prepare_columns`' numbers (None: they cannot stand for it,
+    see :func:`~dask_cosim.search_kernels.from_norms`)."""
+    inv = backends.to_numbers(df[companion(column, "inv")])
+    norm = backends.to_numbers(df[companion(column, "norm")])
+    u = backends.to_vectors(df[companion(column, "unit")], companion(column, "unit"))
+    unit = None
+    if u.null is None and u.length == len(x) and u.dim == x.shape[1]:
+        unit = u.blocks[0] if len(u.blocks) == 1 else torch.cat(u.blocks)
+    return sk.from_norms(x, null, inv, norm, unit, eps=eps)
 
 
 def query_side(queries: Any, eps: float) -> Side:
@@ -316,109 +377,3 @@ def pair_threshold(
     if positions:
         return np.unique(j.cpu().numpy())
     return _pairs_frame(q, other, i, j, s)
-
-
-# --------------------------------------------------------------------------- merging, results
-
-
-def union_positions(*parts: np.ndarray) -> np.ndarray:
-    return np.unique(np.concatenate(parts))
-
-
-def drop_rows(df: Any, positions: np.ndarray, *before: int) -> Any:
-    """``df`` without the rows at ``positions``; ``before``: the lengths of the partitions
-    ahead of ``df`` in its block (``positions`` count from the block's first row)."""
-    start = sum(before)
-    positions = positions[(positions >= start) & (positions < start + len(df))] - start
-    if len(positions) == 0:
-        return df
-    keep = np.ones(len(df), dtype=bool)
-    keep[positions] = False
-    return backends.boolean_mask(df, keep)
-
-
-def concat_frames(*parts: Any) -> Any:
-    """Consecutive partitions as one frame (a block of a search)."""
-    return backends.concat_frames(list(parts))
-
-
-def _sorted_pairs(df: pd.DataFrame, by_score: bool = True) -> pd.DataFrame:
-    """By left row, then score descending (``by_score``), then right row."""
-    keys = [df["_key"].to_numpy(), df["_l"].to_numpy()]
-    if by_score:
-        keys.insert(1, -df["score"].to_numpy())
-    return df.take(np.lexsort(keys))
-
-
-def concat_pairs(*parts: pd.DataFrame) -> pd.DataFrame:
-    non_empty = [p for p in parts if len(p)]
-    return pd.concat(non_empty, ignore_index=True) if non_empty else parts[0]
-
-
-def merge_topk(k: int, *parts: pd.DataFrame) -> pd.DataFrame:
-    """The ``k`` best pairs of each left row among ``parts`` (score desc, then key)."""
-    df = _sorted_pairs(concat_pairs(*parts))
-    rank = _ranks(df["_l"].to_numpy())
-    return df[rank < k].reset_index(drop=True)
-
-
-def _ranks(groups: np.ndarray) -> np.ndarray:
-    """0, 1, 2, ... within each run of equal values of a sorted array."""
-    starts = np.searchsorted(groups, groups, side="left")
-    return np.arange(len(groups)) - starts
-
-
-def finish_pairs(
-    merged: pd.DataFrame,
-    meta: pd.DataFrame,
-    rank: bool,
-    like: Any = None,
-    carried: dict[str, str] | None = None,
-) -> Any:
-    """The result partition: sorted by left row, then rank (score descending, ties by
-    right row) with ``rank``, else by right row; in the library of ``like`` (cudf for a
-    cudf input), else pandas; ``carried`` maps the carried columns' names in ``merged``
-    ("_q0", "_p0", ...) to theirs in the result."""
-    return pairs_result(_sorted_pairs(merged, by_score=rank), meta, rank, like, carried)
-
-
-def pairs_result(
-    df: pd.DataFrame,
-    meta: pd.DataFrame,
-    rank: bool,
-    like: Any = None,
-    carried: dict[str, str] | None = None,
-) -> Any:
-    """The sorted partial frame ``df`` as result rows (see :func:`finish_pairs`)."""
-    out = pd.DataFrame(
-        {
-            "left": df["left"].to_numpy(),
-            "right": df["right"].to_numpy(),
-            "score": df["score"].to_numpy().astype(meta["score"].dtype),
-        }
-    )
-    if rank:
-        out["rank"] = _ranks(df["_l"].to_numpy()).astype(np.int64)
-    for inner, name in (carried or {}).items():
-        out[name] = df[inner].array
-    out = out.astype(meta.dtypes.to_dict())
-    return out if like is None else backends.frame_like(out, like)
-
-
-def finish_topk(merged: pd.DataFrame, like: Any, columns: list[Any], score: np.dtype) -> Any:
-    """The ``topk`` result, in the library of ``like``: query, rank, match, score and the
-    carried columns."""
-    df = _sorted_pairs(merged)
-    out = pd.DataFrame(
-        {
-            "query": df["left"].to_numpy(),
-            "rank": _ranks(df["_l"].to_numpy()).astype(np.int64),
-            "match": df["right"].to_numpy(),
-            "score": df["score"].to_numpy().astype(score),
-        }
-    )
-    for n, c in enumerate(columns):
-        out[c] = df[f"_p{n}"].to_numpy() if f"_p{n}" in df else np.array([], dtype=object)
-    if len(out) == 0:
-        out = out.astype({c: like[c].dtype for c in columns})
-    return backends.frame_like(out, like)

@@ -24,11 +24,14 @@ def test_search_benchmark_runs(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     result = json.loads((tmp_path / "smoke.json").read_text())
     # Correctness is checked inside the run; these are its verdicts.
-    assert (
-        result["topk"]["result_sets_vs_faiss"]["differ"]
-        == result["topk"]["result_sets_vs_faiss"]["differ_only_at_near_ties"]
-    )
-    assert result["range"]["pair_sets_differ_beyond_near_ties"] == 0
+    for shape in result["topk"]["shapes"]:
+        for verdict in shape["sets_vs_faiss"].values():
+            assert verdict["differ"] == verdict["differ_only_at_near_ties"], shape
+        assert set(shape["seconds"]) == set(shape["x_faiss"])
+    assert all(r["pair_sets_differ_beyond_near_ties"] == 0 for r in result["range"])
+    for join in result["join"]:
+        verdict = join["sets_vs_float64_first_200"]
+        assert verdict["differ"] == verdict["differ_only_at_near_ties"]
     assert result["dedup"]["mismatches_vs_float64"] == 0
     assert result["cluster"]["same_result_as_eager"] is True
-    assert "topk  N=2,000" in proc.stdout
+    assert "prepared x faiss" in proc.stdout

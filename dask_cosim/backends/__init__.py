@@ -19,6 +19,10 @@ here, keyed on the type of its first argument (dask's ``Dispatch``):
 - ``data_token(obj)``: a deterministic token of an eager frame's contents, for graph keys;
 - ``to_host_tensor(array)``: an array (numpy, cupy, torch, lists: ``topk``'s queries) as a
   CPU tensor;
+- ``to_numbers(series)``: a column of numbers as a float64 tensor (NaN for nulls), on
+  the column's device;
+- ``add_columns(df, pdf)``: ``df`` with the columns of the pandas frame ``pdf`` (its rows,
+  in order) added, in the library of ``df``;
 
 :func:`concat_frames` (dask's ``concat`` dispatch), and :func:`frame_from_arrow`, which
 picks the library by name ("pandas" or "cudf", dask's ``dataframe.backend``) because a
@@ -49,6 +53,7 @@ __all__ = [
     "ACCEPTED",
     "VectorSpec",
     "Vectors",
+    "add_columns",
     "arrow_vector_types",
     "boolean_mask",
     "column_spec",
@@ -63,6 +68,7 @@ __all__ = [
     "stack_object_column",
     "take_to_pandas",
     "to_host_tensor",
+    "to_numbers",
     "to_pandas",
     "to_vectors",
     "vector_columns",
@@ -107,6 +113,8 @@ take_to_pandas: Dispatch = Dispatch("take_to_pandas")
 frame_like: Dispatch = Dispatch("frame_like")
 data_token: Dispatch = Dispatch("data_token")
 to_host_tensor: Dispatch = Dispatch("to_host_tensor")
+to_numbers: Dispatch = Dispatch("to_numbers")
+add_columns: Dispatch = Dispatch("add_columns")
 
 
 @to_pandas.register(object)

@@ -23,6 +23,7 @@ from dask_cosim import errors
 from dask_cosim.backends import (
     Vectors,
     VectorSpec,
+    add_columns,
     boolean_mask,
     data_token,
     frame_like,
@@ -30,6 +31,7 @@ from dask_cosim.backends import (
     make_result,
     row_label,
     take_to_pandas,
+    to_numbers,
     to_pandas,
     to_vectors,
     vector_spec,
@@ -188,6 +190,21 @@ def _cudf_take(obj: Any, positions: np.ndarray) -> Any:
 @frame_like.register((cudf.DataFrame, cudf.Series))
 def _cudf_frame_like(pdf: pd.DataFrame, like: Any) -> Any:
     return cudf.DataFrame.from_arrow(pa.Table.from_pandas(pdf, preserve_index=False))
+
+
+@to_numbers.register(cudf.Series)
+def _cudf_to_numbers(series: Any) -> torch.Tensor:
+    return torch.from_dlpack(series.astype("float64").fillna(np.nan).values)
+
+
+@add_columns.register(cudf.DataFrame)
+def _cudf_add_columns(df: Any, pdf: pd.DataFrame) -> Any:
+    extra = _cudf_frame_like(pdf, df)
+    extra.index = df.index
+    out = df.copy(deep=False)
+    for c in extra.columns:
+        out[c] = extra[c]
+    return out
 
 
 @data_token.register(_CUDF_OBJECTS)

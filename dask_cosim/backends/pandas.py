@@ -21,12 +21,14 @@ from dask_cosim import errors
 from dask_cosim.backends import (
     Vectors,
     VectorSpec,
+    add_columns,
     boolean_mask,
     frame_like,
     make_result,
     row_label,
     take_to_pandas,
     to_host_tensor,
+    to_numbers,
     to_vectors,
     vector_spec,
 )
@@ -338,6 +340,18 @@ def _pandas_take(obj: Any, positions: np.ndarray) -> Any:
 @frame_like.register((pd.DataFrame, pd.Series))
 def _pandas_frame_like(pdf: pd.DataFrame, like: Any) -> pd.DataFrame:
     return pdf
+
+
+@to_numbers.register(pd.Series)
+def _pandas_to_numbers(series: pd.Series) -> torch.Tensor:
+    values = series.to_numpy(dtype=np.float64, na_value=np.nan)
+    return _as_tensor(np.ascontiguousarray(values))
+
+
+@add_columns.register(pd.DataFrame)
+def _pandas_add_columns(df: pd.DataFrame, pdf: pd.DataFrame) -> pd.DataFrame:
+    # The arrays, not the Series: ``pdf``'s index need not be ``df``'s.
+    return df.assign(**{str(c): pdf[c].array for c in pdf.columns})
 
 
 @to_host_tensor.register(torch.Tensor)

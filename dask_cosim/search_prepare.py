@@ -1,0 +1,276 @@
+"""One side of an exact search, prepared once: its rows normalised
+(:class:`Prepared`, by :func:`prepare` from the vectors, or by :func:`from_norms` from
+the per-row numbers a prepared frame carries), the rounding :func:`margin` of its tile
+scores, and the float64 re-score (:func:`rescore`) that decides every answer.
+
+Kernels only: tensors in, tensors out, any device, no dataframes, no config.  The
+reductions over tiles are in :mod:`dask_cosim.search_kernels`, which re-exports these.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from types import ModuleType
+
+import numpy as np
+import torch
+
+from dask_cosim import staging
+from dask_cosim._search_tiles import numba_kernels
+
+__all__ = ["RAW_UNIT_TOLERANCE", "Prepared", "from_norms", "margin", "prepare", "rescore"]
+
+_U = 2.0**-24  # float32's unit roundoff
+_NUMBA_DTYPES = (torch.float32, torch.float64)
+_TINY = 2.0**-1000  # as in dask_cosim._search_numba.TINY
+
+
+@dataclass
+class Prepared:
+    """One side of a search, normalised once.
+
+    ``unit`` (N, D) float32 rows of length 1 (0 for invalid rows) for the tile products;
+    ``raw`` the original values, and ``inv`` and ``scale``, float64, for the exact
+    re-score ``(raw_i * inv_i) . (raw_j * inv_j) * scale_i * scale_j``: ``inv`` keeps
+    ``raw * inv`` in float64's range (1 / max |x| up to 2**1000; on CPUs 1 for float32
+    rows, whose products cannot leave it), ``scale`` = 1 / (inv * max(|x|_2, eps)).
+    ``valid`` (N,) bool marks rows that take part, ``all_valid`` whether all do; ``err``
+    bounds the distance of a valid ``unit`` row from the exact ``x / max(|x|_2, eps)``
+    (see :func:`margin`).  ``norm`` (N,) float64, when known: |raw * inv|_2, NaN for
+    invalid rows (what a prepared frame stores; with ``inv`` it gives ``scale`` for any
+    eps).  Nothing in it depends on a search: a side prepared once serves any number of
+    searches (and pickles, for a dask worker to keep).
+    """
+
+    unit: torch.Tensor
+    raw: torch.Tensor
+    inv: torch.Tensor
+    scale: torch.Tensor
+    valid: torch.Tensor
+    err: float = 2.0**-23
+    norm: torch.Tensor | None = None
+    all_valid: bool = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.all_valid = bool(self.valid.all())
+
+    def __len__(self) -> int:
+        return int(self.unit.shape[0])
+
+    @property
+    def dim(self) -> int:
+        return int(self.unit.shape[1])
+
+    def to(self, device: torch.device) -> Prepared:
+        """This side on ``device`` (itself when it is there already); from the host to a
+        GPU through pinned staging buffers (:mod:`dask_cosim.staging`)."""
+        if self.unit.device == device:
+            return self
+        staged = self.unit.device.type == "cpu" and device.type == "cuda"
+
+        def move(t: torch.Tensor) -> torch.Tensor:
+            # A placeholder without memory (a lean side's expanded unit rows) is not staged.
+            if staged and t.is_contiguous():
+                return staging.to_device([t], device)
+            return t.to(device)
+
+        return Prepared(
+            move(self.unit),
+            move(self.raw),
+            move(self.inv),
+            move(self.scale),
+            move(self.valid),
+            self.err,
+            None if self.norm is None else move(self.norm),
+        )
+
+    def take(self, rows: torch.Tensor) -> Prepared:
+        """The rows at positions ``rows`` (int64), in that order."""
+        return Prepared(
+            self.unit[rows],
+            self.raw[rows],
+            self.inv[rows],
+            self.scale[rows],
+            self.valid[rows],
+            self.err,
+            None if self.norm is None else self.norm[rows],
+        )
+
+
+def margin(dim: int, err_q: float = 2.0**-23, err_r: float = 2.0**-23) -> float:
+    """Largest difference between a float32 tile score and the exact cosine of two rows
+    of ``dim`` values whose unit rows are within ``err_q`` and ``err_r`` of exact
+    (:attr:`Prepared.err`).
+
+    |fl32(a . b) - cos| <= e_q (1 + e_r) + e_r + g_D (1 + e_q)(1 + e_r) with
+    g_D = D u / (1 - D u), u = 2**-24 (Higham's bound for a dot product summed in any
+    order, with or without FMA); rounded up, and never below ``(dim + 8) * 2**-24``,
+    which is what it is for rows normalised in float32 (``err`` of one or two roundings).
+    """
+    g = dim * _U / (1 - dim * _U)
+    bound = err_q * (1 + err_r) + err_r + g * (1 + err_q) * (1 + err_r)
+    return max((dim + 8) * _U, bound * (1 + 2.0**-20))
+
+
+# Rows whose norm is this close to 1 serve as unit rows without a normalised copy.
+RAW_UNIT_TOLERANCE = 2.0**-20
+
+
+def prepare(
+    x: torch.Tensor,
+    null: torch.Tensor | None = None,
+    *,
+    eps: float,
+    device: torch.device | str | None = None,
+) -> Prepared:
+    """Normalise (N, D) rows once: see :class:`Prepared`.
+
+    ``null`` (N,) bool marks null rows (their values are ignored).  Any real dtype.  On
+    a CPU one pass over the rows (numba), elsewhere a few, no N x D temporary but
+    ``unit`` itself.
+    """
+    target = torch.device(device) if device is not None else x.device
+    raw = x.detach().to(target)
+    if not raw.is_floating_point():
+        raw = raw.to(torch.float64)
+    work = raw if raw.dtype in (torch.float32, torch.float64) else raw.to(torch.float32)
+    nulls = None if null is None else torch.as_tensor(null, device=target).to(torch.bool)
+    fast = numba_kernels() if target.type == "cpu" else None
+    if fast is None:
+        return _prepare_torch(work, raw, nulls, eps)
+    n = len(work)
+    work = work.contiguous()
+    inv, nrm, scale = (torch.empty(n, dtype=torch.float64) for _ in range(3))
+    valid = torch.empty(n, dtype=torch.bool)
+    no_null = np.zeros(n, dtype=np.bool_) if nulls is None else nulls.numpy()
+    arrays = (inv.numpy(), nrm.numpy(), scale.numpy(), valid.numpy())
+    worst = fast.norms(work.numpy(), no_null, float(eps), *arrays)
+    return _with_units(fast, work, raw, inv, nrm, scale, valid, worst)
+
+
+def _with_units(
+    fast: ModuleType,
+    work: torch.Tensor,
+    raw: torch.Tensor,
+    inv: torch.Tensor,
+    nrm: torch.Tensor,
+    scale: torch.Tensor,
+    valid: torch.Tensor,
+    worst: float,
+) -> Prepared:
+    """The side, its rows serving as unit rows when all are within RAW_UNIT_TOLERANCE of
+    norm 1 (``worst``), else a normalised float32 copy."""
+    # The float64 norms themselves are within (d + 2) 2**-53 of exact.
+    rounding = (work.shape[1] + 9) * 2.0**-53
+    if worst <= RAW_UNIT_TOLERANCE:
+        # Rows already of norm 1 (as most embedding models write them) serve as they
+        # are: no copy, and margin() takes their distance from norm 1 into account.  So
+        # do zero rows (exactly) and rows that never match (every scan skips them).
+        err = worst * (1 + 2.0**-40) + 2 * rounding
+        return Prepared(work, raw, inv, scale, valid, err, nrm)
+    unit = torch.empty(work.shape, dtype=torch.float32)
+    fast.units(work.numpy(), inv.numpy(), scale.numpy(), valid.numpy(), unit.numpy())
+    # One float32 rounding of each value of a row scaled in float64.
+    return Prepared(unit, raw, inv, scale, valid, _U + rounding, nrm)
+
+
+def from_norms(
+    x: torch.Tensor,
+    null: torch.Tensor | None,
+    inv: torch.Tensor,
+    norm: torch.Tensor,
+    unit: torch.Tensor | None,
+    *,
+    eps: float,
+) -> Prepared | None:
+    """The side of float32 or float64 rows ``x`` on the CPU from the numbers
+    :func:`prepare` found (``inv``, ``norm``: :attr:`Prepared.norm`), without reading
+    ``x``: ``scale`` for this ``eps``, ``x`` itself as unit rows when within tolerance,
+    else ``unit`` (the rows over their norms, float32; None: not stored).
+
+    None when the numbers cannot stand for a prepared side: numba missing, or a valid
+    row with 0 < |x| < eps (its unit row depends on eps: stored ones are over |x|).
+    """
+    fast = numba_kernels()
+    if fast is None or x.dtype not in _NUMBA_DTYPES or x.device.type != "cpu":
+        return None
+    n = len(x)
+    scale = torch.empty(n, dtype=torch.float64)
+    valid = torch.empty(n, dtype=torch.bool)
+    nulls = np.zeros(n, dtype=np.bool_) if null is None else torch.as_tensor(null).numpy()
+    inv, norm = inv.contiguous(), norm.contiguous()
+    worst, tiny = fast.from_norms(
+        inv.numpy(), norm.numpy(), nulls, float(eps), scale.numpy(), valid.numpy()
+    )
+    if tiny:
+        return None
+    if x.dtype == torch.float32 and worst <= RAW_UNIT_TOLERANCE and x.is_contiguous():
+        return _with_units(fast, x, x, inv, norm, scale, valid, worst)
+    if unit is None:
+        return _with_units(fast, x.contiguous(), x, inv, norm, scale, valid, math.inf)
+    return Prepared(unit, x, inv, scale, valid, _U + (x.shape[1] + 9) * 2.0**-53, norm)
+
+
+def _prepare_torch(
+    work: torch.Tensor, raw: torch.Tensor, null: torch.Tensor | None, eps: float
+) -> Prepared:
+    target = work.device
+    n, d = work.shape
+    f64 = torch.float64
+    if n and d:
+        # NaN propagates through max/min; inf stays inf: one test for both.
+        m = torch.maximum(work.amax(dim=1), -work.amin(dim=1)).to(f64)
+    else:
+        m = torch.zeros(n, dtype=f64, device=target)
+    valid = torch.isfinite(m)
+    if null is not None:
+        valid &= ~null
+    # Zero and invalid rows: any finite positive scale keeps their products at 0.
+    m = torch.where(valid & (m > 0), m, torch.ones_like(m))
+    # Norms in float64: exact enough for the re-score, and float32 values can neither
+    # overflow nor underflow there.
+    norm = torch.linalg.vector_norm(work, dim=1, dtype=f64) if d else torch.zeros_like(m)
+    scale = m / torch.clamp(norm, min=eps)
+    unit = torch.mul(work, (scale / m).to(work.dtype)[:, None]).to(torch.float32)
+    # 1 / m overflows below ~5.6e-309: a capped factor keeps such rows near 2**-74.
+    inv = torch.where(m > _TINY, 1.0 / m, torch.full_like(m, 1.0 / _TINY))
+    nrm = norm * inv
+    if work.dtype == f64:
+        # float64 squares overflow past ~1e154 and lose precision below ~1e-154: those
+        # rows again, divided by their largest value first.
+        redo = valid & ((m > 1e150) | (m < 1e-150))
+        if bool(redo.any()):
+            rows = redo.nonzero().squeeze(1)
+            y = work[rows] * inv[rows, None]
+            ny = torch.linalg.vector_norm(y, dim=1)
+            scale[rows] = 1.0 / torch.maximum(ny, inv[rows] * eps)
+            unit[rows] = (y * scale[rows, None]).to(torch.float32)
+            nrm[rows] = ny
+    nrm = torch.where(valid, nrm, torch.full_like(nrm, math.nan))
+    if not bool(valid.all()):
+        unit[~valid] = 0.0
+        scale = torch.where(valid, scale, torch.zeros_like(scale))
+    # Two float32 roundings (the row's factor, the product), and the float64 norm's.
+    err = 2 * _U + (d + 9) * 2.0**-53
+    return Prepared(unit.contiguous(), raw, inv, scale, valid, err, nrm)
+
+
+def rescore(
+    q: Prepared, i: torch.Tensor, r: Prepared, j: torch.Tensor, *, chunk: int = 65536
+) -> torch.Tensor:
+    """float64 cos(q[i[t]], r[j[t]]) for each t, clamped to [-1, 1]."""
+    out = torch.empty(len(i), dtype=torch.float64, device=q.unit.device)
+    fast = numba_kernels() if out.device.type == "cpu" else None
+    if fast is not None and q.raw.dtype in _NUMBA_DTYPES and r.raw.dtype in _NUMBA_DTYPES:
+        fast.rescore(
+            q.raw.contiguous().numpy(), q.inv.numpy(), q.scale.numpy(), i.numpy(),
+            r.raw.contiguous().numpy(), r.inv.numpy(), r.scale.numpy(), j.numpy(), out.numpy(),
+        )  # fmt: skip
+        return out
+    for s in range(0, len(i), chunk):
+        ii, jj = i[s : s + chunk], j[s : s + chunk]
+        a = q.raw[ii].to(torch.float64) * q.inv[ii, None]
+        b = r.raw[jj].to(torch.float64) * r.inv[jj, None]
+        out[s : s + chunk] = (a * b).sum(dim=1) * q.scale[ii] * r.scale[jj]
+    return out.clamp_(-1.0, 1.0)

@@ -1,0 +1,132 @@
+"""Search results: partial frames of candidate pairs merged and finished into the rows a
+user gets.
+
+Knows no dask.  The per-partition functions of :mod:`dask_cosim.search_partition` give
+pandas frames of pairs (``left``, ``right``, ``score``, the ordering key ``_key``, the left
+row's number ``_l`` and carried columns ``_q0``, ``_p0``, ...); here they are merged
+(:func:`merge_topk`, :func:`concat_pairs`, :func:`union_positions`) and finished
+(:func:`finish_pairs`, :func:`finish_topk`, :func:`drop_rows`) in the library of the input.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from dask_cosim import backends
+
+__all__ = [
+    "concat_frames",
+    "concat_pairs",
+    "drop_rows",
+    "finish_pairs",
+    "finish_topk",
+    "merge_topk",
+    "pairs_result",
+    "union_positions",
+]
+
+
+def union_positions(*parts: np.ndarray) -> np.ndarray:
+    return np.unique(np.concatenate(parts))
+
+
+def drop_rows(df: Any, positions: np.ndarray, *before: int) -> Any:
+    """``df`` without the rows at ``positions``; ``before``: the lengths of the partitions
+    ahead of ``df`` in its block (``positions`` count from the block's first row)."""
+    start = sum(before)
+    positions = positions[(positions >= start) & (positions < start + len(df))] - start
+    if len(positions) == 0:
+        return df
+    keep = np.ones(len(df), dtype=bool)
+    keep[positions] = False
+    return backends.boolean_mask(df, keep)
+
+
+def concat_frames(*parts: Any) -> Any:
+    """Consecutive partitions as one frame (a block of a search)."""
+    return backends.concat_frames(list(parts))
+
+
+def _sorted_pairs(df: pd.DataFrame, by_score: bool = True) -> pd.DataFrame:
+    """By left row, then score descending (``by_score``), then right row."""
+    keys = [df["_key"].to_numpy(), df["_l"].to_numpy()]
+    if by_score:
+        keys.insert(1, -df["score"].to_numpy())
+    return df.take(np.lexsort(keys))
+
+
+def concat_pairs(*parts: pd.DataFrame) -> pd.DataFrame:
+    non_empty = [p for p in parts if len(p)]
+    return pd.concat(non_empty, ignore_index=True) if non_empty else parts[0]
+
+
+def merge_topk(k: int, *parts: pd.DataFrame) -> pd.DataFrame:
+    """The ``k`` best pairs of each left row among ``parts`` (score desc, then key)."""
+    df = _sorted_pairs(concat_pairs(*parts))
+    rank = _ranks(df["_l"].to_numpy())
+    return df[rank < k].reset_index(drop=True)
+
+
+def _ranks(groups: np.ndarray) -> np.ndarray:
+    """0, 1, 2, ... within each run of equal values of a sorted array."""
+    starts = np.searchsorted(groups, groups, side="left")
+    return np.arange(len(groups)) - starts
+
+
+def finish_pairs(
+    merged: pd.DataFrame,
+    meta: pd.DataFrame,
+    rank: bool,
+    like: Any = None,
+    carried: dict[str, str] | None = None,
+) -> Any:
+    """The result partition: sorted by left row, then rank (score descending, ties by
+    right row) with ``rank``, else by right row; in the library of ``like`` (cudf for a
+    cudf input), else pandas; ``carried`` maps the carried columns' names in ``merged``
+    ("_q0", "_p0", ...) to theirs in the result."""
+    return pairs_result(_sorted_pairs(merged, by_score=rank), meta, rank, like, carried)
+
+
+def pairs_result(
+    df: pd.DataFrame,
+    meta: pd.DataFrame,
+    rank: bool,
+    like: Any = None,
+    carried: dict[str, str] | None = None,
+) -> Any:
+    """The sorted partial frame ``df`` as result rows (see :func:`finish_pairs`)."""
+    out = pd.DataFrame(
+        {
+            "left": df["left"].to_numpy(),
+            "right": df["right"].to_numpy(),
+            "score": df["score"].to_numpy().astype(meta["score"].dtype),
+        }
+    )
+    if rank:
+        out["rank"] = _ranks(df["_l"].to_numpy()).astype(np.int64)
+    for inner, name in (carried or {}).items():
+        out[name] = df[inner].array
+    out = out.astype(meta.dtypes.to_dict())
+    return out if like is None else backends.frame_like(out, like)
+
+
+def finish_topk(merged: pd.DataFrame, like: Any, columns: list[Any], score: np.dtype) -> Any:
+    """The ``topk`` result, in the library of ``like``: query, rank, match, score and the
+    carried columns."""
+    df = _sorted_pairs(merged)
+    out = pd.DataFrame(
+        {
+            "query": df["left"].to_numpy(),
+            "rank": _ranks(df["_l"].to_numpy()).astype(np.int64),
+            "match": df["right"].to_numpy(),
+            "score": df["score"].to_numpy().astype(score),
+        }
+    )
+    for n, c in enumerate(columns):
+        out[c] = df[f"_p{n}"].to_numpy() if f"_p{n}" in df else np.array([], dtype=object)
+    if len(out) == 0:
+        out = out.astype({c: like[c].dtype for c in columns})
+    return backends.frame_like(out, like)

@@ -1,0 +1,164 @@
+"""df.cosim.prepare(on): the numbers it stores give the unprepared frame's answers (and
+the float64 brute force's), on pandas and dask, through filters, repartitions, Parquet,
+another eps, and without normalising the vectors again."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import dask
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+import dask_cosim
+from dask_cosim import search_partition
+from tests.helpers import brute, no_computes, search_frame, search_vectors, to_dask
+
+COMPANIONS = ["emb.cosim.inv", "emb.cosim.norm", "emb.cosim.unit"]
+
+
+def rows(normalised: bool, dtype: Any = np.float32) -> tuple[np.ndarray, np.ndarray]:
+    """Search rows (exact and near duplicates) with a NaN, a zero and a null row."""
+    x = search_vectors(120, 16, seed=3).astype(np.float64)
+    if normalised:
+        x /= np.linalg.norm(x, axis=1, keepdims=True)
+    x = x.astype(dtype)
+    x[7] = np.nan
+    x[8] = 0.0
+    null = np.zeros(len(x), bool)
+    null[9] = True
+    return x, null
+
+
+def searches(df: Any) -> dict[str, Any]:
+    """Every search the prepared columns serve, computed."""
+    queries = search_vectors(6, 16, seed=4)
+
+    def done(result: Any) -> pd.DataFrame:
+        out = result.compute() if dask.is_dask_collection(result) else result
+        return out.reset_index(drop=True)
+
+    return {
+        "topk": done(df.cosim.topk(queries, "emb", k=5, columns=["id"])),
+        "join k": done(df.cosim.join(df, "emb", k=3)),
+        "join threshold": done(df.cosim.join(df, "emb", threshold=0.5)),
+        "neighbors k": done(df.cosim.neighbors("emb", k=4)),
+        "neighbors threshold": done(df.cosim.neighbors("emb", threshold=0.6)),
+        # The rows kept (their other columns are the input's, whatever it holds).
+        "dedup": done(df.cosim.dedup("emb", 0.95)[["id"]]),
+    }
+
+
+def assert_same(a: dict[str, pd.DataFrame], b: dict[str, pd.DataFrame]) -> None:
+    for name in a:
+        pd.testing.assert_frame_equal(a[name], b[name], obj=name)
+
+
+@pytest.mark.parametrize("normalised", [True, False])
+def test_prepared_frame_gives_the_same_answers(normalised: bool) -> None:
+    x, null = rows(normalised)
+    plain = search_frame(x, null=null)
+    prepared = plain.cosim.prepare("emb")
+    assert list(prepared.columns) == [*plain.columns, *COMPANIONS]
+    pd.testing.assert_frame_equal(prepared[plain.columns], plain)
+    assert prepared["emb.cosim.norm"].isna().tolist() == [i in (7, 9) for i in range(len(x))]
+    # Rows written normalised serve as their own unit rows: nothing stored for them.
+    assert prepared["emb.cosim.unit"].isna().all() == normalised
+    want = searches(plain)
+    assert_same(want, searches(prepared))
+    assert_same(want, searches(to_dask(prepared, 3)))
+    # And the float64 answer.
+    s = brute(search_vectors(6, 16, seed=4), x)
+    s[:, 9] = -np.inf
+    top = want["topk"]
+    best = np.argsort(-s, axis=1, kind="stable")[:, 0]
+    assert top[top["rank"] == 0]["match"].tolist() == plain.index[best].tolist()
+
+
+def test_a_prepared_side_does_not_normalise_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    for normalised in (True, False):
+        x, null = rows(normalised)
+        prepared = search_frame(x, null=null).cosim.prepare("emb")
+        want = searches(prepared)
+
+        def refuse(*args: Any, **kwargs: Any) -> Any:
+            raise AssertionError("a prepared frame's vectors were normalised again")
+
+        with monkeypatch.context() as m:
+            m.setattr(search_partition.sk, "prepare", refuse)
+            got = search_partition.prepare_side(prepared, "emb", 0, eps=1e-8)
+            assert got.prep.norm is not None
+            if normalised:  # the vectors themselves, no copy
+                assert got.prep.unit.data_ptr() == got.prep.raw.data_ptr()
+        assert_same(want, searches(prepared))
+
+
+def test_prepare_is_lazy_and_survives_filters_and_repartitions() -> None:
+    x, null = rows(False)
+    plain = search_frame(x, null=null)
+    ddf = to_dask(plain, 4)
+    with no_computes():
+        prepared = ddf.cosim.prepare("emb")
+    assert list(prepared.columns) == [*plain.columns, *COMPANIONS]
+    prepared = prepared.persist()
+    keep = prepared[prepared["id"] % 3 != 1].repartition(npartitions=2)
+    want = searches(to_dask(plain[plain["id"] % 3 != 1], 2))
+    assert_same(want, searches(keep))
+
+
+def test_parquet_keeps_a_prepared_frame(tmp_path: Path) -> None:
+    x, null = rows(False)
+    prepared = search_frame(x, null=null).cosim.prepare("emb")
+    dask_cosim.to_parquet(to_dask(prepared, 2), tmp_path / "prepared")
+    back = dask_cosim.read_parquet(tmp_path / "prepared")
+    assert all(c in back.columns for c in COMPANIONS)
+    assert_same(searches(prepared), searches(back))
+
+
+def test_another_eps_after_prepare() -> None:
+    """The stored norms do not depend on eps: a search under another eps gives that
+    eps's answer, rows shorter than eps included (those sides are prepared again)."""
+    x, null = rows(False)
+    x[20:23] *= np.float32(1e-7)  # norms ~1e-7: below eps = 1e-6, above 1e-8
+    plain = search_frame(x, null=null)
+    prepared = plain.cosim.prepare("emb")
+    for eps in (1e-8, 1e-6):
+        with dask.config.set({"cosim.eps": eps}):
+            assert_same(searches(plain), searches(prepared))
+
+
+def test_mixed_and_float64_columns() -> None:
+    """One partition with rows that serve as their own unit rows and rows that do not
+    (two prepared frames concatenated), and a float64 column."""
+    xn, null = rows(True)
+    x, _ = rows(False)
+    a = search_frame(xn, null=null).cosim.prepare("emb")
+    b = search_frame(x[:50]).cosim.prepare("emb")
+    b.index = b.index + 10_000
+    both = pd.concat([a, b])
+    plain = pd.concat([search_frame(xn, null=null), search_frame(x[:50]).set_axis(b.index)])
+    assert_same(searches(plain), searches(both))
+    x64, null = rows(False, np.float64)
+    plain = search_frame(x64, null=null)
+    assert_same(searches(plain), searches(plain.cosim.prepare("emb")))
+
+
+def test_prepare_names_a_missing_column() -> None:
+    x, _ = rows(True)
+    with pytest.raises(KeyError, match="did you mean 'emb'"):
+        search_frame(x).cosim.prepare("emd")
+
+
+def test_from_norms_declines_what_it_cannot_stand_for() -> None:
+    from dask_cosim import search_kernels as sk
+
+    x = torch.tensor([[3e-9, 4e-9], [1.0, 0.0]], dtype=torch.float32)
+    p = sk.prepare(x, eps=1e-8)
+    assert p.norm is not None
+    # A row shorter than eps: its unit row would depend on eps.
+    assert sk.from_norms(x, None, p.inv, p.norm, None, eps=1e-8) is None
+    q = sk.from_norms(x, None, p.inv, p.norm, None, eps=1e-9)
+    assert q is not None and torch.equal(q.valid, p.valid)
