@@ -14,19 +14,19 @@ direction does), so by the triangle inequality on the sphere
 
 Rounding, derived rather than guessed (u = 2**-24, float32's unit roundoff):
 
-- a direction row ``d`` is within ``6u`` of ``x`` (:func:`directions`): a unit row's
-  values are within 2u of ``x``'s times its length (prepare rounds twice), and the length
-  is 1 but for rows shorter than ``eps``, which are divided by their float64 norm (2u
-  more) and rounded to float32 (u more: first order 5u);
+- a direction row ``d`` is within ``e_d`` of ``x`` (:func:`directions`): ``4 err + 2**-30``
+  for a unit row whose length is within ``2 err + 2**-30`` of 1 (``err`` as
+  :class:`~dask_cosim.search_kernels.Prepared` states it), else ``2u`` for a row
+  divided by its float64 norm (rows shorter than ``eps``);
 - a centroid ``m`` is a float32 unit vector, within ``u`` of its own direction ``z``;
 - a float32 product of D terms is within ``gamma_D = D*u' / (1 - D*u')`` of the exact sum of
   products of its inputs (any summation order, fused multiply-adds included), where u' is
   the unit roundoff of the product's inputs: u for IEEE float32, 2**-11 for TF32 and
   2**-8 for bfloat16 (torch's float32 matmul precision "highest", "high", "medium");
 
-so a computed score ``s`` is within ``delta = gamma_D*(1 + 7u) + 8u`` of ``cos(x, z)``
-(:func:`product_error`).  Bounds then use ``arccos(s + delta) <= angle <= arccos(s -
-delta)``, float64 arccos (an ulp or two, covered by ``ANGLE_SLACK``), and ``alpha`` is at
+so a computed score ``s`` is within ``delta = gamma_D (1 + e_d)(1 + u) + e_d (1 + u) + u``
+of ``cos(x, z)`` (:func:`product_error`).  Bounds then use ``arccos(s + delta) <= angle <=
+arccos(s - delta)``, float64 arccos (an ulp or two, covered by ``ANGLE_SLACK``), and ``alpha`` is at
 ``t - 2*eps64``, where ``eps64`` (:func:`score_error`) bounds how far the float64 re-score
 that decides a pair lies from the exact score.  No summation order is assumed equal
 between two computations: a row counts towards the radius of every cluster whose score is
@@ -71,15 +71,17 @@ MEMBER, SIDE, PROBE = 0, 1, 2
 _INPUT_ROUNDOFF = {"highest": U32, "high": 2.0**-11, "medium": 2.0**-8}
 
 
-def product_error(dim: int) -> float:
-    """delta: the largest difference between a computed float32 score of a direction row and
-    a centroid and the cosine of their exact directions (module docstring)."""
+def product_error(dim: int, err: float = 8.0 * U32) -> float:
+    """delta: the largest difference between a computed float32 score of a direction row
+    (within ``err`` of its exact direction: :func:`directions`) and a centroid, and the
+    cosine of their exact directions (module docstring)."""
     u_in = _INPUT_ROUNDOFF.get(torch.get_float32_matmul_precision(), 2.0**-8)
     n_u = dim * u_in
     if n_u >= 0.5:
         raise ValueError(f"vectors of {dim} values are too long for float32 bounds")
     gamma = n_u / (1.0 - n_u)
-    return (gamma * (1.0 + 7.0 * U32) + 8.0 * U32) * (1.0 + 2.0**-40)
+    bound = gamma * (1.0 + err) * (1.0 + U32) + err * (1.0 + U32) + U32
+    return bound * (1.0 + 2.0**-40)
 
 
 def score_error(dim: int) -> float:
@@ -89,28 +91,27 @@ def score_error(dim: int) -> float:
     return (dim + 16) * U64 * 2.0
 
 
-def directions(prep: sk.Prepared, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Float32 directions of prepared rows, and which rows have one.
+def directions(prep: sk.Prepared) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """Float32 directions of prepared rows, which rows have one, and how far (at most)
+    a direction lies from the exact one.
 
-    A row whose norm reaches ``eps`` has its unit row as direction (within 2u).  Only a
-    row whose every value is below ``eps`` can be shorter than ``eps`` (its unit row is
-    then shorter than 1): those few are divided by their float64 norm (within 5u).  Zero
-    rows (zero vectors, invalid rows, float64 rows so short that their unit row
-    underflows) have none; with a threshold above 0 they match nothing.
+    A valid row's unit row serves when its length is within ``2 err + 2**-30`` of 1
+    (``err``: :attr:`~dask_cosim.search_kernels.Prepared.err`); the others (rows shorter
+    than ``eps``, whose unit rows are shorter than 1) are their float64 values over
+    their float64 norm.  Zero rows and invalid rows have none; with a threshold above 0
+    they match nothing.
     """
     d, has = prep.unit, prep.valid.clone()
-    # prepare gives zero vectors a largest value of 1, as it does rows whose largest is 1.
-    ones = (has & (prep.inv == 1.0)).nonzero().squeeze(1)
-    if len(ones):
-        has[ones] = prep.unit[ones].abs().amax(dim=1) > 0
-    short = (has & (prep.inv > 1.0 / eps)).nonzero().squeeze(1) if eps > 0 else ones[:0]
+    length = torch.linalg.vector_norm(prep.unit, dim=1, dtype=torch.float64)
+    tol = 2.0 * prep.err + 2.0**-30
+    short = (has & ((length - 1.0).abs() > tol)).nonzero().squeeze(1)
     if len(short):
-        rows = prep.unit[short].to(torch.float64)
+        rows = prep.raw[short].to(torch.float64) * prep.inv[short, None]
         norm = torch.linalg.vector_norm(rows, dim=1, keepdim=True)
         d = d.clone()
         d[short] = (rows / norm.clamp(min=1e-300)).to(torch.float32)
         has[short] = norm[:, 0] > 0
-    return d, has
+    return d, has, max(4.0 * prep.err + 2.0**-30, 2.0 * U32)
 
 
 def _chunk_rows(k: int, chunk_bytes: int) -> int:
@@ -321,6 +322,9 @@ def block_pairs(
 
 def rows(prep: sk.Prepared, start: int, stop: int) -> sk.Prepared:
     """Rows ``start:stop`` of ``prep``, as views."""
+    cut = slice(start, stop)
+    norm = None if prep.norm is None else prep.norm[cut]
     return sk.Prepared(
-        *(t[start:stop] for t in (prep.unit, prep.raw, prep.inv, prep.scale, prep.valid))
-    )
+        prep.unit[cut], prep.raw[cut], prep.inv[cut], prep.scale[cut], prep.valid[cut],
+        prep.err, norm,
+    )  # fmt: skip

@@ -24,7 +24,7 @@ import torch
 from dask_cosim import backends, partition
 from dask_cosim import clustered_kernels as ck
 from dask_cosim import search_kernels as sk
-from dask_cosim import search_partition as sp
+from dask_cosim import search_results as sr
 
 __all__ = [
     "Layout",
@@ -104,11 +104,12 @@ def prepared_rows(
     return sk.prepare(x, null, eps=eps, device=partition.resolve_device(device, x.device))
 
 
-def _usable(prep: sk.Prepared, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Directions of the rows that can match (valid, non-zero), and their positions."""
-    d, has = ck.directions(prep, eps)
+def _usable(prep: sk.Prepared) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """Directions of the rows that can match (valid, non-zero), their positions, and the
+    score error ``delta`` of those directions (:func:`~dask_cosim.clustered_kernels.directions`)."""
+    d, has, err = ck.directions(prep)
     rows = has.nonzero().squeeze(1)
-    return d[rows], rows
+    return d[rows], rows, ck.product_error(prep.dim, err)
 
 
 def sample_partition(
@@ -117,7 +118,7 @@ def sample_partition(
     """Directions (CPU float32) of a Bernoulli(``fraction``) sample of the partition's
     usable rows, the same for the same ``seed`` and partition number."""
     keep = np.random.default_rng([seed, part]).random(len(df)) < fraction
-    d, _ = _usable(prepared_rows(df, column, eps, device, np.flatnonzero(keep)), eps)
+    d, _, _ = _usable(prepared_rows(df, column, eps, device, np.flatnonzero(keep)))
     return d.cpu()
 
 
@@ -146,8 +147,7 @@ def stats_partition(
 ) -> Stats:
     """The sizes and radii of the clusters over one partition's rows."""
     prep = prepared_rows(df, column, eps, device)
-    d, _ = _usable(prep, eps)
-    delta = ck.product_error(prep.dim)
+    d, _, delta = _usable(prep)
     counts, radius = ck.cluster_stats(d, centroids.to(d.device), delta, chunk_bytes)
     dtype = "float64" if prep.raw.dtype == torch.float64 else "float32"
     return Stats(counts.cpu().numpy(), radius.cpu().numpy(), dtype, prep.dim, len(df), delta)
@@ -269,8 +269,8 @@ def route_partition(
     indexed by the rows' labels.  Rows that cannot match are left out."""
     part = 0 if partition_info is None else int(partition_info["number"])
     prep = prepared_rows(df, column, eps, device)
-    d, usable = _usable(prep, eps)
-    if ck.product_error(prep.dim) > layout.delta:
+    d, usable, delta = _usable(prep)
+    if delta > layout.delta:
         raise RuntimeError(
             f"torch's float32 matmul precision here is {torch.get_float32_matmul_precision()!r}, "
             "lower than where the cluster radii were computed; set the same "
@@ -387,7 +387,7 @@ def finish_pairs(pairs: pd.DataFrame, meta: pd.DataFrame, like: Any = None) -> A
     # A pair found from both of its clusters (n_probe mode) is reported once.
     again = np.r_[False, (lkey[1:] == lkey[:-1]) & (rkey[1:] == rkey[:-1])]
     taken = taken[~again[: len(taken)]]
-    return sp.pairs_result(pairs.iloc[taken], meta, False, like)
+    return sr.pairs_result(pairs.iloc[taken], meta, False, like)
 
 
 def drop_keys(df: Any, drops: pd.DataFrame, partition_info: dict[str, Any] | None = None) -> Any:

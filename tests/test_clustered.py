@@ -143,20 +143,27 @@ def test_generated_embeddings_every_partition_count() -> None:
 # --------------------------------------------------------------------------- the bounds
 
 
-def test_score_error_bounds_the_float32_scores() -> None:
+@pytest.mark.parametrize("rows", ["float64 with short rows", "float32 of norm about 1"])
+def test_score_error_bounds_the_float32_scores(rows: str) -> None:
     d = 300
     x = adversarial(2000, d=d, seed=1, dtype=np.float64)[:, :d]
     x = x[np.isfinite(x).all(axis=1) & (np.abs(x).sum(axis=1) > 0)]
-    x[:50] *= 1e-15  # far shorter than eps
+    if rows.startswith("float64"):
+        x[:50] *= 1e-15  # far shorter than eps
+    else:
+        # Rows within 2**-20 of norm 1 serve as their own unit rows (no normalised copy).
+        stretch = 1.0 + np.random.default_rng(0).uniform(-(2.0**-21), 2.0**-21, (len(x), 1))
+        x = (unit(x) * stretch).astype(np.float32)
     prep = sk.prepare(torch.from_numpy(x), eps=1e-8)
-    dirs, has = ck.directions(prep, 1e-8)
+    dirs, has, e_d = ck.directions(prep)
     assert bool(has.all())
+    assert (prep.unit is prep.raw) == rows.startswith("float32")
     cent = ck.kmeans(dirs, 20, iters=3, seed=0)
     s = (dirs @ cent.T).double()
     c64 = cent.double() / torch.linalg.vector_norm(cent.double(), dim=1, keepdim=True)
-    exact = torch.from_numpy(unit(x)) @ c64.T
+    exact = torch.from_numpy(unit(x.astype(np.float64))) @ c64.T
     err = float((s - exact).abs().max())
-    delta = ck.product_error(d)
+    delta = ck.product_error(d, e_d)
     assert 0 < err <= delta
     assert delta < 2 * sk.margin(d)
 
@@ -167,9 +174,9 @@ def test_skip_rules_never_skip_a_match() -> None:
     x = adversarial(1500, d=16, seed=5)
     x = x[np.isfinite(x).all(axis=1) & (np.abs(x).sum(axis=1) > 0)]
     prep = sk.prepare(torch.from_numpy(x), eps=1e-8)
-    dirs, _ = ck.directions(prep, 1e-8)
+    dirs, _, e_d = ck.directions(prep)
     cent = ck.kmeans(dirs, 25, iters=2, seed=3)
-    delta = ck.product_error(16)
+    delta = ck.product_error(16, e_d)
     _, radius = ck.cluster_stats(dirs, cent, delta, 2**20)
     for t in (0.6, 0.85, 0.97):
         home, prow, pclu = ck.route(
