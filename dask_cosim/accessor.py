@@ -305,7 +305,8 @@ class CosimAccessor:
             With "clustered": None (the default) probes every cluster that may hold a
             match, so the result equals "exact" (recall 1); an integer probes at most
             that many clusters per row beyond its own (faster where clusters overlap,
-            recall measured by :func:`dask_cosim.clustered_recall.sample_truth`).
+            recall measured by :func:`dask_cosim.clustered_recall.sample_truth`); 0
+            compares each row with its own cluster only (NeMo Curator's semantic dedup).
         clusters : int, optional
             With "clustered": the number of k-means clusters (default about sqrt(rows)).
 

@@ -345,7 +345,7 @@ def _method_options(command: F) -> F:
                      type=click.Choice(["exact", "clustered"]),
                      help="exact: all pairs; clustered: k-means first, for millions of rows "
                      "(needs --threshold > 0)."),
-        click.option("--n-probe", "n_probe", default=None, type=click.IntRange(1),
+        click.option("--n-probe", "n_probe", default=None, type=click.IntRange(0),
                      help="clustered: most clusters a row probes beyond its own (default: "
                      "every one that may hold a match, recall 1)."),
         click.option("--clusters", default=None, type=click.IntRange(1),

@@ -335,7 +335,8 @@ def neighbors(
     n_probe : int, optional
         None (provable: every pair is found, recall 1) or the most clusters each row
         probes beyond its own (faster when the skip rule rules out few clusters; recall
-        may fall below 1: measure it with :func:`dask_cosim.clustered_recall.sample_truth`).
+        may fall below 1: measure it with :func:`dask_cosim.clustered_recall.sample_truth`);
+        0: each row meets its own cluster's rows only.
     sample_rows : int, optional
         Rows k-means sees; default ``cosim.search.clustered.sample-per-cluster`` per
         cluster, at least ``min-sample``.

@@ -231,7 +231,8 @@ def route(
     sides would find it twice).  An int: at most the ``n_probe`` such clusters whose
     bisector with the home is nearest to the row (where a match across the boundary is
     likeliest), on both sides: faster; a pair is missed when neither row probed the
-    other's cluster, which the recall measures.
+    other's cluster, which the recall measures.  0: no probes (each row meets its own
+    cluster's rows only, as NeMo Curator's semantic dedup compares them).
     """
     k = len(centroids)
     home = torch.empty(len(d), dtype=torch.int64, device=d.device)

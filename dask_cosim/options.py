@@ -304,15 +304,22 @@ def search_method(
     return_removed: bool = False,
 ) -> tuple[str, int | None, int | None]:
     """``method`` of neighbors / dedup ("exact" or "clustered") with the arguments that go
-    with it: (method, n_probe, clusters), each an int >= 1 or None.  ``n_probe`` and
-    ``clusters`` need "clustered"; "clustered" needs a threshold above 0 and no ``k``,
-    and does not yet carry ``columns`` or return the removed rows."""
+    with it: (method, n_probe, clusters), ints (n_probe >= 0, clusters >= 1) or None.
+    ``n_probe`` and ``clusters`` need "clustered"; "clustered" needs a threshold above 0
+    and no ``k``, and does not yet carry ``columns`` or return the removed rows."""
     if method not in SEARCH_METHODS:
         raise ValueError(
             f"method={method!r}; use 'exact' (all pairs, the default) or 'clustered' "
             "(k-means first, for millions of rows: docs/clustered.md)"
         )
-    n_probe = positive_int("n_probe", n_probe, "n_probe=2")
+    if n_probe is not None and (
+        isinstance(n_probe, bool) or not isinstance(n_probe, numbers.Integral) or n_probe < 0
+    ):
+        raise ValueError(
+            f"n_probe={n_probe!r} must be an integer >= 0 or None (every cluster that may "
+            "hold a match), e.g. n_probe=2"
+        )
+    n_probe = None if n_probe is None else int(n_probe)
     clusters = positive_int("clusters", clusters, "clusters=1000")
     if method == "exact":
         given = [n for n, v in (("n_probe", n_probe), ("clusters", clusters)) if v is not None]

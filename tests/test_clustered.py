@@ -224,6 +224,9 @@ def test_n_probe_recall_against_a_brute_force_count() -> None:
     exact_pairs = set(zip(exact["left"], exact["right"], strict=True))
     found = set(zip(got["left"], got["right"], strict=True))
     assert found < exact_pairs  # n_probe=1 misses some here, and reports no false pair
+    # n_probe=0: each row meets its own cluster only (NeMo Curator's way), same clusters.
+    alone = clustered.neighbors(pdf, "emb", threshold=threshold, clusters=60, n_probe=0)
+    assert set(zip(alone["left"], alone["right"], strict=True)) < found
     truth = clustered_recall.sample_truth(pdf, "emb", 0.7, sample_rows=700, seed=1)
     rec = clustered_recall.neighbors_recall(truth, got, threshold)
     sampled = set(pdf.index[np.sort(np.random.default_rng(1).choice(4000, 700, replace=False))])
@@ -272,8 +275,8 @@ def test_bad_arguments_and_empty_frames() -> None:
         ValueError, match=r"threshold=0\.0: method='clustered' needs a threshold in \(0, 1\]"
     ):
         clustered.neighbors(pdf, "emb", threshold=0.0)
-    with pytest.raises(ValueError, match=r"n_probe=0 must be a positive integer"):
-        clustered.dedup(pdf, "emb", 0.9, n_probe=0)
+    with pytest.raises(ValueError, match=r"n_probe=-1 must be an integer >= 0"):
+        clustered.dedup(pdf, "emb", 0.9, n_probe=-1)
     with pytest.raises(ValueError, match=r"clusters=True must be a positive integer"):
         clustered.dedup(pdf, "emb", 0.9, clusters=True)
     with pytest.raises(KeyError, match="did you mean 'emb'"):
