@@ -101,7 +101,8 @@ def sample_truth(
         raise ValueError(f"sample_rows={sample_rows!r} must be an integer >= 1, e.g. 10_000")
     threshold = float(threshold)
     eps = options.eps()
-    tile = options.search_tile_bytes()["cpu"]
+    device = options.device()
+    tile = options.search_tile_bytes()["cuda" if device.startswith("cuda") else "cpu"]
     lazy = dask.is_dask_collection(df)
     column = df[[on]]
     lens = column.map_partitions(len).compute().to_numpy() if lazy else np.array([len(df)])
@@ -121,7 +122,14 @@ def sample_truth(
     sample = call(join_samples)(*taken, eps=eps)
     matches = [
         call(sample_matches)(
-            p, on, sample, threshold, eps=eps, tile_bytes=tile, partition_info={"number": i}
+            p,
+            on,
+            sample,
+            threshold,
+            eps=eps,
+            tile_bytes=tile,
+            device=device,
+            partition_info={"number": i},
         )
         for i, p in enumerate(parts)
     ]
@@ -220,25 +228,30 @@ def sample_matches(
     *,
     eps: float,
     tile_bytes: int,
+    device: str = "cpu",
     partition_info: dict[str, Any] | None = None,
 ) -> tuple[pd.DataFrame, int]:
     """Exact matches of the sampled rows among one partition's rows ("_s": the sampled
     row's position in the sample, "_key", "label" and "score": the match's), decided as
     the all-pairs search decides them (float64, the earlier row first); and how many of
-    the partition's rows carry a sampled row's label."""
+    the partition's rows carry a sampled row's label.  Computed on ``device`` (the
+    ``cosim.device`` option: "auto" follows the partition)."""
     assert sample.prep is not None
     part = 0 if partition_info is None else int(partition_info["number"])
-    prep = cp.prepared_rows(df, column, eps, "cpu")
+    prep = cp.prepared_rows(df, column, eps, device)
+    mine = sample.prep.to(prep.unit.device)
     keys = cp.row_keys(part, len(df))
     i, j, _ = sk.threshold_pairs(
-        sample.prep, prep, threshold - 2.0**-50, tile_bytes=tile_bytes, exact_scores=False
+        mine, prep, threshold - 2.0**-50, tile_bytes=tile_bytes, exact_scores=False
     )
-    ki, kj = torch.from_numpy(sample.keys)[i], torch.from_numpy(keys)[j]
+    ki = torch.from_numpy(sample.keys).to(i.device)[i]
+    kj = torch.from_numpy(keys).to(j.device)[j]
     first = ki < kj
-    score = torch.empty(len(i), dtype=torch.float64)
-    score[first] = sk.rescore(sample.prep, i[first], prep, j[first])
-    score[~first] = sk.rescore(prep, j[~first], sample.prep, i[~first])
-    keep = ((score >= threshold) & (ki != kj)).numpy()
+    score = torch.empty(len(i), dtype=torch.float64, device=i.device)
+    score[first] = sk.rescore(mine, i[first], prep, j[first])
+    score[~first] = sk.rescore(prep, j[~first], mine, i[~first])
+    keep = ((score >= threshold) & (ki != kj)).cpu().numpy()
+    i, kj, j, score = (t.cpu() for t in (i, kj, j, score))
     labels = cp.labels(df)
     found = pd.DataFrame(
         {

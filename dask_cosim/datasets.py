@@ -100,6 +100,7 @@ def embedding_arrays(
     duplicates: float = 0.05,
     cosines: tuple[float, float] = (0.85, 1.0),
     seed: int = 0,
+    part: int = 0,
     device: str | torch.device = "cpu",
 ) -> tuple[torch.Tensor, Planted]:
     """Unit float32 rows (rows, dim) with the structure of real embeddings.
@@ -123,6 +124,10 @@ def embedding_arrays(
         The planted cosines are drawn uniformly in this range (both ends included: a
         cosine of 1.0 makes an exact copy).
     seed : int, default 0
+    part : int, default 0
+        Which piece of a bigger set this is: the directions come from ``seed`` alone, the
+        rows (and the planted duplicates, within the piece) from ``seed`` and ``part``,
+        so pieces made one by one (one per partition) share one structure.
     device : str or torch.device, default "cpu"
         Where the rows are generated and returned (a GPU makes 50M x 768 in seconds).
 
@@ -147,6 +152,8 @@ def embedding_arrays(
     )
     sigma = uniform(directions, *spread).to(torch.float32)
     weight = 1.0 / (torch.arange(directions, device=device, dtype=torch.float64) + 10.0)
+    if part:
+        gen.manual_seed(seed + 1_000_003 * part)
     x = torch.empty((rows, dim), dtype=torch.float32, device=device)
     step = max(1, 2**24 // max(1, dim))  # rows per chunk: a 64 MiB noise block
     for r0 in range(0, rows, step):
