@@ -124,23 +124,15 @@ def _kmeans(sample: torch.Tensor, k: int, iters: int, seed: int, device: str) ->
 
 
 def _probes(
-    sample: torch.Tensor,
-    centroids: torch.Tensor,
-    stats: cp.Stats,
-    threshold: float,
-    n_probe: int | None,
-    chunk_bytes: int,
-) -> np.ndarray:
+    sample: torch.Tensor, centroids: torch.Tensor, stats: cp.Stats, threshold: float,
+    n_probe: int | None, chunk_bytes: int,
+) -> np.ndarray:  # fmt: skip
+    """Per cluster, how many rows of ``sample`` would probe it (to size the blocks)."""
     floor = ck.floors(torch.from_numpy(stats.radius), threshold, stats.dim, stats.delta)
-    return cp.probe_counts(
-        sample,
-        centroids,
-        floor,
-        threshold=threshold,
-        delta=stats.delta,
-        n_probe=n_probe,
-        chunk_bytes=chunk_bytes,
+    _, _, clusters = ck.route(
+        sample, centroids, floor, threshold, stats.delta, n_probe, chunk_bytes
     )
+    return torch.bincount(clusters.cpu(), minlength=len(centroids)).numpy()
 
 
 def plan(
@@ -156,8 +148,34 @@ def plan(
     block_bytes: int | None = None,
 ) -> Plan:
     """Cluster ``df[on]`` for a clustered search at ``threshold`` (computes now: a sample,
-    k-means, one pass for the clusters' sizes and radii).  Arguments as in
-    :func:`neighbors`."""
+    k-means, one pass for the clusters' sizes and radii).
+
+    Parameters
+    ----------
+    df : DataFrame
+        dask, pandas or cudf.
+    on : str
+        The embedding column.
+    threshold : float
+        In (0, 1].
+    clusters : int, optional
+        k of k-means; default about sqrt(rows).
+    n_probe : int, optional
+        None (provable: every pair is found, recall 1) or the most clusters each row
+        probes beyond its own (faster when the skip rule rules out few clusters; recall
+        may fall below 1: measure it with :func:`dask_cosim.clustered_recall.sample_truth`);
+        0: each row meets its own cluster's rows only.
+    sample_rows : int, optional
+        Rows k-means sees; default ``cosim.search.clustered.sample-per-cluster`` per
+        cluster, at least ``min-sample``.
+    iters : int, optional
+        Lloyd iterations; default ``cosim.search.clustered.iterations``.
+    seed : int, default 0
+        Seed of the sample and of k-means' seeding.
+    block_bytes : int, optional
+        About the most bytes of rows one block holds (bigger clusters are split); default
+        ``cosim.search.clustered.block-bytes``.
+    """
     threshold = _check(df, on, threshold, n_probe, clusters)
     sample_rows = options.positive_int("sample_rows", sample_rows, "sample_rows=100_000")
     config = options.clustered()
@@ -207,7 +225,7 @@ def plan(
             f"clusters here, so each row goes to about {probes.sum() * scale / stats.rows:.0f} "
             "blocks besides its own (memory and shuffle grow with that); n_probe=2 bounds "
             "it (measure the recall with dask_cosim.clustered_recall)",
-            stacklevel=3,
+            stacklevel=6,  # the line that called df.cosim.neighbors or dedup
         )
     return _layout(
         centroids, stats, threshold, n_probe, probes * scale, seen, block_bytes,
@@ -303,50 +321,14 @@ def _search(df: Any, on: str, p: Plan, drops: bool) -> Any:
     return ordered.map_partitions(cp.finish_pairs, meta, like, meta=out_meta)
 
 
-def neighbors(
-    df: Any,
-    on: str,
-    *,
-    threshold: float,
-    clusters: int | None = None,
-    n_probe: int | None = None,
-    sample_rows: int | None = None,
-    iters: int | None = None,
-    seed: int = 0,
-    block_bytes: int | None = None,
-) -> Any:
+def neighbors(df: Any, on: str, *, threshold: float, **options: Any) -> Any:
     """Every pair of rows scoring at least ``threshold``, by the clustered method.
 
     The result is that of ``neighbors(on, threshold=...)`` (exact all-pairs): columns
     ``left``, ``right`` (index labels), ``score``; each unordered pair once, the earlier
     row (frame order) on the left; one partition per input partition, sorted by left
     row then right row.  Scores are the float64 ones (cast to the result dtype).
-
-    Parameters
-    ----------
-    df : DataFrame
-        dask, pandas or cudf.
-    on : str
-        The embedding column.
-    threshold : float
-        In (0, 1].
-    clusters : int, optional
-        k of k-means; default about sqrt(rows).
-    n_probe : int, optional
-        None (provable: every pair is found, recall 1) or the most clusters each row
-        probes beyond its own (faster when the skip rule rules out few clusters; recall
-        may fall below 1: measure it with :func:`dask_cosim.clustered_recall.sample_truth`);
-        0: each row meets its own cluster's rows only.
-    sample_rows : int, optional
-        Rows k-means sees; default ``cosim.search.clustered.sample-per-cluster`` per
-        cluster, at least ``min-sample``.
-    iters : int, optional
-        Lloyd iterations; default ``cosim.search.clustered.iterations``.
-    seed : int, default 0
-        Seed of the sample and of k-means' seeding.
-    block_bytes : int, optional
-        About the most bytes of rows one block holds (bigger clusters are split); default
-        ``cosim.search.clustered.block-bytes``.
+    Arguments as :func:`plan` takes them (``clusters``, ``n_probe``, ...).
 
     Returns
     -------
@@ -354,32 +336,13 @@ def neighbors(
         Lazy for a dask frame (the clustering is computed when this is called), else
         eager.
     """
-    p = plan(
-        df, on, threshold, clusters=clusters, n_probe=n_probe, sample_rows=sample_rows,
-        iters=iters, seed=seed, block_bytes=block_bytes,
-    )  # fmt: skip
-    return _search(df, on, p, drops=False)
+    return _search(df, on, plan(df, on, threshold, **options), drops=False)
 
 
-def dedup(
-    df: Any,
-    on: str,
-    threshold: float,
-    *,
-    clusters: int | None = None,
-    n_probe: int | None = None,
-    sample_rows: int | None = None,
-    iters: int | None = None,
-    seed: int = 0,
-    block_bytes: int | None = None,
-) -> Any:
+def dedup(df: Any, on: str, threshold: float, **options: Any) -> Any:
     """``df`` without every row that has an earlier row (frame order) scoring at least
     ``threshold`` with it, by the clustered method (as ``dedup``: chains are not
     followed; rows that cannot match are kept).  Same partitions and divisions as
     ``df``; with ``n_probe`` set, rows whose only earlier matches were missed are kept.
     Options as in :func:`neighbors`."""
-    p = plan(
-        df, on, threshold, clusters=clusters, n_probe=n_probe, sample_rows=sample_rows,
-        iters=iters, seed=seed, block_bytes=block_bytes,
-    )  # fmt: skip
-    return _search(df, on, p, drops=True)
+    return _search(df, on, plan(df, on, threshold, **options), drops=True)

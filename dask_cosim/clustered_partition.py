@@ -35,7 +35,6 @@ __all__ = [
     "labels",
     "merge_stats",
     "prepared_rows",
-    "probe_counts",
     "route_partition",
     "row_keys",
     "sample_partition",
@@ -163,21 +162,6 @@ def merge_stats(*parts: Stats) -> Stats:
         sum(p.rows for p in parts),
         max(p.delta for p in parts),
     )
-
-
-def probe_counts(
-    sample: torch.Tensor,
-    centroids: torch.Tensor,
-    floor: torch.Tensor,
-    *,
-    threshold: float,
-    delta: float,
-    n_probe: int | None,
-    chunk_bytes: int,
-) -> np.ndarray:
-    """Per cluster, how many rows of ``sample`` would probe it (to size the blocks)."""
-    _, _, clusters = ck.route(sample, centroids, floor, threshold, delta, n_probe, chunk_bytes)
-    return torch.bincount(clusters.cpu(), minlength=len(centroids)).numpy()
 
 
 @dataclass
