@@ -92,8 +92,7 @@ class Plan:
 def _check(df: Any, on: str, threshold: Any, n_probe: Any, clusters: Any) -> float:
     """The threshold, once ``on``, ``n_probe`` and ``clusters`` are checked."""
     search.check_column(df, on)
-    _, _, _ = options.search_method("clustered", threshold=threshold, n_probe=n_probe,
-                                    clusters=clusters)  # fmt: skip
+    options.search_method("clustered", threshold=threshold, n_probe=n_probe, clusters=clusters)
     return float(threshold)
 
 
