@@ -24,6 +24,7 @@ __version__ = "0.1.0"
 # Public name -> the module that defines it (a submodule's own name: the submodule).
 _LAZY = {
     "CosimAccessor": "dask_cosim.accessor",
+    "clustered_recall": "dask_cosim.clustered_recall",
     "Summary": "dask_cosim.summary",
     "from_pandas": "dask_cosim.io",
     "kernels": "dask_cosim.kernels",
@@ -38,6 +39,7 @@ _LAZY = {
 __all__ = [
     "CosimAccessor",
     "Summary",
+    "clustered_recall",
     "from_pandas",
     "kernels",
     "local_cluster",
@@ -49,7 +51,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from dask_cosim import kernels
+    from dask_cosim import clustered_recall, kernels
     from dask_cosim.accessor import CosimAccessor
     from dask_cosim.cluster import local_cluster
     from dask_cosim.io import from_pandas, read_parquet, to_parquet

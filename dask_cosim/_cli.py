@@ -56,6 +56,7 @@ _INPUT_ERRORS = (
     IsADirectoryError,
     NotADirectoryError,
     PermissionError,
+    NotImplementedError,  # options that do not go together yet
 )
 
 F = TypeVar("F", bound=Callable[..., Any])

@@ -242,12 +242,21 @@ class CosimAccessor:
         k: int | None = None,
         threshold: float | None = None,
         columns: list[Hashable] | None = None,
+        method: str = "exact",
+        n_probe: int | None = None,
+        clusters: int | None = None,
     ) -> Any:
         """The self-join: :meth:`join` of the frame with itself, never pairing a row with
         itself.  With ``threshold`` alone each unordered pair appears once, the earlier
         row (frame order) as ``left``; with ``k`` every row gets its own ``k`` best.
-        ``columns`` are carried from both rows of each pair (``left_<c>``, ``right_<c>``)."""
-        return search.neighbors(self._obj, on, k=k, threshold=threshold, columns=columns)
+        ``columns`` are carried from both rows of each pair (``left_<c>``, ``right_<c>``).
+
+        ``method="clustered"`` (``threshold`` in (0, 1], no ``k``, no ``columns`` yet)
+        clusters the rows first and searches within clusters, for frames of millions of
+        rows: the same result, columns and dtypes; ``n_probe`` and ``clusters`` as for
+        :meth:`dedup`."""
+        return search.neighbors(self._obj, on, k=k, threshold=threshold, columns=columns,
+                                method=method, n_probe=n_probe, clusters=clusters)  # fmt: skip
 
     def dedup(
         self,
@@ -256,6 +265,9 @@ class CosimAccessor:
         *,
         return_removed: bool = False,
         columns: list[Hashable] | None = None,
+        method: str = "exact",
+        n_probe: int | None = None,
+        clusters: int | None = None,
     ) -> Any:
         """The frame (all columns) without every row that has an earlier row (frame
         order) scoring at least ``threshold`` with it.
@@ -282,6 +294,21 @@ class CosimAccessor:
         columns : list, optional
             Columns to carry into the removed rows (an id column names the rows whatever
             their index labels).
+        method : {"exact", "clustered"}, default "exact"
+            "exact" scores all pairs (rows x rows / 2: up to a few hundred thousand rows
+            on a CPU).  "clustered" runs spherical k-means on a sample, then the exact
+            kernels within each cluster and across the cluster boundaries that the skip
+            rule cannot rule out (docs/clustered.md): for millions of rows; it computes
+            the clustering when called; ``threshold`` must be in (0, 1];
+            ``return_removed`` is not supported yet.
+        n_probe : int, optional
+            With "clustered": None (the default) probes every cluster that may hold a
+            match, so the result equals "exact" (recall 1); an integer probes at most
+            that many clusters per row beyond its own (faster where clusters overlap,
+            recall measured by :func:`dask_cosim.clustered_recall.sample_truth`); 0
+            compares each row with its own cluster only (NeMo Curator's semantic dedup).
+        clusters : int, optional
+            With "clustered": the number of k-means clusters (default about sqrt(rows)).
 
         Returns
         -------
@@ -290,7 +317,8 @@ class CosimAccessor:
             ``dask.compute(kept, removed)``, scans the pairs once).
         """
         return search.dedup(self._obj, on, threshold, return_removed=return_removed,
-                            columns=columns)  # fmt: skip
+                            columns=columns, method=method, n_probe=n_probe,
+                            clusters=clusters)  # fmt: skip
 
     def groups(self, on: str, threshold: float, *, name: str = "group") -> Any:
         """The frame with a column ``name``: each row's group of near-duplicates, the

@@ -338,6 +338,24 @@ def _pairs_options(command: F) -> F:
     return command
 
 
+def _method_options(command: F) -> F:
+    """--method, --n-probe, --clusters: how neighbors (--threshold) and dedup search."""
+    decorators = [
+        click.option("--method", default="exact", show_default=True,
+                     type=click.Choice(["exact", "clustered"]),
+                     help="exact: all pairs; clustered: k-means first, for millions of rows "
+                     "(needs --threshold > 0)."),
+        click.option("--n-probe", "n_probe", default=None, type=click.IntRange(0),
+                     help="clustered: most clusters a row probes beyond its own (default: "
+                     "every one that may hold a match, recall 1)."),
+        click.option("--clusters", default=None, type=click.IntRange(1),
+                     help="clustered: k-means clusters (default about sqrt(rows))."),
+    ]  # fmt: skip
+    for decorate in reversed(decorators):
+        command = decorate(command)
+    return command
+
+
 @main.command()
 @click.argument("left_path")
 @click.argument("right_path")
@@ -363,10 +381,12 @@ def join(
 @main.command()
 @click.argument("inputs", nargs=-1, required=True)
 @click.option("--on", required=True, help="Embedding column.")
+@_method_options
 @_pairs_options
 def neighbors(
-    inputs: tuple[str, ...], on: str, k: int | None, threshold: float | None,
-    columns: tuple[str, ...], out: Output, cluster: Cluster,
+    inputs: tuple[str, ...], on: str, method: str, n_probe: int | None, clusters: int | None,
+    k: int | None, threshold: float | None, columns: tuple[str, ...], out: Output,
+    cluster: Cluster,
 ) -> None:  # fmt: skip
     """Similar rows within INPUTS (a self-join that never pairs a row with itself): with
     --threshold alone every pair scoring at least it, once, the earlier row as left; with
@@ -376,7 +396,8 @@ def neighbors(
     from dask_cosim import runs
 
     df = runs.read_inputs(inputs, _READS)
-    _search(lambda: df.cosim.neighbors(on, k=k, threshold=threshold, columns=list(columns)),
+    _search(lambda: df.cosim.neighbors(on, k=k, threshold=threshold, columns=list(columns),
+                                       method=method, n_probe=n_probe, clusters=clusters),
             out, cluster)  # fmt: skip
 
 
@@ -391,12 +412,14 @@ def neighbors(
     "(the removed row), score, and left_<c>, right_<c> for each --columns c.",
 )
 @COLUMNS
+@_method_options
 @output_options
 @cluster_options
 @one_line_errors
 def dedup(
     inputs: tuple[str, ...], on: str, threshold: float, removed: str | None,
-    columns: tuple[str, ...], out: Output, cluster: Cluster,
+    columns: tuple[str, ...], method: str, n_probe: int | None, clusters: int | None,
+    out: Output, cluster: Cluster,
 ) -> None:  # fmt: skip
     """INPUTS without every row that has an earlier row scoring at least --threshold with
     it; all columns are written to OUTPUT."""
@@ -406,7 +429,8 @@ def dedup(
     if removed is None and columns:
         raise InputError("--columns names what --removed carries: give --removed PATH too")
     _search(lambda: df.cosim.dedup(on, threshold, return_removed=removed is not None,
-                                   columns=list(columns)),
+                                   columns=list(columns), method=method, n_probe=n_probe,
+                                   clusters=clusters),
             out, cluster, rows_of_input=True, removed=removed)  # fmt: skip
 
 

@@ -16,6 +16,7 @@ import math
 import numbers
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import dask.config
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DEVICE_HELP",
     "chunk_bytes",
+    "clustered",
     "device",
     "eps",
     "gpu_partition_bytes",
@@ -41,6 +43,7 @@ __all__ = [
     "positive_int",
     "search_k",
     "search_max_blocks",
+    "search_method",
     "search_precision",
     "search_split_every",
     "search_threshold",
@@ -163,6 +166,32 @@ def search_max_blocks(value: Any = None) -> int:
     return int(value)
 
 
+@dataclass(frozen=True)
+class Clustered:
+    """Config ``cosim.search.clustered``, checked: see cosim.yaml."""
+
+    iterations: int
+    block_bytes: int
+    sample_per_cluster: int
+    min_sample: int
+
+
+def clustered() -> Clustered:
+    """Config ``cosim.search.clustered``: the options of ``method="clustered"``."""
+    key = "cosim.search.clustered"
+    config = dask.config.get(key)
+    counts = {}
+    for name, low in (("iterations", 0), ("sample-per-cluster", 1), ("min-sample", 1)):
+        value = config[name]
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
+            raise ValueError(f"{key}.{name}={value!r} must be an integer >= {low}")
+        counts[name] = int(value)
+    block = _positive_size(config["block-bytes"], f"{key}.block-bytes", "'256MiB'")
+    return Clustered(
+        counts["iterations"], block, counts["sample-per-cluster"], counts["min-sample"]
+    )
+
+
 def _device_sizes(value: Any, key: str, label: str) -> dict[str, int]:
     """A size per device kind from one size or a mapping, the config filling the gaps."""
     configured = dask.config.get(f"cosim.{key}")
@@ -259,6 +288,73 @@ def search_threshold(value: Any, *, required: bool = False) -> float | None:
             "e.g. threshold=0.9"
         )
     return number
+
+
+SEARCH_METHODS = ("exact", "clustered")
+
+
+def search_method(
+    method: Any,
+    *,
+    k: Any = None,
+    threshold: Any = None,
+    n_probe: Any = None,
+    clusters: Any = None,
+    columns: Any = None,
+    return_removed: bool = False,
+) -> tuple[str, int | None, int | None]:
+    """``method`` of neighbors / dedup ("exact" or "clustered") with the arguments that go
+    with it: (method, n_probe, clusters), ints (n_probe >= 0, clusters >= 1) or None.
+    ``n_probe`` and ``clusters`` need "clustered"; "clustered" needs a threshold above 0
+    and no ``k``, and does not yet carry ``columns`` or return the removed rows."""
+    if method not in SEARCH_METHODS:
+        raise ValueError(
+            f"method={method!r}; use 'exact' (all pairs, the default) or 'clustered' "
+            "(k-means first, for millions of rows: docs/clustered.md)"
+        )
+    if n_probe is not None and (
+        isinstance(n_probe, bool) or not isinstance(n_probe, numbers.Integral) or n_probe < 0
+    ):
+        raise ValueError(
+            f"n_probe={n_probe!r} must be an integer >= 0 or None (every cluster that may "
+            "hold a match), e.g. n_probe=2"
+        )
+    n_probe = None if n_probe is None else int(n_probe)
+    clusters = positive_int("clusters", clusters, "clusters=1000")
+    if method == "exact":
+        given = [n for n, v in (("n_probe", n_probe), ("clusters", clusters)) if v is not None]
+        if given:
+            raise ValueError(
+                f"{given[0]} is an option of method='clustered': add method='clustered' "
+                f"or drop {given[0]}"
+            )
+        return method, None, None
+    if k is not None:
+        raise ValueError(
+            f"k={k!r} with method='clustered': the clustered method finds the pairs above "
+            "a threshold; for each row's k best use method='exact'"
+        )
+    value = search_threshold(threshold, required=True)
+    if value is None or value <= 0:
+        raise ValueError(
+            f"threshold={threshold!r}: method='clustered' needs a threshold in (0, 1], e.g. "
+            "threshold=0.9 (at or below 0 a zero vector matches every row and no cluster "
+            "can be ruled out); use method='exact'"
+        )
+    if columns:
+        raise NotImplementedError(
+            f"columns={columns!r} with method='clustered' is not supported yet; use "
+            "method='exact', or give the frame unique labels (df.reset_index()) and merge "
+            "the columns onto the result's 'left' and 'right' labels"
+        )
+    if return_removed:
+        raise NotImplementedError(
+            "return_removed=True with method='clustered' is not supported yet; the removed "
+            "rows are the 'right' rows of df.cosim.neighbors(on, threshold=..., "
+            "method='clustered') (each one's best earlier match: its highest-scoring pair), "
+            "or use method='exact'"
+        )
+    return method, n_probe, clusters
 
 
 def k_or_threshold(k: Any, threshold: Any) -> tuple[int | None, float | None]:

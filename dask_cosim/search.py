@@ -238,12 +238,19 @@ def neighbors(
     k: int | None = None,
     threshold: float | None = None,
     columns: Sequence[Hashable] | None = None,
+    method: str = "exact",
+    n_probe: int | None = None,
+    clusters: int | None = None,
 ) -> Any:
     """See :meth:`dask_cosim.CosimAccessor.neighbors`."""
     k, threshold = options.k_or_threshold(k, threshold)
     spec = check_column(df, on)
     cols = _carried(df, columns, "columns")
     _warn_if_labels_repeat([(df, "the frame", "'left' and 'right'")] * (not cols))
+    how = options.search_method(method, k=k, threshold=threshold, n_probe=n_probe,
+                                clusters=clusters, columns=cols)  # fmt: skip
+    if how[0] == "clustered":
+        return _clustered("neighbors", df, on, threshold, how)
     opts = _options()
     like = _meta_of(df)
     dtypes, carried = _pair_columns(df, cols, df, cols)
@@ -284,11 +291,18 @@ def dedup(
     *,
     return_removed: bool = False,
     columns: Sequence[Hashable] | None = None,
+    method: str = "exact",
+    n_probe: int | None = None,
+    clusters: int | None = None,
 ) -> Any:
     """See :meth:`dask_cosim.CosimAccessor.dedup`."""
     threshold_value = options.search_threshold(threshold, required=True)
     spec = check_column(df, on)
     cols = _carried(df, columns, "columns")
+    how = options.search_method(method, threshold=threshold, n_probe=n_probe, clusters=clusters,
+                                columns=cols, return_removed=return_removed)  # fmt: skip
+    if how[0] == "clustered":
+        return _clustered("dedup", df, on, threshold_value, how)
     if return_removed:
         _warn_if_labels_repeat([(df, "the frame", "'left' and 'right'")] * (not cols))
     opts = _options()
@@ -326,6 +340,16 @@ def dedup(
     if not return_removed:
         return kept
     return kept, build.collect(removed, backends.frame_like(meta, like))
+
+
+def _clustered(what: str, df: Any, on: str, threshold: Any, how: tuple[Any, ...]) -> Any:
+    """``method="clustered"``: k-means first, exact search within clusters
+    (:mod:`dask_cosim.clustered`)."""
+    from dask_cosim import clustered
+
+    _, n_probe, clusters = how
+    run = clustered.neighbors if what == "neighbors" else clustered.dedup
+    return run(df, on, threshold=float(threshold), clusters=clusters, n_probe=n_probe)
 
 
 def groups(df: Any, on: str, threshold: float, *, name: str = "group") -> Any:

@@ -71,6 +71,21 @@ def test_each_option_has_one_error(check: Any, value: Any, message: str) -> None
         check(value)
 
 
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("iterations", -1, "cosim.search.clustered.iterations=-1 must be an integer >= 0"),
+        ("min-sample", 0.5, "cosim.search.clustered.min-sample=0.5 must be an integer >= 1"),
+        ("block-bytes", "big", "cosim.search.clustered.block-bytes='big' must be a positive"),
+    ],
+)
+def test_clustered_options(key: str, value: Any, message: str) -> None:
+    assert options.clustered().block_bytes == 256 * 2**20
+    with dask.config.set({f"cosim.search.clustered.{key}": value}):
+        with pytest.raises(ValueError, match=message):
+            options.clustered()
+
+
 def test_search_arguments() -> None:
     assert options.search_k(None) is None and options.search_k(np.int64(3)) == 3
     assert options.search_threshold(None) is None and options.search_threshold("0.5") == 0.5

@@ -1,0 +1,331 @@
+"""Kernels of the clustered search: pure torch, any device, no dataframes, no config.
+
+Spherical k-means on a sample (:func:`kmeans`), the bounds of the skip rule
+(:func:`cluster_stats`, :func:`floors`), each row's home cluster and the clusters it probes
+(:func:`route`), and the exact search inside one block (:func:`block_pairs`).
+
+The skip rule.  Let ``x`` be the direction of a row, ``z_c`` the direction of cluster
+c's centroid, ``angle(*, *)`` the angle between directions and ``R_c`` an upper bound of
+``angle(y, z_c)`` over the rows y routed to c.  A pair scoring ``cos >= t > 0`` has
+``angle(x, y) <= alpha = arccos(t)`` (a row shorter than ``eps`` only scores lower than its
+direction does), so by the triangle inequality on the sphere
+``angle(x, z_c) <= angle(x, y) + angle(y, z_c) <= alpha + R_c``: a cluster with
+``angle(x, z_c) > alpha + R_c`` holds no match of x and is skipped.
+
+Rounding, derived rather than guessed (u = 2**-24, float32's unit roundoff):
+
+- a direction row ``d`` is within ``e_d`` of ``x`` (:func:`directions`): ``4 err + 2**-30``
+  for a unit row whose length is within ``2 err + 2**-30`` of 1 (``err`` as
+  :class:`~dask_cosim.search_kernels.Prepared` states it), else ``2u`` for a row
+  divided by its float64 norm (rows shorter than ``eps``);
+- a centroid ``m`` is a float32 unit vector, within ``u`` of its own direction ``z``;
+- a float32 product of D terms is within ``gamma_D = D*u' / (1 - D*u')`` of the exact sum of
+  products of its inputs (any summation order, fused multiply-adds included), where u' is
+  the unit roundoff of the product's inputs: u for IEEE float32, 2**-11 for TF32 and
+  2**-8 for bfloat16 (torch's float32 matmul precision "highest", "high", "medium");
+
+so a computed score ``s`` is within ``delta = gamma_D (1 + e_d)(1 + u) + e_d (1 + u) + u``
+of ``cos(x, z)`` (:func:`product_error`).  Bounds then use ``arccos(s + delta) <= angle <=
+arccos(s - delta)``, float64 arccos (an ulp or two, covered by ``ANGLE_SLACK``), and ``alpha`` is at
+``t - 2*eps64``, where ``eps64`` (:func:`score_error`) bounds how far the float64 re-score
+that decides a pair lies from the exact score.  No summation order is assumed equal
+between two computations: a row counts towards the radius of every cluster whose score is
+within ``4delta`` of its best one, so whichever of them a later pass picks as its home (the
+scores differ by at most ``2delta``), the radius covers it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from dask_cosim import search_kernels as sk
+
+__all__ = [
+    "ANGLE_SLACK",
+    "MEMBER",
+    "PROBE",
+    "SIDE",
+    "block_pairs",
+    "chord",
+    "cluster_stats",
+    "directions",
+    "floors",
+    "kmeans",
+    "product_error",
+    "route",
+    "rows",
+    "score_error",
+]
+
+U32 = 2.0**-24
+U64 = 2.0**-53
+# Float64 arccos and the sums of angles (all below 2pi) are within a few ulps of 8: 2**-46
+# is 64 such ulps.
+ANGLE_SLACK = 2.0**-46
+
+# Roles of a row in a block, in the order a block keeps its rows (see block_pairs).
+MEMBER, SIDE, PROBE = 0, 1, 2
+
+_INPUT_ROUNDOFF = {"highest": U32, "high": 2.0**-11, "medium": 2.0**-8}
+
+
+def product_error(dim: int, err: float = 8.0 * U32) -> float:
+    """delta: the largest difference between a computed float32 score of a direction row
+    (within ``err`` of its exact direction: :func:`directions`) and a centroid, and the
+    cosine of their exact directions (module docstring)."""
+    u_in = _INPUT_ROUNDOFF.get(torch.get_float32_matmul_precision(), 2.0**-8)
+    n_u = dim * u_in
+    if n_u >= 0.5:
+        raise ValueError(f"vectors of {dim} values are too long for float32 bounds")
+    gamma = n_u / (1.0 - n_u)
+    bound = gamma * (1.0 + err) * (1.0 + U32) + err * (1.0 + U32) + U32
+    return bound * (1.0 + 2.0**-40)
+
+
+def score_error(dim: int) -> float:
+    """eps64: a bound on the difference between the float64 re-score of a pair
+    (:func:`dask_cosim.search_kernels.rescore`) and its exact score: D float64 products
+    and sums of values at most 1, and three scalings."""
+    return (dim + 16) * U64 * 2.0
+
+
+def directions(prep: sk.Prepared) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """Float32 directions of prepared rows, which rows have one, and how far (at most)
+    a direction lies from the exact one.
+
+    A valid row's unit row serves when its length is within ``2 err + 2**-30`` of 1
+    (``err``: :attr:`~dask_cosim.search_kernels.Prepared.err`); the others (rows shorter
+    than ``eps``, whose unit rows are shorter than 1) are their float64 values over
+    their float64 norm.  Zero rows and invalid rows have none; with a threshold above 0
+    they match nothing.
+    """
+    d, has = prep.unit, prep.valid.clone()
+    length = torch.linalg.vector_norm(prep.unit, dim=1, dtype=torch.float64)
+    tol = 2.0 * prep.err + 2.0**-30
+    short = (has & ((length - 1.0).abs() > tol)).nonzero().squeeze(1)
+    if len(short):
+        rows = prep.raw[short].to(torch.float64) * prep.inv[short, None]
+        norm = torch.linalg.vector_norm(rows, dim=1, keepdim=True)
+        d = d.clone()
+        d[short] = (rows / norm.clamp(min=1e-300)).to(torch.float32)
+        has[short] = norm[:, 0] > 0
+    return d, has, max(4.0 * prep.err + 2.0**-30, 2.0 * U32)
+
+
+def _chunk_rows(k: int, chunk_bytes: int) -> int:
+    return max(1, chunk_bytes // max(1, 8 * k))
+
+
+def _best(x: torch.Tensor, c: torch.Tensor, chunk_bytes: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row of ``x``: its highest score with the rows of ``c``, and where."""
+    best = torch.empty(len(x), dtype=torch.float32, device=x.device)
+    arg = torch.empty(len(x), dtype=torch.int64, device=x.device)
+    step = _chunk_rows(len(c), chunk_bytes)
+    for r0 in range(0, len(x), step):
+        s = x[r0 : r0 + step] @ c.T
+        torch.max(s, dim=1, out=(best[r0 : r0 + step], arg[r0 : r0 + step]))
+    return best, arg
+
+
+def kmeans(
+    x: torch.Tensor, k: int, *, iters: int, seed: int, chunk_bytes: int = 64 * 2**20
+) -> torch.Tensor:
+    """Spherical k-means of unit rows ``x`` (n, D): ``min(k, n)`` float32 unit centroids.
+
+    Seeded with ``k`` distinct random rows (k-means++ seeding is k sequential passes:
+    too slow for thousands of clusters), then ``iters`` Lloyd iterations: each row to its
+    most similar centroid, each centroid to the normalised sum of its rows; centroids that
+    lose all their rows restart at the rows least similar to their own centroids.  Any
+    centroids give exact results (the skip rule holds for every assignment); good ones
+    make tight clusters, which skip more.
+    """
+    n = len(x)
+    k = max(1, min(k, n))
+    gen = torch.Generator(device=x.device).manual_seed(seed)
+    cent = x[torch.randperm(n, generator=gen, device=x.device)[:k]].clone()
+    for _ in range(iters):
+        score, home = _best(x, cent, chunk_bytes)
+        sums = torch.zeros_like(cent).index_add_(0, home, x)
+        empty = torch.bincount(home, minlength=k) == 0
+        if bool(empty.any()):
+            far = torch.argsort(score)[: int(empty.sum())]
+            sums[empty.nonzero().squeeze(1)] = x[far]
+        cent = torch.nn.functional.normalize(sums, dim=1)
+    return cent.contiguous()
+
+
+def cluster_stats(
+    d: torch.Tensor, centroids: torch.Tensor, delta: float, chunk_bytes: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per cluster: how many rows of ``d`` are closest to it, and an upper bound (float64
+    radians, -inf when none) of the angle to its centroid of every row that a later pass
+    could make its member (scores within 4delta of the row's best; module docstring)."""
+    k = len(centroids)
+    counts = torch.zeros(k, dtype=torch.int64, device=d.device)
+    radius = torch.full((k,), -math.inf, dtype=torch.float64, device=d.device)
+    step = _chunk_rows(k, chunk_bytes)
+    for r0 in range(0, len(d), step):
+        s = d[r0 : r0 + step] @ centroids.T
+        best, home = s.max(dim=1)
+        counts += torch.bincount(home, minlength=k)
+        # 5delta in float32 covers 4delta and the rounding of the subtraction.
+        rows, cols = (s >= (best - 5.0 * delta)[:, None]).nonzero(as_tuple=True)
+        far = torch.acos((s[rows, cols].to(torch.float64) - delta).clamp_(min=-1.0))
+        radius.scatter_reduce_(0, cols, far, reduce="amax")
+    return counts, radius
+
+
+def _low(threshold: float, dim: int) -> float:
+    """The threshold less the re-score's error: a pair reported has exact cos above it."""
+    return threshold - 2.0 * score_error(dim)
+
+
+def floors(radius: torch.Tensor, threshold: float, dim: int, delta: float) -> torch.Tensor:
+    """Per cluster, the lowest float32 score with its centroid at which a row may still
+    have a match in it (the radius rule in cosines, no arccos per row):
+    ``angle(x, z) >= arccos(s + delta)``, so ``arccos(s + delta) <= R + alpha`` is
+    ``s >= cos(R + alpha) - delta``, rounded down to a float32 (+inf for empty clusters, -inf
+    when ``R + alpha`` reaches pi)."""
+    low = _low(threshold, dim)
+    alpha = math.acos(low) if low > 0 else math.pi  # at or below 0 short rows break the rule
+    reach = (radius.to(torch.float64) + alpha + ANGLE_SLACK).clamp(max=math.pi)
+    floor = torch.cos(reach) - delta - ANGLE_SLACK
+    floor = torch.where(reach >= math.pi, -math.inf, floor)
+    floor = torch.where(torch.isneginf(radius), math.inf, floor)
+    f32 = floor.to(torch.float32)
+    return torch.where(f32.to(torch.float64) > floor, torch.nextafter(f32, f32 - 1), f32)
+
+
+def chord(threshold: float, dim: int) -> float:
+    """The longest distance ``|x - y| = sqrt(2 - 2 cos)`` between the directions of a
+    pair scoring at least ``threshold``, rounded up."""
+    low = _low(threshold, dim)
+    return math.sqrt(2.0 - 2.0 * low) * (1.0 + 2.0**-40) if low > 0 else 2.0
+
+
+def route(
+    d: torch.Tensor,
+    centroids: torch.Tensor,
+    floor: torch.Tensor,
+    threshold: float,
+    delta: float,
+    n_probe: int | None,
+    chunk_bytes: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each row's home (its most similar centroid), and the (row, cluster) probes.
+
+    A row x probes a cluster b other than its home a only when neither rule rules b out:
+
+    - the radius rule: ``s_b >= floor_b`` (:func:`floors`);
+    - the bisector rule: a row y of b is at least as close to z_b as to z_a (its scores,
+      within delta each, say so), so it lies beyond the bisector of z_a and z_b, at distance
+      at least ``(x*z_a - x*z_b) / |z_a - z_b|`` from x: ``s_a - s_b - 4delta > chord *
+      |z_a - z_b|`` (the norm bounded above from the centroids' own scores) proves that
+      no y of b is within ``chord`` of x.  Computed in float32, with 2**-18 for the
+      rounding of its half-dozen operations on values below 4.
+
+    ``n_probe`` None (exact): every such cluster numbered above the home (a pair across
+    clusters a < b is then probed from a: both rules hold both ways, so probing from both
+    sides would find it twice).  An int: at most the ``n_probe`` such clusters whose
+    bisector with the home is nearest to the row (where a match across the boundary is
+    likeliest), on both sides: faster; a pair is missed when neither row probed the
+    other's cluster, which the recall measures.  0: no probes (each row meets its own
+    cluster's rows only, as NeMo Curator's semantic dedup compares them).
+    """
+    k = len(centroids)
+    home = torch.empty(len(d), dtype=torch.int64, device=d.device)
+    rows_out, clusters_out = [], []
+    step = _chunk_rows(k, chunk_bytes)
+    ids = torch.arange(k, device=d.device)
+    dim = centroids.shape[1]
+    far = chord(threshold, dim)
+    for r0 in range(0, len(d), step):
+        s = d[r0 : r0 + step] @ centroids.T
+        h = s.argmax(dim=1)
+        home[r0 : r0 + len(s)] = h
+        cand = s >= floor[None, :]
+        homes, which = torch.unique(h, return_inverse=True)
+        gram = (centroids[homes] @ centroids.T)[which]
+        norm = gram.mul_(-2.0).add_(2.0 + 2.0 * delta).clamp_(min=0.0).sqrt_()
+        gap = s.gather(1, h[:, None]) - s
+        # The distance from the row to the bisector with b, for ranking the probes.
+        near = gap / norm.clamp(min=1e-6) if n_probe is not None and n_probe < k else None
+        bar = norm.mul_(far * (1.0 + 2.0**-18)).add_(4.0 * delta + 2.0**-18)
+        cand &= gap <= bar
+        if n_probe is None:
+            cand &= ids[None, :] > h[:, None]
+        else:
+            cand[torch.arange(len(s), device=d.device), h] = False
+            if near is not None:
+                keep = torch.topk(near.masked_fill_(~cand, math.inf), n_probe, largest=False)
+                cand &= torch.zeros_like(cand).scatter_(1, keep.indices, True)
+        r, c = cand.nonzero(as_tuple=True)
+        rows_out.append(r + r0)
+        clusters_out.append(c)
+    empty = torch.zeros(0, dtype=torch.int64, device=d.device)
+    rows = torch.cat(rows_out) if rows_out else empty
+    return home, rows, torch.cat(clusters_out) if clusters_out else empty
+
+
+def block_pairs(
+    prep: sk.Prepared,
+    members: int,
+    sides: int,
+    key: torch.Tensor,
+    threshold: float,
+    *,
+    tile_bytes: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The pairs of one block scoring at least ``threshold`` in float64: (first, second,
+    score), positions in ``prep`` with ``key[first] < key[second]``.
+
+    The block's rows come in role order: ``members`` MEMBER rows sorted by ``key``, then
+    ``sides`` SIDE rows, then PROBE rows.  Pairs are MEMBER x MEMBER (each unordered pair
+    once) and PROBE x (MEMBER or SIDE).  Each pair is re-scored with its earlier row
+    (smaller ``key``, frame order) first, as the all-pairs search scores it, so that a
+    pair at the threshold gets the same float64 score, and decision, in both.
+    """
+    device = prep.unit.device
+    # The tile scan keeps candidates down to just below the threshold: the re-score with
+    # the rows swapped may differ from this one in the last bits.
+    low = threshold - 2.0**-50
+    first, second = [], []
+    if members > 1:
+        pm = rows(prep, 0, members)
+        i, j, _ = sk.threshold_pairs(
+            pm, pm, low, tile_bytes=tile_bytes, mode="upper", exact_scores=False
+        )
+        first.append(i)
+        second.append(j)
+    reach = members + sides
+    if len(prep) > reach > 0:
+        i, j, _ = sk.threshold_pairs(
+            rows(prep, reach, len(prep)),
+            rows(prep, 0, reach),
+            low,
+            tile_bytes=tile_bytes,
+            exact_scores=False,
+        )
+        first.append(i + reach)
+        second.append(j)
+    if not first:
+        none = torch.zeros(0, dtype=torch.int64, device=device)
+        return none, none.clone(), torch.zeros(0, dtype=torch.float64, device=device)
+    a, b = torch.cat(first), torch.cat(second)
+    swap = key[a] > key[b]
+    a, b = torch.where(swap, b, a), torch.where(swap, a, b)
+    score = sk.rescore(prep, a, prep, b)
+    keep = score >= threshold
+    return a[keep], b[keep], score[keep]
+
+
+def rows(prep: sk.Prepared, start: int, stop: int) -> sk.Prepared:
+    """Rows ``start:stop`` of ``prep``, as views."""
+    cut = slice(start, stop)
+    norm = None if prep.norm is None else prep.norm[cut]
+    return sk.Prepared(
+        prep.unit[cut], prep.raw[cut], prep.inv[cut], prep.scale[cut], prep.valid[cut],
+        prep.err, norm,
+    )  # fmt: skip

@@ -1,0 +1,388 @@
+"""The clustered search, one partition at a time: dask-free, pandas/cudf in, pandas out.
+
+:mod:`dask_cosim.clustered` strings these into a dask graph (or calls them directly on an
+eager frame): sample rows for k-means (:func:`sample_partition`), the clusters' sizes and
+radii (:func:`stats_partition`), each row copied to its home cluster's block and to the
+blocks it probes (:func:`route_partition`), the exact search inside the blocks of one
+shuffled partition (:func:`search_blocks`), then back to frame order
+(:func:`finish_pairs`, :func:`drop_keys`).
+
+Rows are named by a key that is their place in frame order: ``(partition << 40) +
+position``, as the all-pairs search orders them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import torch
+
+from dask_cosim import backends, partition
+from dask_cosim import clustered_kernels as ck
+from dask_cosim import search_kernels as sk
+from dask_cosim import search_results as sr
+
+__all__ = [
+    "Layout",
+    "Stats",
+    "drop_keys",
+    "finish_pairs",
+    "found_meta",
+    "labels",
+    "merge_stats",
+    "prepared_rows",
+    "route_partition",
+    "row_keys",
+    "sample_partition",
+    "search_blocks",
+    "stats_partition",
+]
+
+POS_BITS = 40
+VEC = "_vec"  # the vector column of routed frames (no user column name can clash)
+
+
+def encode_rows(raw: torch.Tensor) -> pd.arrays.ArrowExtensionArray:
+    """(n, D) CPU rows -> one Arrow large_binary value per row (their bytes, no copy).
+
+    Not a fixed_size_list: dask's p2p shuffle rebuilds dtypes from their names, and
+    pandas cannot parse a parametrised Arrow type's name back."""
+    flat = np.ascontiguousarray(raw.numpy()).reshape(-1)
+    width = raw.shape[1] * raw.element_size()
+    offsets = pa.py_buffer(np.arange(len(raw) + 1, dtype=np.int64) * width)
+    data = pa.py_buffer(flat.view(np.uint8))
+    values = pa.Array.from_buffers(pa.large_binary(), len(raw), [None, offsets, data])
+    return pd.arrays.ArrowExtensionArray(values)
+
+
+def decode_rows(column: pd.Series, dtype: str, dim: int) -> torch.Tensor:
+    """:func:`encode_rows` back: (n, D) rows of ``dtype`` (one copy, into a tensor)."""
+    out = np.empty((len(column), dim), dtype=dtype)
+    width = dim * out.itemsize
+    row = 0
+    values = pa.array(column.array)
+    for chunk in values.chunks if isinstance(values, pa.ChunkedArray) else [values]:
+        offsets = np.frombuffer(chunk.buffers()[1], np.int64)[
+            chunk.offset : chunk.offset + len(chunk) + 1
+        ]
+        if len(chunk) and not (np.diff(offsets) == width).all():
+            raise ValueError(f"routed rows of {dim} x {dtype} values expected")
+        start = int(offsets[0]) if len(chunk) else 0
+        data = np.frombuffer(chunk.buffers()[2], np.uint8, len(chunk) * width, start)
+        out[row : row + len(chunk)] = data.view(dtype).reshape(len(chunk), dim)
+        row += len(chunk)
+    return torch.from_numpy(out)
+
+
+def row_keys(part: int, n: int) -> np.ndarray:
+    return (np.int64(part) << POS_BITS) + np.arange(n, dtype=np.int64)
+
+
+def labels(df: Any) -> pd.Index:
+    """The index labels of a partition, as pandas holds them."""
+    index = df.index
+    return index.to_pandas() if hasattr(index, "to_pandas") else index
+
+
+def prepared_rows(
+    df: Any, column: str, eps: float, device: str, rows: np.ndarray | None = None
+) -> sk.Prepared:
+    v = backends.to_vectors(df[column], column)
+    x = v.blocks[0] if len(v.blocks) == 1 else torch.cat(v.blocks)
+    null = v.null
+    if null is not None and not isinstance(null, torch.Tensor):
+        null = torch.from_numpy(np.asarray(null))
+    if rows is not None:
+        picked = torch.from_numpy(rows).to(x.device)
+        x = x[picked]
+        null = None if null is None else null.to(x.device)[picked]
+    return sk.prepare(x, null, eps=eps, device=partition.resolve_device(device, x.device))
+
+
+def _usable(prep: sk.Prepared) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """Directions of the rows that can match (valid, non-zero), their positions, and the
+    score error ``delta`` of those directions (:func:`~dask_cosim.clustered_kernels.directions`)."""
+    d, has, err = ck.directions(prep)
+    rows = has.nonzero().squeeze(1)
+    return d[rows], rows, ck.product_error(prep.dim, err)
+
+
+def sample_partition(
+    df: Any, column: str, part: int, *, fraction: float, seed: int, eps: float, device: str
+) -> torch.Tensor:
+    """Directions (CPU float32) of a Bernoulli(``fraction``) sample of the partition's
+    usable rows, the same for the same ``seed`` and partition number."""
+    keep = np.random.default_rng([seed, part]).random(len(df)) < fraction
+    d, _, _ = _usable(prepared_rows(df, column, eps, device, np.flatnonzero(keep)))
+    return d.cpu()
+
+
+@dataclass
+class Stats:
+    """Per cluster: rows whose home it is and the radius bound (float64 radians, -inf
+    when empty); the dtype rows are carried in ("float32" or "float64"), D, the rows
+    seen and the score error delta the bounds were computed with."""
+
+    counts: np.ndarray
+    radius: np.ndarray
+    dtype: str
+    dim: int
+    rows: int
+    delta: float
+
+
+def stats_partition(
+    df: Any,
+    column: str,
+    centroids: torch.Tensor,
+    *,
+    eps: float,
+    device: str,
+    chunk_bytes: int,
+) -> Stats:
+    """The sizes and radii of the clusters over one partition's rows."""
+    prep = prepared_rows(df, column, eps, device)
+    d, _, delta = _usable(prep)
+    counts, radius = ck.cluster_stats(d, centroids.to(d.device), delta, chunk_bytes)
+    dtype = "float64" if prep.raw.dtype == torch.float64 else "float32"
+    return Stats(counts.cpu().numpy(), radius.cpu().numpy(), dtype, prep.dim, len(df), delta)
+
+
+def merge_stats(*parts: Stats) -> Stats:
+    dtypes = {p.dtype for p in parts}
+    return Stats(
+        np.sum([p.counts for p in parts], axis=0),
+        np.max([p.radius for p in parts], axis=0),
+        "float64" if "float64" in dtypes else "float32",
+        max(p.dim for p in parts),
+        sum(p.rows for p in parts),
+        max(p.delta for p in parts),
+    )
+
+
+@dataclass
+class Layout:
+    """Everything routing needs, sent once to each worker.
+
+    Cluster c's rows are split by a hash of their key into ``members[c]`` chunks, the rows
+    probing it into ``probes[c]`` chunks; its blocks are numbered from ``base[c]``:
+    one per member chunk i (its rows as MEMBER: pairs among them), one per pair of member
+    chunks i < j (i as PROBE, j as SIDE), and, with more than one probe chunk, one per
+    (member chunk i, probe chunk k) (k as PROBE, i as SIDE); with one probe chunk the
+    probes join each member chunk's block as PROBE.
+    """
+
+    centroids: torch.Tensor
+    floor: torch.Tensor
+    threshold: float
+    delta: float
+    n_probe: int | None
+    base: np.ndarray
+    members: np.ndarray
+    probes: np.ndarray
+    dtype: str
+    dim: int
+
+
+def blocks_of(members: np.ndarray, probes: np.ndarray) -> np.ndarray:
+    """How many blocks each cluster has (Layout)."""
+    s, t = members.astype(np.int64), probes.astype(np.int64)
+    return s + s * (s - 1) // 2 + np.where(t > 1, s * t, 0)
+
+
+def _chunk(keys: np.ndarray, n: int | np.ndarray) -> np.ndarray:
+    mixed = keys.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+    return ((mixed >> np.uint64(32)) % np.asarray(n, dtype=np.uint64)).astype(np.int64)
+
+
+def _copies(
+    lay: Layout, keys: np.ndarray, home: np.ndarray, prow: np.ndarray, pclu: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(row, block, role) of every copy of the rows: members first, then probes."""
+    rows = [np.arange(len(home)), prow]
+    blocks = [lay.base[home], lay.base[pclu]]
+    roles = [np.full(len(home), ck.MEMBER, np.int8), np.full(len(prow), ck.PROBE, np.int8)]
+    split = (lay.members > 1) | (lay.probes > 1)
+    simple = [~split[home], ~split[pclu]]
+    rows = [r[m] for r, m in zip(rows, simple, strict=True)]
+    blocks = [b[m] for b, m in zip(blocks, simple, strict=True)]
+    roles = [o[m] for o, m in zip(roles, simple, strict=True)]
+    for c in np.flatnonzero(split):
+        s, t, base = int(lay.members[c]), int(lay.probes[c]), int(lay.base[c])
+        tri = (
+            s + np.arange(s)[:, None] * s - np.arange(s)[:, None] * (np.arange(s)[:, None] + 1) // 2
+        )
+        m = np.flatnonzero(home == c)
+        i = _chunk(keys[m], s)[:, None]
+        j = np.arange(s)[None, :]
+        lo, hi = np.minimum(i, j), np.maximum(i, j)
+        block = np.where(i == j, i, tri[lo, 0] + hi - lo - 1)
+        role = np.select([i == j, i < j], [ck.MEMBER, ck.PROBE], ck.SIDE)
+        rows.append(np.repeat(m, s))
+        blocks.append(base + block.reshape(-1))
+        roles.append(role.reshape(-1).astype(np.int8))
+        p = prow[pclu == c]
+        pblock = j if t == 1 else s + s * (s - 1) // 2 + j * t + _chunk(keys[p], t)[:, None]
+        rows.append(np.repeat(p, s))
+        blocks.append(base + np.broadcast_to(pblock, (len(p), s)).reshape(-1))
+        roles.append(np.full(len(p) * s, ck.PROBE, np.int8))
+        if t > 1:
+            k = np.arange(t)[None, :]
+            rows.append(np.repeat(m, t))
+            blocks.append(base + (s + s * (s - 1) // 2 + i * t + k).reshape(-1))
+            roles.append(np.full(len(m) * t, ck.SIDE, np.int8))
+    return np.concatenate(rows), np.concatenate(blocks), np.concatenate(roles)
+
+
+def route_partition(
+    df: Any,
+    column: str,
+    layout: Layout,
+    *,
+    eps: float,
+    device: str,
+    chunk_bytes: int,
+    partition_info: dict[str, Any] | None = None,
+) -> pd.DataFrame:
+    """One copy of each usable row for its home cluster's block(s) and one for each block
+    it probes: "_block", "_role", "_key" and the raw vectors ("_vec", the layout's dtype),
+    indexed by the rows' labels.  Rows that cannot match are left out."""
+    part = 0 if partition_info is None else int(partition_info["number"])
+    prep = prepared_rows(df, column, eps, device)
+    d, usable, delta = _usable(prep)
+    if delta > layout.delta:
+        raise RuntimeError(
+            f"torch's float32 matmul precision here is {torch.get_float32_matmul_precision()!r}, "
+            "lower than where the cluster radii were computed; set the same "
+            "torch.set_float32_matmul_precision on every worker"
+        )
+    home, prow, pclu = ck.route(
+        d, layout.centroids.to(d.device), layout.floor.to(d.device), layout.threshold,
+        layout.delta, layout.n_probe, chunk_bytes,
+    )  # fmt: skip
+    usable_np = usable.cpu().numpy()
+    keys = row_keys(part, len(df))[usable_np]
+    rows, blocks, roles = _copies(
+        layout, keys, home.cpu().numpy(), prow.cpu().numpy(), pclu.cpu().numpy()
+    )
+    src = usable_np[rows]
+    raw = prep.raw[torch.from_numpy(src).to(prep.raw.device)]
+    raw = raw.to(getattr(torch, layout.dtype)).cpu()
+    return pd.DataFrame(
+        {"_block": blocks, "_role": roles, "_key": keys[rows], VEC: encode_rows(raw)},
+        index=labels(df)[src],
+    )
+
+
+def route_meta(index: pd.Index, dtype: str, dim: int) -> pd.DataFrame:
+    """The (empty) frame :func:`route_partition` returns."""
+    empty = torch.zeros((0, dim), dtype=getattr(torch, dtype))
+    return pd.DataFrame(
+        {
+            "_block": np.zeros(0, np.int64),
+            "_role": np.zeros(0, np.int8),
+            "_key": np.zeros(0, np.int64),
+            VEC: encode_rows(empty),
+        },
+        index=index[:0],
+    )
+
+
+def search_blocks(
+    df: pd.DataFrame,
+    threshold: float,
+    dtype: str,
+    dim: int,
+    *,
+    drops: bool,
+    eps: float,
+    device: str,
+    tile_bytes: int,
+) -> pd.DataFrame:
+    """Every pair scoring at least ``threshold`` in each block of a shuffled partition
+    (its rows of ``dim`` values of ``dtype``).
+
+    ``drops`` False: "_lkey", "_rkey" (frame-order keys, the earlier row first), "left",
+    "right" (labels) and "score" (float64).  ``drops`` True: "_key", the later row of
+    each pair (the row ``dedup`` drops).
+    """
+    block_all, role_all = df["_block"].to_numpy(), df["_role"].to_numpy()
+    # Each block's rows together, in role order, members by key (block_pairs).
+    order = np.lexsort([df["_key"].to_numpy(), role_all, block_all])
+    df = df.iloc[order]
+    block, role = block_all[order], role_all[order]
+    keys_np = df["_key"].to_numpy()
+    x = decode_rows(df[VEC], dtype, dim)
+    prep = sk.prepare(x, eps=eps, device=partition.resolve_device(device, x.device))
+    key = torch.from_numpy(keys_np.copy()).to(prep.unit.device)
+    starts = np.flatnonzero(np.r_[True, block[1:] != block[:-1]])[: len(block)]
+    stops = np.r_[starts[1:], len(block)][: len(starts)]
+    first: list[np.ndarray] = []
+    second: list[np.ndarray] = []
+    score: list[np.ndarray] = []
+    for s, e in zip(starts, stops, strict=True):
+        counts = np.bincount(role[s:e], minlength=3)
+        i, j, sc = ck.block_pairs(
+            ck.rows(prep, s, e),
+            int(counts[ck.MEMBER]),
+            int(counts[ck.SIDE]),
+            key[s:e],
+            threshold,
+            tile_bytes=tile_bytes,
+        )
+        first.append(i.cpu().numpy() + s)
+        second.append(j.cpu().numpy() + s)
+        score.append(sc.cpu().numpy())
+    a = np.concatenate(first) if first else np.zeros(0, np.int64)
+    b = np.concatenate(second) if second else np.zeros(0, np.int64)
+    if drops:
+        return pd.DataFrame({"_key": np.unique(keys_np[b])})
+    labels = df.index
+    return pd.DataFrame(
+        {
+            "_lkey": keys_np[a],
+            "_rkey": keys_np[b],
+            "left": labels.take(a),
+            "right": labels.take(b),
+            "score": np.concatenate(score) if score else np.zeros(0, np.float64),
+        }
+    )
+
+
+def found_meta(meta: pd.DataFrame, drops: bool) -> pd.DataFrame:
+    """The (empty) frame :func:`search_blocks` returns, for a result of meta ``meta``."""
+    if drops:
+        return pd.DataFrame({"_key": np.zeros(0, np.int64)})
+    keys = pd.DataFrame({"_lkey": np.zeros(0, np.int64), "_rkey": np.zeros(0, np.int64)})
+    return pd.concat([keys, meta.astype({"score": np.float64})], axis=1)
+
+
+def finish_pairs(pairs: pd.DataFrame, meta: pd.DataFrame, like: Any = None) -> Any:
+    """Pairs of one output partition in frame order (left row, then right row), each
+    once: the ``neighbors(threshold=...)`` result partition, in the library of ``like``."""
+    lkey = pairs.index.to_numpy() if "_lkey" not in pairs else pairs["_lkey"].to_numpy()
+    rkey = pairs["_rkey"].to_numpy()
+    taken = np.lexsort([rkey, lkey])
+    lkey, rkey = lkey[taken], rkey[taken]
+    # A pair found from both of its clusters (n_probe mode) is reported once.
+    again = np.r_[False, (lkey[1:] == lkey[:-1]) & (rkey[1:] == rkey[:-1])]
+    taken = taken[~again[: len(taken)]]
+    return sr.pairs_result(pairs.iloc[taken], meta, False, like)
+
+
+def drop_keys(df: Any, drops: pd.DataFrame, partition_info: dict[str, Any] | None = None) -> Any:
+    """``df`` (one partition of the input) without the rows whose keys are in ``drops``
+    (its index or its "_key" column)."""
+    part = 0 if partition_info is None else int(partition_info["number"])
+    keys = drops["_key"].to_numpy() if "_key" in drops else drops.index.to_numpy()
+    pos = keys - (np.int64(part) << POS_BITS)
+    pos = pos[(pos >= 0) & (pos < len(df))]
+    if len(pos) == 0:
+        return df
+    keep = np.ones(len(df), dtype=bool)
+    keep[pos] = False
+    return df.iloc[np.flatnonzero(keep)]

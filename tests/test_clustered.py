@@ -1,0 +1,303 @@
+"""The clustered neighbours and dedup: the exact mode against the all-pairs search on
+adversarial data, the bounds of the skip rule against float64, the recall of the
+n_probe mode against a brute-force count, and a run on worker processes."""
+
+from __future__ import annotations
+
+import math
+
+import dask
+import dask.dataframe as dd
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from distributed import Client
+
+import dask_cosim
+from dask_cosim import clustered, clustered_recall
+from dask_cosim import clustered_kernels as ck
+from dask_cosim import search_kernels as sk
+from dask_cosim.datasets import embedding_arrays, make_embeddings
+from tests.helpers import as_column
+
+
+def to_dask(pdf: pd.DataFrame, npartitions: int) -> dd.DataFrame:
+    with dask.config.set({"dataframe.convert-string": False}):
+        return dd.from_pandas(pdf, npartitions=npartitions, sort=False)
+
+
+def unit(x: np.ndarray) -> np.ndarray:
+    return x / np.linalg.norm(x, axis=-1, keepdims=True)
+
+
+def adversarial(n: int = 1200, d: int = 16, seed: int = 0, dtype: type = np.float32) -> np.ndarray:
+    """Rows around six centres, with pairs straddling the boundaries between clusters,
+    exact and scaled duplicates, rows shorter than eps, zero and NaN/inf rows."""
+    rng = np.random.default_rng(seed)
+    centres = unit(rng.standard_normal((6, d)))
+    x = centres[rng.integers(0, 6, n)] + 0.5 * rng.standard_normal((n, d)) / math.sqrt(d)
+    for k in range(60):  # two rows near the midpoint of two centres, one on each side
+        a, b = rng.choice(6, 2, replace=False)
+        mid = unit(centres[a] + centres[b])
+        side = 0.06 * (centres[a] - centres[b])
+        x[100 + 2 * k] = mid + side + 0.02 * rng.standard_normal(d)
+        x[101 + 2 * k] = mid - side + 0.02 * rng.standard_normal(d)
+    x[300:305] = x[7]  # exact duplicates: ties by frame order
+    x[310] = 1e4 * x[8]  # a scaled duplicate: cosine 1
+    x[320] = 1e-12 * x[9]  # shorter than eps: scores 1e-4 of its direction's
+    x[321] = 3e-9 * x[9]  # shorter than eps by a factor 3: its scores are a third
+    x[330] = 0.0
+    x[340, 2] = np.nan
+    x[341, 5] = np.inf
+    return x.astype(dtype)
+
+
+def frame(x: np.ndarray, null: np.ndarray | None = None) -> pd.DataFrame:
+    n = len(x)
+    return pd.DataFrame(
+        {"emb": as_column(x, "fixed_size_list", null), "id": np.arange(n)},
+        index=pd.Index(np.arange(n) * 10 + 3, name="key"),
+    )
+
+
+def assert_same(got: pd.DataFrame, want: pd.DataFrame, exact_scores: bool) -> None:
+    got, want = got.reset_index(drop=True), want.reset_index(drop=True)
+    assert list(got.columns) == list(want.columns) == ["left", "right", "score"]
+    assert got.dtypes.to_dict() == want.dtypes.to_dict()
+    assert len(got) == len(want), (len(got), len(want))
+    assert (got["left"].to_numpy() == want["left"].to_numpy()).all()
+    assert (got["right"].to_numpy() == want["right"].to_numpy()).all()
+    if exact_scores:
+        assert (got["score"].to_numpy() == want["score"].to_numpy()).all()
+    else:  # all-pairs keeps float32 tile scores away from the threshold
+        np.testing.assert_allclose(got["score"], want["score"], atol=2e-6)
+
+
+# --------------------------------------------------------------------------- exact mode
+
+
+@pytest.mark.parametrize(
+    ("dtype", "threshold", "clusters", "block_bytes"),
+    [
+        (np.float32, 0.9, 12, None),
+        (np.float32, 0.75, 5, 20_000),  # clusters split into sub-blocks of ~150 rows
+        (np.float64, 0.95, 40, 60_000),
+        (np.float32, 0.5, 1, None),  # one cluster: all pairs
+        (np.float32, 1.0, 30, None),  # only exact duplicates
+    ],
+)
+def test_exact_mode_equals_all_pairs(
+    dtype: type, threshold: float, clusters: int, block_bytes: int
+) -> None:
+    x = adversarial(dtype=dtype)
+    null = np.zeros(len(x), bool)
+    null[[11, 350]] = True
+    pdf = frame(x, null)
+    want = pdf.cosim.neighbors("emb", threshold=threshold)
+    assert len(want) > 10
+    opts = {"clusters": clusters, "block_bytes": block_bytes}
+    got = clustered.neighbors(pdf, "emb", threshold=threshold, **opts)
+    assert_same(got, want, exact_scores=dtype == np.float64)
+    kept = clustered.dedup(pdf, "emb", threshold, **opts)
+    assert kept.index.equals(pdf.cosim.dedup("emb", threshold).index)
+    assert {113, 3503, 3413} <= set(kept.index)  # null and NaN rows are kept
+
+
+def test_exact_mode_on_dask_partitions_with_ties_at_the_threshold() -> None:
+    x = adversarial(900, d=12, seed=4, dtype=np.float64)
+    pdf = frame(x)
+    # The threshold is a pair's float64 score itself: that pair is in, one ulp more: out.
+    scores = pdf.cosim.neighbors("emb", threshold=0.9)["score"].to_numpy()
+    tie = float(np.sort(scores)[len(scores) // 2])
+    for threshold in (tie, float(np.nextafter(tie, 2.0))):
+        want = pdf.cosim.neighbors("emb", threshold=threshold)
+        assert (want["score"] == tie).any() == (threshold == tie)
+        ddf = to_dask(pdf, 4)
+        with dask.config.set(scheduler="sync"):
+            lazy = clustered.neighbors(ddf, "emb", threshold=threshold, clusters=9)
+            assert lazy.npartitions == 4
+            assert_same(lazy.compute(), want, exact_scores=True)
+            kept = clustered.dedup(ddf, "emb", threshold, clusters=9)
+            assert kept.divisions == ddf.divisions
+            pd.testing.assert_frame_equal(kept.compute(), pdf.cosim.dedup("emb", threshold))
+
+
+def test_generated_embeddings_every_partition_count() -> None:
+    pdf, planted = make_embeddings(3000, 24, directions=60, duplicates=0.1, seed=2)
+    want = pdf.cosim.neighbors("emb", threshold=0.9)
+    # Every planted pair at or above the threshold is among them.
+    strong = planted.cosine >= 0.9 + 1e-6
+    pairs = set(zip(want["left"], want["right"], strict=True))
+    lo = np.minimum(planted.copy, planted.source)[strong]
+    hi = np.maximum(planted.copy, planted.source)[strong]
+    assert set(zip(lo.tolist(), hi.tolist(), strict=True)) <= pairs
+    with dask.config.set(scheduler="sync"):
+        for parts in (1, 3):
+            # Few dimensions and diffuse clusters: the exact mode says it copies a lot.
+            with pytest.warns(UserWarning, match="rules out few clusters here"):
+                lazy = clustered.neighbors(to_dask(pdf, parts), "emb", threshold=0.9)
+            assert_same(lazy.compute(), want, exact_scores=False)
+
+
+# --------------------------------------------------------------------------- the bounds
+
+
+@pytest.mark.parametrize("rows", ["float64 with short rows", "float32 of norm about 1"])
+def test_score_error_bounds_the_float32_scores(rows: str) -> None:
+    d = 300
+    x = adversarial(2000, d=d, seed=1, dtype=np.float64)[:, :d]
+    x = x[np.isfinite(x).all(axis=1) & (np.abs(x).sum(axis=1) > 0)]
+    if rows.startswith("float64"):
+        x[:50] *= 1e-15  # far shorter than eps
+    else:
+        # Rows within 2**-20 of norm 1 serve as their own unit rows (no normalised copy).
+        stretch = 1.0 + np.random.default_rng(0).uniform(-(2.0**-21), 2.0**-21, (len(x), 1))
+        x = (unit(x) * stretch).astype(np.float32)
+    prep = sk.prepare(torch.from_numpy(x), eps=1e-8)
+    dirs, has, e_d = ck.directions(prep)
+    assert bool(has.all())
+    assert (prep.unit is prep.raw) == rows.startswith("float32")
+    cent = ck.kmeans(dirs, 20, iters=3, seed=0)
+    s = (dirs @ cent.T).double()
+    c64 = cent.double() / torch.linalg.vector_norm(cent.double(), dim=1, keepdim=True)
+    exact = torch.from_numpy(unit(x.astype(np.float64))) @ c64.T
+    err = float((s - exact).abs().max())
+    delta = ck.product_error(d, e_d)
+    assert 0 < err <= delta
+    assert delta < 2 * sk.margin(d)
+
+
+def test_skip_rules_never_skip_a_match() -> None:
+    """For every pair of rows scoring at least t (float64), the row in the lower-numbered
+    cluster probes the other's cluster."""
+    x = adversarial(1500, d=16, seed=5)
+    x = x[np.isfinite(x).all(axis=1) & (np.abs(x).sum(axis=1) > 0)]
+    prep = sk.prepare(torch.from_numpy(x), eps=1e-8)
+    dirs, _, e_d = ck.directions(prep)
+    cent = ck.kmeans(dirs, 25, iters=2, seed=3)
+    delta = ck.product_error(16, e_d)
+    _, radius = ck.cluster_stats(dirs, cent, delta, 2**20)
+    for t in (0.6, 0.85, 0.97):
+        home, prow, pclu = ck.route(
+            dirs, cent, ck.floors(radius, t, 16, delta), t, delta, None, 2**20
+        )
+        probes = set(zip(prow.tolist(), pclu.tolist(), strict=True))
+        i, j, _ = sk.threshold_pairs(prep, prep, t, tile_bytes=2**20, mode="upper")
+        a, b = home[i], home[j]
+        cross = a != b
+        assert int(cross.sum()) > 5
+        for r, s, ca, cb in zip(i[cross], j[cross], a[cross], b[cross], strict=True):
+            low, high = (int(r), int(cb)) if ca < cb else (int(s), int(ca))
+            assert (low, high) in probes
+        # The exact mode probes only upwards; n_probe mode at most n_probe clusters.
+        assert bool((pclu > home[prow]).all())
+        _, prow2, _ = ck.route(dirs, cent, ck.floors(radius, t, 16, delta), t, delta, 2, 2**20)
+        assert int(torch.bincount(prow2).max()) <= 2
+
+
+def test_kmeans_and_generator() -> None:
+    x, planted = embedding_arrays(4000, 32, directions=40, duplicates=0.05, seed=7)
+    again, _ = embedding_arrays(4000, 32, directions=40, duplicates=0.05, seed=7)
+    assert torch.equal(x, again)
+    assert x.dtype == torch.float32
+    torch.testing.assert_close(torch.linalg.vector_norm(x, dim=1), torch.ones(4000))
+    got = (x[planted.copy].double() * x[planted.source].double()).sum(dim=1).numpy()
+    np.testing.assert_allclose(got, planted.cosine, atol=1e-6)
+    assert len(planted.copy) == 200 and not set(planted.copy) & set(planted.source)
+    cent = ck.kmeans(x, 50, iters=5, seed=0)
+    assert cent.shape == (50, 32)
+    torch.testing.assert_close(torch.linalg.vector_norm(cent, dim=1), torch.ones(50))
+    assert len(ck.kmeans(x[:3], 10, iters=2, seed=0)) == 3
+
+
+# --------------------------------------------------------------------------- recall
+
+
+def test_n_probe_recall_against_a_brute_force_count() -> None:
+    pdf, _ = make_embeddings(
+        4000, 16, directions=80, spread=(0.8, 1.0), duplicates=0.2, cosines=(0.7, 1.0), seed=3
+    )
+    threshold = 0.75
+    exact = pdf.cosim.neighbors("emb", threshold=threshold)
+    got = clustered.neighbors(pdf, "emb", threshold=threshold, clusters=60, n_probe=1)
+    exact_pairs = set(zip(exact["left"], exact["right"], strict=True))
+    found = set(zip(got["left"], got["right"], strict=True))
+    assert found < exact_pairs  # n_probe=1 misses some here, and reports no false pair
+    # n_probe=0: each row meets its own cluster only (NeMo Curator's way), same clusters.
+    alone = clustered.neighbors(pdf, "emb", threshold=threshold, clusters=60, n_probe=0)
+    assert set(zip(alone["left"], alone["right"], strict=True)) < found
+    truth = clustered_recall.sample_truth(pdf, "emb", 0.7, sample_rows=700, seed=1)
+    rec = clustered_recall.neighbors_recall(truth, got, threshold)
+    sampled = set(pdf.index[np.sort(np.random.default_rng(1).choice(4000, 700, replace=False))])
+    touching = {p for p in exact_pairs if p[0] in sampled or p[1] in sampled}
+    assert rec.rows == 700
+    assert rec.expected == len(touching)
+    assert rec.found == len(touching & found) < rec.expected
+    assert rec.extra == 0
+    assert rec.recall == rec.found / rec.expected
+
+    kept = clustered.dedup(pdf, "emb", threshold, clusters=60, n_probe=1)
+    want = pdf.cosim.dedup("emb", threshold)
+    drops = set(pdf.index) - set(want.index)
+    missed = set(kept.index) - set(want.index)
+    assert missed and set(want.index) <= set(kept.index)
+    rec = clustered_recall.dedup_recall(truth, kept, threshold)
+    assert rec.expected == len(drops & sampled)
+    assert rec.found == len((drops - missed) & sampled)
+    assert rec.extra == 0
+
+
+def test_recall_of_the_exact_mode_is_one_and_labels_must_be_unique() -> None:
+    pdf, _ = make_embeddings(1500, 32, directions=30, duplicates=0.1, seed=5)
+    ddf = to_dask(pdf, 3)
+    with dask.config.set(scheduler="sync"):
+        lazy = clustered.neighbors(ddf, "emb", threshold=0.9, clusters=8)
+        truth = clustered_recall.sample_truth(ddf, "emb", 0.9, sample_rows=400)
+        rec = clustered_recall.neighbors_recall(truth, lazy)
+        assert rec.expected > 10 and rec.recall == 1.0 and rec.extra == 0
+        kept = clustered.dedup(ddf, "emb", 0.9, clusters=8)
+        rec = clustered_recall.dedup_recall(truth, kept)
+        assert rec.expected > 5 and rec.recall == 1.0 and rec.extra == 0
+        with pytest.raises(ValueError, match=r"below the truth's 0\.9"):
+            clustered_recall.dedup_recall(truth, kept, 0.8)
+        repeated = to_dask(pdf.set_index(pdf["id"] % 500), 3)
+        with pytest.raises(ValueError, match=r"labels must be unique: df\.reset_index"):
+            clustered_recall.sample_truth(repeated, "emb", 0.9, sample_rows=400)
+
+
+# --------------------------------------------------------------------------- errors, edges
+
+
+def test_bad_arguments_and_empty_frames() -> None:
+    pdf = frame(adversarial(400, d=8))
+    with pytest.raises(
+        ValueError, match=r"threshold=0\.0: method='clustered' needs a threshold in \(0, 1\]"
+    ):
+        clustered.neighbors(pdf, "emb", threshold=0.0)
+    with pytest.raises(ValueError, match=r"n_probe=-1 must be an integer >= 0"):
+        clustered.dedup(pdf, "emb", 0.9, n_probe=-1)
+    with pytest.raises(ValueError, match=r"clusters=True must be a positive integer"):
+        clustered.dedup(pdf, "emb", 0.9, clusters=True)
+    with pytest.raises(KeyError, match="did you mean 'emb'"):
+        clustered.neighbors(pdf, "emd", threshold=0.9)
+    empty = pdf.iloc[:0]
+    assert len(clustered.neighbors(empty, "emb", threshold=0.9)) == 0
+    assert len(clustered.dedup(empty, "emb", 0.9)) == 0
+    only_bad = frame(np.full((5, 8), np.nan, np.float32))
+    assert len(clustered.neighbors(only_bad, "emb", threshold=0.9)) == 0
+    pd.testing.assert_frame_equal(clustered.dedup(only_bad, "emb", 0.9), only_bad)
+
+
+# --------------------------------------------------------------------------- a cluster
+
+
+def test_on_worker_processes(client: Client) -> None:
+    pdf, _ = make_embeddings(2500, 16, directions=40, duplicates=0.1, seed=9)
+    ddf = to_dask(pdf, 3)
+    want = pdf.cosim.neighbors("emb", threshold=0.9)
+    got = clustered.neighbors(ddf, "emb", threshold=0.9, clusters=20).compute()
+    assert_same(got, want, exact_scores=False)
+    kept = clustered.dedup(ddf, "emb", 0.9, clusters=20, n_probe=2).compute()
+    assert set(pdf.cosim.dedup("emb", 0.9).index) <= set(kept.index)
+    assert dask_cosim.__name__ == "dask_cosim"
