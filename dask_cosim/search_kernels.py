@@ -61,6 +61,7 @@ __all__ = [
     "prepare",
     "rescore",
     "threshold_pairs",
+    "top_of_pairs",
     "topk",
 ]
 
@@ -113,15 +114,16 @@ def _finish(
             row_pos=u if self_pos else None,
             mode="exclude_self" if self_pos else None,
         )
-        fix = _top_of_pairs(len(u), ii, jj, ss, k)
+        fix = top_of_pairs(len(u), ii, jj, ss, k)
         index[u], score[u] = fix.index, fix.score
     index[~q.valid] = -1
     score[~q.valid] = _NEG_INF
     return TopK(index, score)
 
 
-def _top_of_pairs(n: int, i: torch.Tensor, j: torch.Tensor, s: torch.Tensor, k: int) -> TopK:
-    """The k best (score desc, position asc) of each row from a list of pairs."""
+def top_of_pairs(n: int, i: torch.Tensor, j: torch.Tensor, s: torch.Tensor, k: int) -> TopK:
+    """The k best of each of ``n`` rows from a list of pairs (row ``i``, position ``j``,
+    score ``s``): ``TopK`` ordered by score descending, then position ascending."""
     index = torch.full((n, k), -1, dtype=torch.int64, device=i.device)
     score = torch.full((n, k), _NEG_INF, dtype=torch.float64, device=i.device)
     if len(i) == 0:

@@ -356,7 +356,7 @@ def topk(
             qa, b, seed, k=k, mode=mode, diag=diag + a0, engine=engine, config=config
         )
         if not exact:
-            return sk._top_of_pairs(n, i, j, s.to(torch.float64), k)
+            return sk.top_of_pairs(n, i, j, s.to(torch.float64), k)
         bound = sp.pair_bound(qa, i, rl, j)
         s64 = s.to(torch.float64)
         # The final floor: the best of the kernel's and the k-th best s_hat - E among the
@@ -364,7 +364,7 @@ def topk(
         floor64 = torch.maximum(floor.to(torch.float64), _kth_per_row(n, i, s64 - bound, k))
         keep = s64 + bound >= floor64[i]
         i, j = i[keep], j[keep]
-        return sk._top_of_pairs(n, i, j, sk.rescore(qp, i, r, j), k)
+        return sk.top_of_pairs(n, i, j, sk.rescore(qp, i, r, j), k)
 
     parts = _by_row_blocks(len(q), block_rows, block)
     if not parts:
