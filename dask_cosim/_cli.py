@@ -161,6 +161,26 @@ class Output:
         return not self.quiet and sys.stderr.isatty()
 
 
+@contextmanager
+def log_steps(enabled: bool) -> Iterator[None]:
+    """While it lasts, the library's INFO messages (the steps a clustered search plans
+    before its progress bar can show) go to stderr, when ``enabled``."""
+    if not enabled:
+        yield
+        return
+    logger = logging.getLogger("dask_cosim")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+
+
 def _memory_limit(ctx: click.Context, param: click.Parameter, value: str) -> str:
     from dask_cosim import options
 

@@ -40,6 +40,7 @@ from dask_cosim._cli import (
     Output,
     cluster_options,
     count,
+    log_steps,
     one_line_errors,
     output_options,
 )
@@ -245,23 +246,26 @@ def _search(
     *,
     rows_of_input: bool = False,
     removed: str | None = None,
+    on_cluster: bool = False,
 ) -> None:
     """Check OUTPUT (and REMOVED) and build the result (errors before a cluster starts),
     then compute and write it on the cluster; prints rows, time and the output paths.
     ``build`` returns the result, or (kept rows, removed rows) with ``removed``;
-    ``rows_of_input``: the result's rows are the input's (dedup), index included."""
+    ``rows_of_input``: the result's rows are the input's (dedup), index included;
+    ``on_cluster``: build computes (a clustered search's plan), so it runs on the cluster."""
     from dask_cosim import runs
 
     runs.check_output(out.output, out.overwrite)
     if removed is not None:
         runs.check_output(removed, out.overwrite)
-    result = build()
     # Search results are numbered per partition: their index says nothing, so it is not
     # written.  Dedup's kept rows keep the input's index.
-    jobs = [(result, out.output, rows_of_input)]
     if removed is not None:
-        jobs = [(result[0], out.output, rows_of_input), (result[1], removed, False)]
-    with cluster.client():
+        kept, dropped = build()
+        jobs = [(kept, out.output, rows_of_input), (dropped, removed, False)]
+    else:
+        jobs = [(build if on_cluster else build(), out.output, rows_of_input)]
+    with cluster.client(), log_steps(out.progress):
         written = runs.write_all(jobs, overwrite=out.overwrite, progress=out.progress,
                                  layout=out.layout)  # fmt: skip
     for (_, path, _), w in zip(jobs, written):
@@ -398,7 +402,7 @@ def neighbors(
     df = runs.read_inputs(inputs, _READS)
     _search(lambda: df.cosim.neighbors(on, k=k, threshold=threshold, columns=list(columns),
                                        method=method, n_probe=n_probe, clusters=clusters),
-            out, cluster)  # fmt: skip
+            out, cluster, on_cluster=method == "clustered")  # fmt: skip
 
 
 @main.command()
@@ -431,7 +435,8 @@ def dedup(
     _search(lambda: df.cosim.dedup(on, threshold, return_removed=removed is not None,
                                    columns=list(columns), method=method, n_probe=n_probe,
                                    clusters=clusters),
-            out, cluster, rows_of_input=True, removed=removed)  # fmt: skip
+            out, cluster, rows_of_input=True, removed=removed,
+            on_cluster=method == "clustered")  # fmt: skip
 
 
 if __name__ == "__main__":

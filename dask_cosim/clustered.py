@@ -25,7 +25,9 @@ can be ruled out; recall below 1, measured by :mod:`dask_cosim.clustered_recall`
 
 from __future__ import annotations
 
+import logging
 import math
+import time
 import warnings
 from dataclasses import dataclass
 from typing import Any
@@ -43,6 +45,10 @@ from dask_cosim import clustered_partition as cp
 from dask_cosim import search_partition as sp
 
 __all__ = ["Plan", "dedup", "neighbors", "plan"]
+
+# The plan computes when the call is made, before any progress bar of the lazy result can
+# show: it reports its steps here (INFO; the CLI shows them unless --quiet).
+logger = logging.getLogger(__name__)
 
 # Rows of the sample the plan routes to estimate each cluster's probes (for block sizes).
 PROBE_SAMPLE = 20_000
@@ -204,8 +210,13 @@ def plan(
     centroids = call(_kmeans)(sample, k, iters, seed, device)
     probe_sample = call(_head)(sample, PROBE_SAMPLE)
     seen = call(len)(sample)
+    started = time.perf_counter()
+    logger.info("clustered: k-means on a sample of about %d of %d rows, %d clusters",
+                round(fraction * rows), rows, k)  # fmt: skip
     if lazy:
         centroids, probe_sample, seen = dask.compute(centroids, probe_sample, seen)
+    logger.info("clustered: k-means done in %.1f s; the clusters' radii next",
+                time.perf_counter() - started)  # fmt: skip
     stats = _tree(
         call,
         cp.merge_stats,
@@ -226,10 +237,14 @@ def plan(
             "it (measure the recall with dask_cosim.clustered_recall)",
             stacklevel=6,  # the line that called df.cosim.neighbors or dedup
         )
-    return _layout(
+    found = _layout(
         centroids, stats, threshold, n_probe, probes * scale, seen, block_bytes,
         df.npartitions if lazy else 1,
     )  # fmt: skip
+    logger.info("clustered: planned in %.1f s: about %.1f copies per row, %d output "
+                "partitions; the search is lazy from here", time.perf_counter() - started,
+                1 + probes.sum() * scale / max(stats.rows, 1), found.partitions)  # fmt: skip
+    return found
 
 
 def _layout(

@@ -7,7 +7,6 @@ from __future__ import annotations
 import math
 
 import dask
-import dask.dataframe as dd
 import numpy as np
 import pandas as pd
 import pytest
@@ -19,12 +18,7 @@ from dask_cosim import clustered, clustered_recall
 from dask_cosim import clustered_kernels as ck
 from dask_cosim import search_kernels as sk
 from dask_cosim.datasets import embedding_arrays, make_embeddings
-from tests.helpers import as_column
-
-
-def to_dask(pdf: pd.DataFrame, npartitions: int) -> dd.DataFrame:
-    with dask.config.set({"dataframe.convert-string": False}):
-        return dd.from_pandas(pdf, npartitions=npartitions, sort=False)
+from tests.helpers import as_column, to_dask
 
 
 def unit(x: np.ndarray) -> np.ndarray:

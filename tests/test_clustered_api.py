@@ -11,13 +11,14 @@ import numpy as np
 import pandas as pd
 import pytest
 from click.testing import CliRunner
-from distributed import LocalCluster
+from distributed import Client, LocalCluster
 
 import dask_cosim
-from dask_cosim import search
+from dask_cosim import clustered, search
+from dask_cosim._cli import log_steps
 from dask_cosim.cli import main
 from dask_cosim.datasets import make_embeddings
-from tests.test_clustered import to_dask
+from tests.helpers import to_dask
 
 
 @pytest.fixture(scope="module")
@@ -103,3 +104,18 @@ def test_cli_method_clustered(pdf: pd.DataFrame, tmp_path: Path, scheduler: str)
     )  # fmt: skip
     assert bad.exit_code == 2
     assert "return_removed=True with method='clustered'" in bad.output
+    # The plan (k-means, the radii) computed on the cluster, not in the CLI's process.
+    with Client(scheduler) as client:
+        ran = client.run_on_scheduler(lambda dask_scheduler: list(dask_scheduler.task_prefixes))
+    assert {"kmeans", "stats_partition"} <= set(ran), sorted(ran)
+
+
+def test_plan_reports_its_steps(pdf: pd.DataFrame, capsys: pytest.CaptureFixture[str]) -> None:
+    with log_steps(False):
+        clustered.plan(to_dask(pdf, 2), "emb", 0.9, clusters=10)
+    assert capsys.readouterr().err == ""
+    with log_steps(True):
+        clustered.plan(to_dask(pdf, 2), "emb", 0.9, clusters=10)
+    err = capsys.readouterr().err
+    assert "clustered: k-means on a sample of about 1500 of 1500 rows, 10 clusters" in err
+    assert "copies per row" in err and "the search is lazy from here" in err
