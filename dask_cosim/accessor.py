@@ -299,8 +299,8 @@ class CosimAccessor:
             on a CPU).  "clustered" runs spherical k-means on a sample, then the exact
             kernels within each cluster and across the cluster boundaries that the skip
             rule cannot rule out (docs/clustered.md): for millions of rows; it computes
-            the clustering when called; ``threshold`` must be in (0, 1];
-            ``return_removed`` is not supported yet.
+            the clustering when called; ``threshold`` must be in (0, 1]; ``columns``
+            is not supported yet.
         n_probe : int, optional
             With "clustered": None (the default) probes every cluster that may hold a
             match, so the result equals "exact" (recall 1); an integer probes at most

@@ -258,14 +258,17 @@ def _search(
     runs.check_output(out.output, out.overwrite)
     if removed is not None:
         runs.check_output(removed, out.overwrite)
-    # Search results are numbered per partition: their index says nothing, so it is not
-    # written.  Dedup's kept rows keep the input's index.
-    if removed is not None:
-        kept, dropped = build()
-        jobs = [(kept, out.output, rows_of_input), (dropped, removed, False)]
-    else:
-        jobs = [(build if on_cluster else build(), out.output, rows_of_input)]
+
+    def jobs_of(result: Any) -> list[tuple[Any, str, bool]]:
+        # Search results are numbered per partition: their index says nothing, so it is
+        # not written.  Dedup's kept rows keep the input's index.
+        if removed is None:
+            return [(result, out.output, rows_of_input)]
+        return [(result[0], out.output, rows_of_input), (result[1], removed, False)]
+
+    jobs = None if on_cluster else jobs_of(build())
     with cluster.client(), log_steps(out.progress):
+        jobs = jobs or jobs_of(build())
         written = runs.write_all(jobs, overwrite=out.overwrite, progress=out.progress,
                                  layout=out.layout)  # fmt: skip
     for (_, path, _), w in zip(jobs, written):

@@ -290,20 +290,21 @@ def _pairs_meta(df: Any, on: str) -> pd.DataFrame:
     return sp.result_meta(like.index, like.index, sp.score_dtype(spec), False)
 
 
-def _search(df: Any, on: str, p: Plan, drops: bool) -> Any:
+def _found(df: Any, on: str, p: Plan, drops: bool, by: str) -> Any:
+    """What :func:`clustered_partition.search_blocks` finds with plan ``p`` (the pairs, or
+    with ``drops`` the keys of the rows to drop), indexed by the key column ``by`` and,
+    for a dask frame, lazily gathered into the input partition that key names."""
     eps, device = options.eps(), options.device()
     tiles = options.search_tile_bytes()
     tile = tiles["cuda" if device.startswith("cuda") else "cpu"]
     kwargs: dict[str, Any] = {"eps": eps, "device": device}
-    meta = _pairs_meta(df, on)
-    like = search._meta_of(df)
     if not dask.is_dask_collection(df):
         routed = cp.route_partition(df, on, p.layout, chunk_bytes=tiles["cpu"], **kwargs)
         found = cp.search_blocks(
             routed, p.threshold, p.layout.dtype, p.layout.dim, drops=drops, tile_bytes=tile,
             **kwargs,
         )  # fmt: skip
-        return cp.drop_keys(df, found) if drops else cp.finish_pairs(found, meta, like)
+        return found.set_index(by)
     layout = dask.delayed(p.layout, name=f"cosim-clustered-layout-{tokenize(p.layout.centroids)}")
     routed = df[[on]].map_partitions(
         cp.route_partition,
@@ -322,17 +323,47 @@ def _search(df: Any, on: str, p: Plan, drops: bool) -> Any:
         p.layout.dim,
         drops=drops,
         tile_bytes=tile,
-        meta=cp.found_meta(meta, drops),
+        meta=cp.found_meta(_pairs_meta(df, on), drops),
         token="cosim-clustered-blocks",
         **kwargs,
     )
     # Back to the input's partitions: each key's partition is its top bits.
     bounds = [i << cp.POS_BITS for i in range(df.npartitions + 1)]
-    ordered = found.set_index("_key" if drops else "_lkey", divisions=bounds)
-    if drops:
-        return dd.map_partitions(cp.drop_keys, df, ordered, meta=df._meta, align_dataframes=False)
+    return found.set_index(by, divisions=bounds)
+
+
+def _per_partition(fn: Any, found: Any, *args: Any, meta: Any) -> Any:
+    """``fn(part, *args)`` on each partition of ``found`` (eager: on the one frame)."""
+    if not dask.is_dask_collection(found):
+        return fn(found, *args)
+    return found.map_partitions(fn, *args, meta=meta)
+
+
+def _drop(df: Any, found: Any) -> Any:
+    """``df`` without the rows whose keys index ``found``."""
+    if not dask.is_dask_collection(df):
+        return cp.drop_keys(df, found)
+    return dd.map_partitions(cp.drop_keys, df, found, meta=df._meta, align_dataframes=False)
+
+
+def _search(df: Any, on: str, p: Plan) -> Any:
+    """The pairs of plan ``p``: the ``neighbors(threshold=...)`` result."""
+    meta, like = _pairs_meta(df, on), search._meta_of(df)
+    found = _found(df, on, p, drops=False, by="_lkey")
+    return _per_partition(cp.finish_pairs, found, meta, like, meta=backends.frame_like(meta, like))
+
+
+def _dedup(df: Any, on: str, p: Plan, removed: bool) -> Any:
+    """``df`` without the rows that have an earlier match; with ``removed`` also dedup's
+    removed rows: the pairs, gathered by their later (right) row's partition, give both
+    the rows to drop and each one's best earlier match (chosen as the exact method
+    chooses it, :func:`dask_cosim.search_dedup.best_matches`)."""
+    if not removed:
+        return _drop(df, _found(df, on, p, drops=True, by="_key"))
+    meta, like = _pairs_meta(df, on), search._meta_of(df)
+    pairs = _found(df, on, p, drops=False, by="_rkey")
     out_meta = backends.frame_like(meta, like)
-    return ordered.map_partitions(cp.finish_pairs, meta, like, meta=out_meta)
+    return _drop(df, pairs), _per_partition(cp.removed_rows, pairs, meta, like, meta=out_meta)
 
 
 def neighbors(df: Any, on: str, *, threshold: float, **options: Any) -> Any:
@@ -350,13 +381,18 @@ def neighbors(df: Any, on: str, *, threshold: float, **options: Any) -> Any:
         Lazy for a dask frame (the clustering is computed when this is called), else
         eager.
     """
-    return _search(df, on, plan(df, on, threshold, **options), drops=False)
+    return _search(df, on, plan(df, on, threshold, **options))
 
 
-def dedup(df: Any, on: str, threshold: float, **options: Any) -> Any:
+def dedup(
+    df: Any, on: str, threshold: float, *, return_removed: bool = False, **options: Any
+) -> Any:
     """``df`` without every row that has an earlier row (frame order) scoring at least
     ``threshold`` with it, by the clustered method (as ``dedup``: chains are not
     followed; rows that cannot match are kept).  Same partitions and divisions as
     ``df``; with ``n_probe`` set, rows whose only earlier matches were missed are kept.
-    Options as in :func:`neighbors`."""
-    return _search(df, on, plan(df, on, threshold, **options), drops=True)
+    With ``return_removed``, ``(kept, removed)``: ``removed`` as the exact method's (per
+    dropped row, in frame order, ``left`` its earlier match of highest float64 score,
+    ties to the earliest, ``right`` the row, ``score``).  Options as in
+    :func:`neighbors`."""
+    return _dedup(df, on, plan(df, on, threshold, **options), return_removed)

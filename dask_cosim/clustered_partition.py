@@ -23,6 +23,7 @@ import torch
 
 from dask_cosim import backends, partition
 from dask_cosim import clustered_kernels as ck
+from dask_cosim import search_dedup as sd
 from dask_cosim import search_kernels as sk
 from dask_cosim import search_results as sr
 
@@ -372,6 +373,15 @@ def finish_pairs(pairs: pd.DataFrame, meta: pd.DataFrame, like: Any = None) -> A
     again = np.r_[False, (lkey[1:] == lkey[:-1]) & (rkey[1:] == rkey[:-1])]
     taken = taken[~again[: len(taken)]]
     return sr.pairs_result(pairs.iloc[taken], meta, False, like)
+
+
+def removed_rows(pairs: pd.DataFrame, meta: pd.DataFrame, like: Any = None) -> Any:
+    """dedup's removed rows of one output partition, from its pairs indexed by the later
+    row's key ("_rkey"): per later row its best earlier match, in frame order (the exact
+    method's choice: :func:`dask_cosim.search_dedup.best_matches`); in the library of
+    ``like``.  A pair found from both of its clusters counts once, as it should."""
+    best = sd.best_matches(pairs.rename_axis("_key").reset_index())
+    return sd.finish_removed(best, meta, {}, like)
 
 
 def drop_keys(df: Any, drops: pd.DataFrame, partition_info: dict[str, Any] | None = None) -> Any:

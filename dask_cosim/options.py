@@ -301,12 +301,11 @@ def search_method(
     n_probe: Any = None,
     clusters: Any = None,
     columns: Any = None,
-    return_removed: bool = False,
 ) -> tuple[str, int | None, int | None]:
     """``method`` of neighbors / dedup ("exact" or "clustered") with the arguments that go
     with it: (method, n_probe, clusters), ints (n_probe >= 0, clusters >= 1) or None.
     ``n_probe`` and ``clusters`` need "clustered"; "clustered" needs a threshold above 0
-    and no ``k``, and does not yet carry ``columns`` or return the removed rows."""
+    and no ``k``, and does not yet carry ``columns``."""
     if method not in SEARCH_METHODS:
         raise ValueError(
             f"method={method!r}; use 'exact' (all pairs, the default) or 'clustered' "
@@ -346,13 +345,6 @@ def search_method(
             f"columns={columns!r} with method='clustered' is not supported yet; use "
             "method='exact', or give the frame unique labels (df.reset_index()) and merge "
             "the columns onto the result's 'left' and 'right' labels"
-        )
-    if return_removed:
-        raise NotImplementedError(
-            "return_removed=True with method='clustered' is not supported yet; the removed "
-            "rows are the 'right' rows of df.cosim.neighbors(on, threshold=..., "
-            "method='clustered') (each one's best earlier match: its highest-scoring pair), "
-            "or use method='exact'"
         )
     return method, n_probe, clusters
 

@@ -300,11 +300,11 @@ def dedup(
     spec = check_column(df, on)
     cols = _carried(df, columns, "columns")
     how = options.search_method(method, threshold=threshold, n_probe=n_probe, clusters=clusters,
-                                columns=cols, return_removed=return_removed)  # fmt: skip
-    if how[0] == "clustered":
-        return _clustered("dedup", df, on, threshold_value, how)
+                                columns=cols)  # fmt: skip
     if return_removed:
         _warn_if_labels_repeat([(df, "the frame", "'left' and 'right'")] * (not cols))
+    if how[0] == "clustered":
+        return _clustered("dedup", df, on, threshold_value, how, return_removed=return_removed)
     opts = _options()
     build = _Builder(dask.is_dask_collection(df))
     sides = _sides(build, df, on, opts, cols)
@@ -342,14 +342,16 @@ def dedup(
     return kept, build.collect(removed, backends.frame_like(meta, like))
 
 
-def _clustered(what: str, df: Any, on: str, threshold: Any, how: tuple[Any, ...]) -> Any:
+def _clustered(
+    what: str, df: Any, on: str, threshold: Any, how: tuple[Any, ...], **extra: Any
+) -> Any:
     """``method="clustered"``: k-means first, exact search within clusters
-    (:mod:`dask_cosim.clustered`)."""
+    (:mod:`dask_cosim.clustered`); ``extra``: dedup's ``return_removed``."""
     from dask_cosim import clustered
 
     _, n_probe, clusters = how
     run = clustered.neighbors if what == "neighbors" else clustered.dedup
-    return run(df, on, threshold=float(threshold), clusters=clusters, n_probe=n_probe)
+    return run(df, on, threshold=float(threshold), clusters=clusters, n_probe=n_probe, **extra)
 
 
 def groups(df: Any, on: str, threshold: float, *, name: str = "group") -> Any:

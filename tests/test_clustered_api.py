@@ -54,6 +54,27 @@ def test_accessor_clustered_equals_exact(pdf: pd.DataFrame) -> None:
             assert list(kept.columns) == list(pdf.columns)
 
 
+def test_clustered_removed_rows_equal_exact(pdf: pd.DataFrame) -> None:
+    ddf = to_dask(pdf, 3)
+    with dask.config.set(scheduler="sync"):
+        for frame in (pdf, ddf):
+            want = frame.cosim.dedup("emb", 0.9, return_removed=True)
+            got = frame.cosim.dedup("emb", 0.9, return_removed=True, method="clustered",
+                                    clusters=12)  # fmt: skip
+            if frame is ddf:
+                assert got[0].divisions == ddf.divisions
+                assert got[1].npartitions == ddf.npartitions
+                assert got[1]._meta.dtypes.to_dict() == want[1]._meta.dtypes.to_dict()
+                want, got = dask.compute(*want), dask.compute(*got)
+            pd.testing.assert_frame_equal(got[0], want[0])
+            removed, expected = (r.reset_index(drop=True) for r in (got[1], want[1]))
+            assert len(expected) > 50
+            assert removed.dtypes.to_dict() == expected.dtypes.to_dict()
+            # Which earlier row each removed row names: the same float64 rule, ties alike.
+            pd.testing.assert_frame_equal(removed[["left", "right"]], expected[["left", "right"]])
+            np.testing.assert_allclose(removed["score"], expected["score"], rtol=1e-12, atol=0)
+
+
 def test_clustered_errors(pdf: pd.DataFrame) -> None:
     df = pdf.cosim
     with pytest.raises(ValueError, match=r"method='approx'; use 'exact'"):
@@ -66,8 +87,6 @@ def test_clustered_errors(pdf: pd.DataFrame) -> None:
         df.neighbors("emb", threshold=-0.5, method="clustered")
     with pytest.raises(NotImplementedError, match=r"columns=\['id'\] with method='clustered'"):
         df.neighbors("emb", threshold=0.9, columns=["id"], method="clustered")
-    with pytest.raises(NotImplementedError, match=r"return_removed=True with method='clustered'"):
-        df.dedup("emb", 0.9, return_removed=True, method="clustered")
     assert dask_cosim.clustered_recall.sample_truth is not None
 
 
@@ -97,13 +116,19 @@ def test_cli_method_clustered(pdf: pd.DataFrame, tmp_path: Path, scheduler: str)
         want, got = outs[command, "exact"], outs[command, "clustered"]
         assert len(want) == len(got) > 0
         assert list(want.columns) == list(got.columns)
-    bad = runner.invoke(
-        main, ["dedup", str(data), "--on", "emb", "--threshold", "0.9", "-o",
-               str(tmp_path / "x"), "--method", "clustered", "--removed", str(tmp_path / "r"),
-               "--scheduler", scheduler],
-    )  # fmt: skip
-    assert bad.exit_code == 2
-    assert "return_removed=True with method='clustered'" in bad.output
+    removed = {}
+    for method in ("exact", "clustered"):
+        result = runner.invoke(
+            main, ["dedup", str(data), "--on", "emb", "--threshold", "0.9", "-o",
+                   str(tmp_path / f"x-{method}"), "--method", method, "--removed",
+                   str(tmp_path / f"r-{method}"), "--scheduler", scheduler, "--quiet"],
+        )  # fmt: skip
+        assert result.exit_code == 0, result.output
+        removed[method] = pd.read_parquet(tmp_path / f"r-{method}")
+    assert len(removed["exact"]) > 0
+    pd.testing.assert_frame_equal(
+        removed["clustered"][["left", "right"]], removed["exact"][["left", "right"]]
+    )
     # The plan (k-means, the radii) computed on the cluster, not in the CLI's process.
     with Client(scheduler) as client:
         ran = client.run_on_scheduler(lambda dask_scheduler: list(dask_scheduler.task_prefixes))
