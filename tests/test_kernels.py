@@ -7,6 +7,8 @@ tests/test_kernels_triton.py the CUDA kernel.
 
 from __future__ import annotations
 
+import functools
+
 import dask
 import numpy as np
 import pytest
@@ -20,6 +22,8 @@ from tests.helpers import random_pairs, reference
 
 # The kernels take their options as arguments: the configured defaults (cosim.yaml).
 EPS, CHUNK_BYTES = options.eps(), options.chunk_bytes()
+# The kernel with the configured eps and chunk budget (both are required arguments).
+cosine = functools.partial(kernels.pairwise_cosine, eps=EPS, chunk_bytes=CHUNK_BYTES)
 
 # Every CPU kernel: the torch kernel and the fused one (numba is a core dependency).
 KERNELS = [pytest.param(False, id="torch"), pytest.param("numba", id="numba")]
@@ -29,13 +33,11 @@ KERNELS = [pytest.param(False, id="torch"), pytest.param("numba", id="numba")]
 @pytest.mark.parametrize("chunk_rows", [None, 1, 7, 64, 10_000])
 def test_matches_reference_and_sklearn(chunk_rows: int | None, fused: bool | str) -> None:
     a, b = random_pairs(513, 300)
-    res = kernels.pairwise_cosine(
+    res = cosine(
         torch.from_numpy(a),
         torch.from_numpy(b),
         chunk_rows=chunk_rows,
         fused=fused,
-        eps=EPS,
-        chunk_bytes=CHUNK_BYTES,
     )
     assert res.dtype == torch.float32 and res.shape == (513,)
     np.testing.assert_allclose(res.numpy(), reference(a, b), atol=1e-6, rtol=0)
@@ -47,9 +49,7 @@ def test_zero_vector_gives_zero_and_nonfinite_gives_nan(fused: bool | str) -> No
     a = torch.tensor([[0.0, 0.0], [1.0, 0.0], [np.nan, 1.0], [np.inf, 0.0], [1.0, 1.0], [0.0, 0.0]])
     b = torch.tensor([[1.0, 2.0], [0.0, 0.0], [1.0, 1.0], [1.0, 0.0], [-np.inf, 1.0], [0.0, 0.0]])
     for dtype in (torch.float32, torch.float64):
-        res = kernels.pairwise_cosine(
-            a.to(dtype), b.to(dtype), fused=fused, eps=EPS, chunk_bytes=CHUNK_BYTES
-        )
+        res = cosine(a.to(dtype), b.to(dtype), fused=fused)
         assert res[:2].tolist() == [0.0, 0.0]
         assert torch.isnan(res[2:5]).all()
         assert res[5].item() == 0.0
@@ -65,19 +65,17 @@ def test_zero_vector_gives_zero_and_nonfinite_gives_nan(fused: bool | str) -> No
             == 1.0
         )
     # A zero row beside NaN is NaN: the NaN rule comes first.
-    nan_zero = kernels.pairwise_cosine(
-        torch.zeros(1, 3), torch.full((1, 3), np.nan), fused=fused, eps=EPS, chunk_bytes=CHUNK_BYTES
-    )
+    nan_zero = cosine(torch.zeros(1, 3), torch.full((1, 3), np.nan), fused=fused)
     assert torch.isnan(nan_zero).all()
 
 
 @pytest.mark.parametrize("fused", KERNELS)
 def test_parallel_and_antiparallel_clamped(fused: bool | str) -> None:
     a = torch.full((3, 1000), 0.1)
-    res = kernels.pairwise_cosine(a, a * 3, fused=fused, eps=EPS, chunk_bytes=CHUNK_BYTES)
+    res = cosine(a, a * 3, fused=fused)
     assert (res <= 1).all() and torch.allclose(res, torch.ones(3))
     assert torch.allclose(
-        kernels.pairwise_cosine(a, -a, fused=fused, eps=EPS, chunk_bytes=CHUNK_BYTES),
+        cosine(a, -a, fused=fused),
         -torch.ones(3),
     )
 
@@ -88,7 +86,7 @@ def test_fp16_accumulates_in_float32_without_overflow() -> None:
     b = a.clone()
     b[1] = -b[1]
     b[2, :2048] = 0
-    res = kernels.pairwise_cosine(a, b, eps=EPS, chunk_bytes=CHUNK_BYTES)
+    res = cosine(a, b)
     assert res.dtype == torch.float32
     np.testing.assert_allclose(
         res.numpy(), reference(a.float().numpy(), b.float().numpy()), atol=1e-6
@@ -98,22 +96,18 @@ def test_fp16_accumulates_in_float32_without_overflow() -> None:
 @pytest.mark.parametrize("fused", KERNELS)
 def test_float64(fused: bool | str) -> None:
     a, b = random_pairs(100, 33, dtype=np.float64)
-    res64 = kernels.pairwise_cosine(
-        torch.from_numpy(a), torch.from_numpy(b), fused=fused, eps=EPS, chunk_bytes=CHUNK_BYTES
-    )
+    res64 = cosine(torch.from_numpy(a), torch.from_numpy(b), fused=fused)
     assert res64.dtype == torch.float64
     np.testing.assert_allclose(res64.numpy(), reference(a, b), atol=1e-12)
 
 
 def test_bf16_and_float64() -> None:
     a, b = random_pairs(100, 33, dtype=np.float64)
-    res64 = kernels.pairwise_cosine(
-        torch.from_numpy(a), torch.from_numpy(b), eps=EPS, chunk_bytes=CHUNK_BYTES
-    )
+    res64 = cosine(torch.from_numpy(a), torch.from_numpy(b))
     assert res64.dtype == torch.float64
     np.testing.assert_allclose(res64.numpy(), reference(a, b), atol=1e-12)
     abf, bbf = torch.from_numpy(a).bfloat16(), torch.from_numpy(b).bfloat16()
-    res = kernels.pairwise_cosine(abf, bbf, eps=EPS, chunk_bytes=CHUNK_BYTES)
+    res = cosine(abf, bbf)
     assert res.dtype == torch.float32
     np.testing.assert_allclose(
         res.numpy(), reference(abf.float().numpy(), bbf.float().numpy()), atol=1e-6
@@ -123,13 +117,11 @@ def test_bf16_and_float64() -> None:
 @pytest.mark.parametrize("fused", KERNELS)
 def test_requested_float64_accumulation(fused: bool | str) -> None:
     a, b = random_pairs(50, 20)
-    res = kernels.pairwise_cosine(
+    res = cosine(
         torch.from_numpy(a),
         torch.from_numpy(b),
         dtype=torch.float64,
         fused=fused,
-        eps=EPS,
-        chunk_bytes=CHUNK_BYTES,
     )
     assert res.dtype == torch.float64
     np.testing.assert_allclose(res.numpy(), reference(a, b), atol=1e-12)
@@ -142,13 +134,11 @@ def test_float32_overflow_rows_are_recomputed(fused: bool | str) -> None:
     a[3] *= 1e30
     b[3] *= 1e30
     b[5] *= 1e25
-    res = kernels.pairwise_cosine(
+    res = cosine(
         torch.from_numpy(a),
         torch.from_numpy(b),
         chunk_rows=4,
         fused=fused,
-        eps=EPS,
-        chunk_bytes=CHUNK_BYTES,
     )
     np.testing.assert_allclose(res.numpy(), reference(a, b), atol=1e-6)
 
@@ -156,18 +146,14 @@ def test_float32_overflow_rows_are_recomputed(fused: bool | str) -> None:
 def test_integer_inputs_are_upcast() -> None:
     a = torch.tensor([[1, 2, 3], [0, 0, 0]])
     b = torch.tensor([[2, 4, 6], [1, 1, 1]])
-    assert kernels.pairwise_cosine(
-        a, b, eps=EPS, chunk_bytes=CHUNK_BYTES
-    ).tolist() == pytest.approx([1.0, 0.0])
+    assert cosine(a, b).tolist() == pytest.approx([1.0, 0.0])
 
 
 def test_shape_errors() -> None:
     with pytest.raises(ValueError, match=r"a \(3, 2\) and b \(3, 4\)"):
-        kernels.pairwise_cosine(
-            torch.ones(3, 2), torch.ones(3, 4), eps=EPS, chunk_bytes=CHUNK_BYTES
-        )
+        cosine(torch.ones(3, 2), torch.ones(3, 4))
     with pytest.raises(ValueError, match="two \\(N, D\\) tensors"):
-        kernels.pairwise_cosine(torch.ones(3), torch.ones(3), eps=EPS, chunk_bytes=CHUNK_BYTES)
+        cosine(torch.ones(3), torch.ones(3))
 
 
 def test_chunk_budget() -> None:
@@ -288,13 +274,11 @@ def test_property_matches_float64_reference(
     pair: tuple[np.ndarray, np.ndarray], chunk_rows: int, fused: bool | None
 ) -> None:
     a, b = pair
-    res = kernels.pairwise_cosine(
+    res = cosine(
         torch.from_numpy(a),
         torch.from_numpy(b),
         chunk_rows=chunk_rows,
         fused=fused,
-        eps=EPS,
-        chunk_bytes=CHUNK_BYTES,
     ).numpy()
     ref = reference(a, b)
     np.testing.assert_array_equal(np.isnan(res), np.isnan(ref))
@@ -312,12 +296,12 @@ def test_property_matches_float64_reference(
 def test_property_symmetric_scale_invariant_self_is_one(d: int, seed: int, k: float) -> None:
     a, b = random_pairs(8, d, seed=seed)
     ta, tb = torch.from_numpy(a), torch.from_numpy(b)
-    ab = kernels.pairwise_cosine(ta, tb, eps=EPS, chunk_bytes=CHUNK_BYTES)
-    assert torch.equal(ab, kernels.pairwise_cosine(tb, ta, eps=EPS, chunk_bytes=CHUNK_BYTES))
-    scaled = kernels.pairwise_cosine(ta * k, tb, eps=EPS, chunk_bytes=CHUNK_BYTES)
+    ab = cosine(ta, tb)
+    assert torch.equal(ab, cosine(tb, ta))
+    scaled = cosine(ta * k, tb)
     torch.testing.assert_close(scaled, ab * np.sign(k), atol=2e-6, rtol=0)
     torch.testing.assert_close(
-        kernels.pairwise_cosine(ta, ta, eps=EPS, chunk_bytes=CHUNK_BYTES),
+        cosine(ta, ta),
         torch.ones(8),
         atol=2e-6,
         rtol=0,
@@ -342,13 +326,11 @@ def test_out_of_memory_halves_the_chunk(monkeypatch: pytest.MonkeyPatch, error: 
 
     monkeypatch.setattr(torch, "empty", small_device)
     a, b = random_pairs(1000, 300)
-    res = kernels.pairwise_cosine(
+    res = cosine(
         torch.from_numpy(a),
         torch.from_numpy(b),
         chunk_rows=800,
         fused=False,
-        eps=EPS,
-        chunk_bytes=CHUNK_BYTES,
     )
     np.testing.assert_allclose(res.numpy(), reference(a, b), atol=1e-6)
     assert sizes == [800, 400, 200, 100]
@@ -363,13 +345,11 @@ def test_out_of_memory_halves_the_chunk(monkeypatch: pytest.MonkeyPatch, error: 
     monkeypatch.setattr(torch, "empty", no_memory)
     sizes.clear()
     with pytest.raises(error, match="simulated"):
-        kernels.pairwise_cosine(
+        cosine(
             torch.from_numpy(a),
             torch.from_numpy(b),
             chunk_rows=8,
             fused=False,
-            eps=EPS,
-            chunk_bytes=CHUNK_BYTES,
         )
     assert sizes == [8, 4, 2, 1]
 
@@ -378,23 +358,15 @@ def test_out_of_memory_halves_the_chunk(monkeypatch: pytest.MonkeyPatch, error: 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_zero_length_vectors_give_zero(fused: bool | str | None, dtype: torch.dtype) -> None:
     """D = 0: every vector is the zero vector, so every row is 0.0 (no error)."""
-    res = kernels.pairwise_cosine(
+    res = cosine(
         torch.empty(5, 0, dtype=dtype),
         torch.empty(5, 0, dtype=dtype),
-        eps=EPS,
-        chunk_bytes=CHUNK_BYTES,
     )
     assert res.dtype == dtype and res.tolist() == [0.0] * 5
     empty = torch.empty(5, 0, dtype=dtype)
-    assert torch.isnan(
-        kernels.pairwise_cosine(empty, empty, eps=0.0, fused=fused, chunk_bytes=CHUNK_BYTES)
-    ).all()
-    assert kernels.pairwise_cosine(
-        torch.empty(0, 0), torch.empty(0, 0), eps=EPS, chunk_bytes=CHUNK_BYTES
-    ).shape == (0,)
-    assert kernels.pairwise_cosine(
-        torch.empty(0, 3), torch.empty(0, 3), fused=fused, eps=EPS, chunk_bytes=CHUNK_BYTES
-    ).shape == (0,)
+    assert torch.isnan(cosine(empty, empty, eps=0.0, fused=fused)).all()
+    assert cosine(torch.empty(0, 0), torch.empty(0, 0)).shape == (0,)
+    assert cosine(torch.empty(0, 3), torch.empty(0, 3), fused=fused).shape == (0,)
 
 
 def test_which_kernel_runs() -> None:
@@ -410,7 +382,7 @@ def test_which_kernel_runs() -> None:
     a, b = random_pairs(20, 6)
     ta, tb = torch.from_numpy(a), torch.from_numpy(b)
     np.testing.assert_allclose(
-        kernels.pairwise_cosine(ta.T.contiguous().T, tb, eps=EPS, chunk_bytes=CHUNK_BYTES).numpy(),
+        cosine(ta.T.contiguous().T, tb).numpy(),
         reference(a, b),
         atol=1e-6,
     )
@@ -420,14 +392,10 @@ def test_fused_argument_errors() -> None:
     f32 = torch.ones(4, 3)
     with pytest.raises(RuntimeError, match=r"fused=True but no fused kernel applies: numba "
                        r"takes float32 or float64 pairs, got torch.int64"):  # fmt: skip
-        kernels.pairwise_cosine(
-            f32.long(), f32.long(), fused=True, eps=EPS, chunk_bytes=CHUNK_BYTES
-        )
+        cosine(f32.long(), f32.long(), fused=True)
     with pytest.raises(ValueError, match=r"fused='cuda'; use None, True, False, 'numba'"):
-        kernels.pairwise_cosine(f32, f32, fused="cuda", eps=EPS, chunk_bytes=CHUNK_BYTES)
-    assert kernels.pairwise_cosine(
-        f32, f32, fused=True, eps=EPS, chunk_bytes=CHUNK_BYTES
-    ).tolist() == pytest.approx([1.0] * 4)
+        cosine(f32, f32, fused="cuda")
+    assert cosine(f32, f32, fused=True).tolist() == pytest.approx([1.0] * 4)
 
 
 def test_fused_kernel_releases_grad_and_follows_torch_threads() -> None:
@@ -439,9 +407,7 @@ def test_fused_kernel_releases_grad_and_follows_torch_threads() -> None:
 
     a, b = random_pairs(64, 10)
     ta = torch.from_numpy(a).requires_grad_()
-    res = kernels.pairwise_cosine(
-        ta, torch.from_numpy(b), fused="numba", eps=EPS, chunk_bytes=CHUNK_BYTES
-    )
+    res = cosine(ta, torch.from_numpy(b), fused="numba")
     np.testing.assert_allclose(res.numpy(), reference(a, b), atol=1e-6)
 
     big = torch.ones(_kernels_numba.PARALLEL_MIN_VALUES // 64, 64)
@@ -451,12 +417,7 @@ def test_fused_kernel_releases_grad_and_follows_torch_threads() -> None:
         for threads in (1, 2):
             numba.set_num_threads(1)
             torch.set_num_threads(threads)
-            assert (
-                kernels.pairwise_cosine(big, big, fused="numba", eps=EPS, chunk_bytes=CHUNK_BYTES)
-                .min()
-                .item()
-                == 1.0
-            )
+            assert cosine(big, big, fused="numba").min().item() == 1.0
             assert numba.get_num_threads() == min(threads, most)
     finally:
         torch.set_num_threads(before)
@@ -469,13 +430,13 @@ def test_without_numba_the_torch_kernel_runs(monkeypatch: pytest.MonkeyPatch) ->
     ta, tb = torch.from_numpy(a), torch.from_numpy(b)
     assert kernels.fused_kernel_for(ta, tb) is None
     np.testing.assert_allclose(
-        kernels.pairwise_cosine(ta, tb, eps=EPS, chunk_bytes=CHUNK_BYTES).numpy(),
+        cosine(ta, tb).numpy(),
         reference(a, b),
         atol=1e-6,
     )
     with pytest.raises(RuntimeError, match=r"fused=True but no fused kernel applies: numba is "
                        r"not installed \(pip install numba\); use fused=None"):  # fmt: skip
-        kernels.pairwise_cosine(ta, tb, fused=True, eps=EPS, chunk_bytes=CHUNK_BYTES)
+        cosine(ta, tb, fused=True)
 
 
 @pytest.mark.parametrize("layout", ["fixed_size_list", "list"])
