@@ -65,9 +65,12 @@ def _listening(pids: list[int]) -> set[tuple[str, int]]:
     return found
 
 
-def test_local_cluster_cpu_listens_on_localhost_only() -> None:
+# The local_cluster tests run on distributed's test loop (the `loop` fixture): no IO-loop
+# thread of their own, which distributed gives 10 s to start and a busy 2-core CI machine
+# once did not; and the fixture's teardown fails a test that leaks threads.
+def test_local_cluster_cpu_listens_on_localhost_only(loop: object) -> None:
     before = _listening([os.getpid()])
-    with dask_cosim.local_cluster(2, gpus=False, dashboard_address=":0") as c:
+    with dask_cosim.local_cluster(2, gpus=False, dashboard_address=":0", loop=loop) as c:
         info = c.scheduler_info()
         assert len(info["workers"]) == 2
         assert all(v["nthreads"] == 1 for v in info["workers"].values())
@@ -89,22 +92,24 @@ def test_local_cluster_cpu_listens_on_localhost_only() -> None:
     assert cluster.status.name == "closed"
 
 
-def test_torch_threads_fill_the_cores_dask_leaves_idle() -> None:
+def test_torch_threads_fill_the_cores_dask_leaves_idle(loop: object) -> None:
     assert dask_cosim.cluster.torch_threads(2, 1, cores=2) == 1
     assert dask_cosim.cluster.torch_threads(1, 1, cores=8) == 8
     assert dask_cosim.cluster.torch_threads(2, 2, cores=8) == 2
     assert dask_cosim.cluster.torch_threads(4, 4, cores=8) == 1  # never 0
-    with dask_cosim.local_cluster(1, gpus=False, dashboard_address=None) as c:
+    with dask_cosim.local_cluster(1, gpus=False, dashboard_address=None, loop=loop) as c:
         expected = dask_cosim.cluster.torch_threads(1, 1)
         # In the task threads, not only the worker's main thread.
         threads = c.gather(c.map(lambda _: torch.get_num_threads(), range(3)))
         assert threads == [expected] * 3
 
 
-def test_local_cluster_tls() -> None:
+def test_local_cluster_tls(loop: object) -> None:
     from distributed.security import Security
 
-    with dask_cosim.local_cluster(1, gpus=False, dashboard_address=None, security=True) as c:
+    with dask_cosim.local_cluster(
+        1, gpus=False, dashboard_address=None, security=True, loop=loop
+    ) as c:
         info = c.scheduler_info()
         assert info["address"].startswith("tls://127.0.0.1:")
         assert all(w.startswith("tls://127.0.0.1:") for w in info["workers"])
@@ -117,9 +122,9 @@ def test_local_cluster_tls() -> None:
         )
         # A client without the cluster's certificates is turned away.
         with pytest.raises((OSError, TimeoutError)):
-            Client(info["address"], security=Security.temporary(), timeout="3s")
+            Client(info["address"], security=Security.temporary(), timeout="3s", loop=loop)
         with pytest.raises((OSError, TimeoutError, TypeError)):
-            Client(info["address"].replace("tls://", "tcp://"), timeout="3s")
+            Client(info["address"].replace("tls://", "tcp://"), timeout="3s", loop=loop)
 
 
 @pytest.mark.parametrize(
