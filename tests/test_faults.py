@@ -43,14 +43,17 @@ def pairs(tmp_path: Path) -> tuple[Path, np.ndarray]:
     return folder, reference(a, b)
 
 
-def _cluster() -> LocalCluster:
-    return LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+def _cluster(loop: object) -> LocalCluster:
+    """Two worker processes on distributed's test loop (see tests/test_cluster.py)."""
+    return LocalCluster(n_workers=2, threads_per_worker=1, processes=True, loop=loop,
                         host="127.0.0.1", dashboard_address=None)  # fmt: skip
 
 
-def test_killed_worker_loses_and_duplicates_no_row(pairs: tuple[Path, np.ndarray]) -> None:
+def test_killed_worker_loses_and_duplicates_no_row(
+    pairs: tuple[Path, np.ndarray], loop: object
+) -> None:
     folder, expected = pairs
-    with _cluster() as cluster, Client(cluster) as client:
+    with _cluster(loop) as cluster, Client(cluster) as client:
         cos = dask_cosim.read_parquet(folder).cosim.pairwise("embeds_a", "embeds_b")
         future = client.compute(cos.map_partitions(_slowly, meta=cos._meta))
         deadline = time.monotonic() + 60
@@ -66,7 +69,9 @@ def test_killed_worker_loses_and_duplicates_no_row(pairs: tuple[Path, np.ndarray
     np.testing.assert_allclose(result.sort_index().to_numpy(), expected, atol=1e-6)
 
 
-def test_partition_that_always_kills_its_worker(pairs: tuple[Path, np.ndarray]) -> None:
+def test_partition_that_always_kills_its_worker(
+    pairs: tuple[Path, np.ndarray], loop: object
+) -> None:
     folder, _ = pairs
     # worker-saturation 1.0: one task per thread at a time.  With dask's default (1.1) a
     # worker also holds the next root task, and that innocent neighbour is counted as a
@@ -76,7 +81,7 @@ def test_partition_that_always_kills_its_worker(pairs: tuple[Path, np.ndarray]) 
         "distributed.scheduler.worker-saturation": 1.0,
     }
     with dask.config.set(config):
-        with _cluster() as cluster, Client(cluster) as client:
+        with _cluster(loop) as cluster, Client(cluster) as client:
             cos = dask_cosim.read_parquet(folder).cosim.pairwise("embeds_a", "embeds_b")
             doomed = cos.map_partitions(_die_on, 4321, meta=cos._meta)
             with pytest.raises(KilledWorker) as info:
@@ -177,10 +182,10 @@ def _flaky(s: pd.Series, flag: str) -> pd.Series:
 
 
 def test_transient_errors_honour_retries_and_bad_data_fails_once(
-    pairs: tuple[Path, np.ndarray], tmp_path: Path
+    pairs: tuple[Path, np.ndarray], tmp_path: Path, loop: object
 ) -> None:
     folder, expected = pairs
-    with _cluster() as cluster, Client(cluster) as client:
+    with _cluster(loop) as cluster, Client(cluster) as client:
         cos = dask_cosim.read_parquet(folder).cosim.pairwise("embeds_a", "embeds_b")
         # Without retries the hiccup fails the job; with retries=1 the task runs again.
         flaky = cos.map_partitions(_flaky, str(tmp_path / "one"), meta=cos._meta)
