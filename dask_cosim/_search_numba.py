@@ -36,6 +36,7 @@ __all__ = [
     "scan_direct",
     "scan_pairs",
     "scan_rows",
+    "to_bfloat16",
     "units",
 ]
 
@@ -242,6 +243,31 @@ def units(x, inv, scale, valid, unit):  # type: ignore[no-untyped-def]  # pragma
         g = inv[i] * scale[i]
         for j in range(d):
             out[j] = np.float32(np.float64(row[j]) * g)
+
+
+@numba.njit(nogil=True, cache=True, fastmath=_FASTMATH, boundscheck=False)
+def to_bfloat16(unit, valid, out):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """out = the bfloat16 bits (uint16) of float32 ``unit``, rounded to nearest even as
+    torch rounds; returns the largest |bfloat16 row - float32 row|_2 of the valid rows,
+    summed in float64 (the error term of the first pass's bound)."""
+    n, d = unit.shape
+    bits = unit.view(np.uint32)
+    wide = np.empty(d, dtype=np.uint32)
+    back = wide.view(np.float32)  # the bfloat16 values, widened
+    worst = 0.0
+    for i in range(n):
+        for j in range(d):
+            b = bits[i, j]
+            top = (b + np.uint32(0x7FFF) + ((b >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)
+            out[i, j] = np.uint16(top)
+            wide[j] = np.uint32(top) << np.uint32(16)
+        if valid[i]:
+            ss = 0.0
+            for j in range(d):
+                e = np.float64(back[j]) - np.float64(unit[i, j])
+                ss += e * e
+            worst = max(worst, ss)
+    return math.sqrt(worst)
 
 
 def rescore(xq: np.ndarray, *args: Any) -> None:

@@ -39,6 +39,7 @@ __all__ = [
     "NumbaPairs",
     "TopkPart",
     "TorchPairs",
+    "by_rows",
     "sweep",
 ]
 
@@ -55,6 +56,26 @@ class Part(Protocol):
 
 
 P = TypeVar("P", bound=Part)
+T = TypeVar("T")
+
+
+def _threads(steps: int, work: int) -> int:
+    """How many threads a call may split into: torch's count on the main thread, at
+    most ``steps``, 1 for less than :data:`PARALLEL_MIN_WORK`."""
+    if work < PARALLEL_MIN_WORK or threading.current_thread() is not threading.main_thread():
+        return 1
+    return max(1, min(torch.get_num_threads(), steps))
+
+
+def by_rows(n: int, work: int, fn: Callable[[int, int], T]) -> list[T]:
+    """``fn(start, stop)`` over n rows in equal blocks, one per thread (as :func:`sweep`
+    splits; ``work``: its multiply-adds or values), e.g. a nogil numba kernel."""
+    threads = _threads(n, work)
+    edges = [n * t // threads for t in range(threads + 1)]
+    if threads == 1:
+        return [fn(0, n)]
+    with ThreadPoolExecutor(threads, thread_name_prefix="cosim-rows") as pool:
+        return list(pool.map(fn, edges[:-1], edges[1:]))
 
 
 def sweep(
@@ -63,14 +84,8 @@ def sweep(
     """Hand every ``tq`` x ``tr`` tile of ``q @ r.T`` to a part made by ``make``: one
     part, or (``split``, on the main thread, torch on several threads, enough work) one
     per thread, each given every n-th column tile.  Returns the parts."""
-    threads = torch.get_num_threads() if split else 1
-    steps = -(-len(r) // tr)
-    threads = min(threads, steps)
-    if (
-        threads < 2
-        or len(q) * len(r) * q.shape[1] < PARALLEL_MIN_WORK
-        or threading.current_thread() is not threading.main_thread()
-    ):
+    threads = _threads(-(-len(r) // tr), len(q) * len(r) * q.shape[1]) if split else 1
+    if threads < 2:
         part = make()
         _sweep(q, r, tq, tr, part, 0, 1)
         return [part]
@@ -95,7 +110,7 @@ def _sweep(
         for c0 in range(first * tr, nr, step * tr):
             part.run_q.direct(part.q, part.r, c0, min(nr, c0 + tr))
         return
-    tile = Tile(tq, tr, q.device)
+    tile = Tile(tq, tr, q.device, low=q.dtype == torch.bfloat16)
     with torch.no_grad():
         for a0 in range(0, nq, tq):
             a1 = min(nq, a0 + tq)

@@ -18,6 +18,13 @@ margin is below the row's k-th float64 score, the row is certain; else an exact
 threshold pass decides it.  On CPUs numba kernels select from each tile while it is
 in cache (:mod:`dask_cosim._search_sweep`); elsewhere ``torch.topk`` merges do.
 
+bfloat16 tiles.  On a CPU that multiplies bfloat16 natively (:func:`~dask_cosim.
+_search_tiles.cpu_bfloat16`), an "exact" top-k multiplies bfloat16 copies of the unit
+rows (twice the float32 rate) and decides on float64 scores just the same, with the
+first pass's bound in place of the margin: |s_hat - cos| <= A + B |s_hat|
+(:func:`bfloat16_bound`).  A row keeps 3k + 32 candidates; those whose s_hat cannot
+reach its k-th are not re-scored.
+
 Validity.  Rows holding NaN or inf, and rows marked null, are invalid: they never match
 and get no matches.  A zero vector is valid and scores 0.0 with every row (the numerics
 policy: cos = (a / max(|a|, eps)) . (b / max(|b|, eps))).
@@ -39,9 +46,18 @@ from dask_cosim._search_sweep import (
     NumbaPairs,
     TopkPart,
     TorchPairs,
+    by_rows,
     sweep,
 )
-from dask_cosim._search_tiles import Heaps, Running, cpu_tile_bytes, numba_kernels, tiles
+from dask_cosim._search_tiles import (
+    Heaps,
+    Running,
+    cpu_bfloat16,
+    cpu_tile_bytes,
+    numba_kernels,
+    tiles,
+)
+from dask_cosim.search_precision import TAU, kappa
 from dask_cosim.search_prepare import (
     RAW_UNIT_TOLERANCE,
     Prepared,
@@ -56,6 +72,7 @@ __all__ = [
     "RAW_UNIT_TOLERANCE",
     "Prepared",
     "TopK",
+    "bfloat16_bound",
     "from_norms",
     "margin",
     "prepare",
@@ -86,10 +103,55 @@ def _order(score: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return torch.gather(by_pos, 1, by_score)
 
 
+def bfloat16_bound(dim: int, err_q: float, err_r: float) -> tuple[float, float]:
+    """(A, B): a score of two rows' bfloat16 copies, multiplied with float32
+    accumulation and rounded to bfloat16, differs from their exact cosine by at most
+    A + B |score|.  ``err_q``, ``err_r``: the largest distance of a side's copy from its
+    exact unit row (the copy's rounding, measured, plus :attr:`Prepared.err`).
+
+    With b the copies and x the exact unit rows, |b_q . b_r - x_q . x_r| <= e_q (1 + e_r)
+    + e_r; the float32 sum of the (exact) products errs by at most kappa(D) |b_q| |b_r|
+    (:func:`~dask_cosim.search_precision.kappa`); rounding that sum p to bfloat16 by at
+    most 2^-8 |p| <= |score| / 255.  TAU covers the subnormals that bfloat16 products
+    may flush to zero and the float32 and float64 arithmetic of the comparisons."""
+    a = err_q * (1 + err_r) + err_r + kappa(dim) * (1 + err_q) * (1 + err_r) + TAU
+    return a, (1 + 2.0**-20) / 255
+
+
+def _bfloat16(fast: Any, p: Prepared) -> tuple[torch.Tensor, float]:
+    """``p``'s unit rows as bfloat16, and their largest distance from exact (the float64
+    sum of squares, reassociated, errs by far less than the 2^-30 added)."""
+    bits = torch.empty(p.unit.shape, dtype=torch.int16)
+    unit, valid, out = p.unit.numpy(), p.valid.numpy(), bits.numpy().view("uint16")
+    worst = by_rows(
+        len(p), unit.size, lambda a, b: fast.to_bfloat16(unit[a:b], valid[a:b], out[a:b])
+    )
+    return bits.view(torch.bfloat16), max(worst) * (1 + 2.0**-30) + p.err
+
+
+def _window(ci: torch.Tensor, s32: torch.Tensor, k: int, a: float, b: float) -> torch.Tensor:
+    """The candidates ``ci`` less those whose first-pass score ``s32`` cannot reach their
+    row's k-th: some k candidates score s_hat >= h_k, so cos >= h_k - E(h_k) for k rows;
+    a candidate with s_hat + E(s_hat) below that is surely not among the k best."""
+    s = s32.to(torch.float64)
+    kk = s.shape[1]
+    hk = torch.topk(s, min(k, kk), dim=1).values[:, -1:]
+    reach = s + (a + b * s.abs())
+    return ci.masked_fill(reach < hk - (a + b * hk.abs()), -1)
+
+
 def _finish(
-    run: Running | Heaps, q: Prepared, r: Prepared, k: int, tile_bytes: int, self_pos: bool
+    run: Running | Heaps,
+    q: Prepared,
+    r: Prepared,
+    k: int,
+    tile_bytes: int,
+    self_pos: bool,
+    bound: tuple[float, float] | None = None,
 ) -> TopK:
     ci, dropped32 = run.result()
+    if bound is not None:
+        ci = _window(ci, run.scores(), k, *bound)  # type: ignore[union-attr]
     n, kk = ci.shape
     s64 = torch.full((n, kk), _NEG_INF, dtype=torch.float64, device=ci.device)
     found = ci >= 0
@@ -99,9 +161,9 @@ def _finish(
     score = torch.gather(s64, 1, order)
     index = torch.gather(ci, 1, order)
     # A row is certain when nothing it dropped can reach its k-th float64 score.
-    delta = margin(q.dim, q.err, r.err)
     kth = score[:, k - 1] if score.shape[1] == k else torch.full_like(score[:, 0], _NEG_INF)
     dropped = dropped32.to(torch.float64)
+    delta = margin(q.dim, q.err, r.err) if bound is None else bound[0] + bound[1] * dropped.abs()
     unsure = torch.isfinite(dropped) & (dropped + delta >= kth)
     if bool(unsure.any()):
         u = unsure.nonzero().squeeze(1)
@@ -149,6 +211,7 @@ def topk(
     same: bool = False,
     both: bool = False,
     precision: str = "fp32",
+    bfloat16: bool | None = None,
 ) -> tuple[TopK, TopK | None]:
     """For each row of ``q`` its ``k`` best rows of ``r`` (and, with ``both``, for each row
     of ``r`` its ``k`` best rows of ``q``, from the same tiles).
@@ -167,7 +230,12 @@ def topk(
         Also reduce the columns (the self-join's off-diagonal partition pairs).
     precision : {"fp32", "exact", "fast"}, default "fp32"
         On CUDA, "exact" and "fast" hand over to :mod:`dask_cosim.search_twopass` (a
-        float16 first pass; "fast" ranks on it alone); elsewhere all three run this.
+        float16 first pass; "fast" ranks on it alone); elsewhere all three run this,
+        "exact" from bfloat16 tiles where ``bfloat16`` says so.
+    bfloat16 : bool, optional
+        With "exact" on a CPU, whether the tiles are bfloat16 products (see the module
+        docstring; not for :data:`DIRECT_MAX_QUERIES` queries or fewer, which run dot by
+        dot).  Default: where the CPU multiplies bfloat16 natively.
 
     Returns
     -------
@@ -190,6 +258,17 @@ def topk(
             else Heaps(fast, n, kk, own, other, same)
         )
 
+    qa, ra, bound = q.unit, r.unit, None
+    if (
+        fast is not None
+        and precision == "exact"
+        and (nq > DIRECT_MAX_QUERIES or both)
+        and (cpu_bfloat16() if bfloat16 is None else bfloat16)
+    ):
+        kk = 2 * k + 32  # the window of bfloat16 scores that may hold a row's k best
+        qa, err_q = _bfloat16(fast, q)
+        ra, err_r = (qa, err_q) if r is q else _bfloat16(fast, r)
+        bound = bfloat16_bound(q.dim, err_q, err_r)
     run_r = state(nr, r.valid, q.valid) if both else None
     make: Callable[[], TopkPart]
     if fast is None:
@@ -202,13 +281,13 @@ def topk(
         # The numba scan reads each tile right after the product wrote it: from cache.
         tq, tr = tiles(nq, nr, min(tile_bytes, cpu_tile_bytes("topk")), fast.BLOCK)
         make = lambda: TopkPart(state(nq, q.valid, r.valid, same), run_r)  # noqa: E731
-    parts = sweep(q.unit, r.unit, tq, tr, make, fast is not None)
+    parts = sweep(qa, ra, tq, tr, make, fast is not None)
     run_q = parts[0].run_q
     for part in parts[1:]:  # several parts: numba heaps of other columns
         run_q.merge(part.run_q)  # type: ignore[union-attr,arg-type]
     with torch.no_grad():
-        res_q = _finish(run_q, q, r, k, tile_bytes, same)
-        res_r = _finish(run_r, r, q, k, tile_bytes, False) if run_r is not None else None
+        res_q = _finish(run_q, q, r, k, tile_bytes, same, bound)
+        res_r = _finish(run_r, r, q, k, tile_bytes, False, bound) if run_r is not None else None
     return res_q, res_r
 
 

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from dask_cosim import staging
+from dask_cosim._search_sweep import by_rows
 from dask_cosim._search_tiles import numba_kernels
 
 __all__ = ["RAW_UNIT_TOLERANCE", "Prepared", "from_norms", "margin", "prepare", "rescore"]
@@ -263,10 +264,12 @@ def rescore(
     out = torch.empty(len(i), dtype=torch.float64, device=q.unit.device)
     fast = numba_kernels() if out.device.type == "cpu" else None
     if fast is not None and q.raw.dtype in _NUMBA_DTYPES and r.raw.dtype in _NUMBA_DTYPES:
-        fast.rescore(
-            q.raw.contiguous().numpy(), q.inv.numpy(), q.scale.numpy(), i.numpy(),
-            r.raw.contiguous().numpy(), r.inv.numpy(), r.scale.numpy(), j.numpy(), out.numpy(),
-        )  # fmt: skip
+        xq, xr = q.raw.contiguous().numpy(), r.raw.contiguous().numpy()
+        qi, ri, o = i.numpy(), j.numpy(), out.numpy()
+        by_rows(len(o), len(o) * q.dim, lambda a, b: fast.rescore(
+            xq, q.inv.numpy(), q.scale.numpy(), qi[a:b],
+            xr, r.inv.numpy(), r.scale.numpy(), ri[a:b], o[a:b],
+        ))  # fmt: skip
         return out
     for s in range(0, len(i), chunk):
         ii, jj = i[s : s + chunk], j[s : s + chunk]

@@ -3,6 +3,7 @@ float64 brute force on adversarial inputs, and against the torch path it replace
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 
 import numpy as np
@@ -25,12 +26,17 @@ def hide_numba(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setattr(module, "numba_kernels", lambda: None)
 
 
-@pytest.fixture(params=["numba", "torch"])
+@pytest.fixture(params=["numba", "torch", "bfloat16"])
 def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """Run a test on the numba kernels, then again with numba hidden (the torch path
-    that GPUs and installs without numba take)."""
+    """Run a test on the numba kernels, again with numba hidden (the torch path that GPUs
+    and installs without numba take), and again with every top-k "exact" from bfloat16
+    tiles (what CPUs with bfloat16 units run; any CPU computes it, if slowly)."""
     if request.param == "torch":
         hide_numba(monkeypatch)
+    if request.param == "bfloat16":
+        monkeypatch.setattr(
+            sk, "topk", functools.partial(sk.topk, precision="exact", bfloat16=True)
+        )
     yield request.param
 
 
@@ -156,13 +162,19 @@ def test_same_and_both_with_near_ties(path: str, d: int, k: int) -> None:
         check_strict(res_b, s[a:, :a], k)
 
 
+@pytest.mark.parametrize("bfloat16", [False, True])
 @pytest.mark.parametrize("threads", [1, 2, 3])
 def test_columns_split_among_threads_give_the_same_answer(
-    threads: int, monkeypatch: pytest.MonkeyPatch
+    threads: int, bfloat16: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The main thread splits big searches among torch's threads (each with its own
-    heaps, merged after): any split gives the brute force's answer, rows and columns."""
+    heaps, merged after; and the bfloat16 copies and float64 re-scores by rows): any
+    split gives the brute force's answer, rows and columns."""
     monkeypatch.setattr(_search_sweep, "PARALLEL_MIN_WORK", 1)
+    if bfloat16:
+        monkeypatch.setattr(
+            sk, "topk", functools.partial(sk.topk, precision="exact", bfloat16=True)
+        )
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
@@ -432,3 +444,56 @@ def test_rows_that_serve_as_unit_rows_beside_nan_inf_and_null_rows(
         i, j, _ = sk.threshold_pairs(p, p, torch.from_numpy(thr), tile_bytes=1 << 12, mode=mode)
         differ = set(zip(i.tolist(), j.tolist())) ^ brute_pairs(s, thr, np.arange(len(x)), mode)
         assert all(abs(s[a, b] - 0.3) < SAME for a, b in differ)
+
+
+def bound_rows(rng: np.random.Generator, d: int) -> np.ndarray:
+    """Rows that stress the bfloat16 bound: random, nearly parallel (scores near 1 and
+    -1, where rounding the product costs most), values spread over 60 binades, a few
+    large values among tiny ones, and rows of one value."""
+    base = rng.standard_normal(d)
+    return np.concatenate(
+        [
+            rng.standard_normal((40, d)),
+            base + 1e-3 * rng.standard_normal((20, d)),
+            -base + 1e-3 * rng.standard_normal((5, d)),
+            rng.standard_normal((20, d)) * 2.0 ** rng.integers(-60, 0, (20, d)),
+            np.where(rng.random((10, d)) < 0.05, 1.0, 1e-30) * rng.standard_normal((10, d)),
+            np.ones((2, d)),
+        ]
+    ).astype(np.float32)
+
+
+@pytest.mark.parametrize("d", [1, 3, 128, 384, 1536])
+def test_bfloat16_tiles_stay_within_their_bound(d: int) -> None:
+    """The scores of torch's bfloat16 product on this CPU, widened as the tiles widen
+    them, are within bfloat16_bound of the float64 cosine for every pair."""
+    rng = np.random.default_rng(d)
+    x = bound_rows(rng, d)
+    p = prep(x)
+    fast = _search_tiles.numba_kernels()
+    low, err = sk._bfloat16(fast, p)
+    assert low.dtype == torch.bfloat16
+    a, b = sk.bfloat16_bound(d, err, err)
+    tile = _search_tiles.Tile(len(x), len(x), p.unit.device, low=True)
+    s_hat = tile.product(low, low).numpy().astype(np.float64)
+    gap = np.abs(s_hat - brute(x, x))
+    allowed = a + b * np.abs(s_hat)
+    assert (gap <= allowed).all(), float((gap / allowed).max())
+    # Not vacuous: some pair comes within a twentieth of the bound.
+    assert (gap / allowed).max() > 0.05
+
+
+def test_bfloat16_copy_rounds_as_torch_and_measures_its_error() -> None:
+    """to_bfloat16 writes torch's bfloat16 bits (round to nearest even) and returns the
+    largest distance of a valid row from its copy; invalid rows (NaN here) are skipped."""
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((300, 33)).astype(np.float32)
+    x[7] = np.nan
+    valid = np.isfinite(x).all(1)
+    out = np.empty(x.shape, np.uint16)
+    worst = numba_kernels.to_bfloat16(x, valid, out)
+    want = torch.from_numpy(x).to(torch.bfloat16)
+    bits = want.view(torch.int16).numpy().view(np.uint16)
+    assert np.array_equal(out[valid], bits[valid])  # NaN: a NaN, of other bits than torch's
+    dist = np.linalg.norm(want.double().numpy() - x.astype(np.float64), axis=1)
+    np.testing.assert_allclose(worst, dist[valid].max(), rtol=1e-12)
