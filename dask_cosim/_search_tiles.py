@@ -77,7 +77,9 @@ def cpu_tile_bytes(op: str) -> int:
 def cpu_bfloat16() -> bool:
     """Whether this CPU multiplies bfloat16 natively (AVX512_BF16 or AMX: Linux's CPU
     flags): there a bfloat16 matrix product runs at about twice the float32 rate
-    (measured 2.15x on 2 Zen 4 cores, benchmarks/NOTES.md); elsewhere it is slower."""
+    (measured 2.15x on a Zen 4 core: benchmarks/NOTES.md, section 12); elsewhere it is slower."""
+    if not torch.backends.mkldnn.is_available():  # oneDNN runs torch's bfloat16 products
+        return False
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
