@@ -50,6 +50,7 @@ import torch
 import dask_cosim
 from benchmarks import harness
 from benchmarks.harness import embeddings, load_text, median_seconds, vector_frame
+from dask_cosim._search_tiles import cpu_bfloat16
 
 
 def same_sets(ours: np.ndarray, theirs: np.ndarray, exact: np.ndarray, k: int) -> dict[str, Any]:
@@ -128,7 +129,8 @@ def bench_topk(
         "scikit-learn": sklearn.__version__,
         "sentence-transformers": sentence_transformers.__version__,
     }
-    return {"shapes": shapes, "peers": versions}
+    # Whether ours multiplied bfloat16 tiles ("exact" on a CPU with bfloat16 units).
+    return {"shapes": shapes, "peers": versions, "cpu_bfloat16": cpu_bfloat16()}
 
 
 class _TopkData:
@@ -421,7 +423,8 @@ def report_topk(t: dict[str, Any]) -> None:
         harness.Column("sets vs faiss", sets, align="<"),
         harness.Column("load", "load_before", align="<"),
     ]
-    print(f"topk: seconds (median; * fewer rounds), peers {t['peers']}")
+    tiles = "bfloat16" if t.get("cpu_bfloat16") else "float32"
+    print(f"topk: seconds (median; * fewer rounds), ours on {tiles} tiles, peers {t['peers']}")
     harness.print_table(columns, t["shapes"])
 
 
