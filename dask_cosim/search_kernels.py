@@ -129,6 +129,23 @@ def _bfloat16(fast: Any, p: Prepared) -> tuple[torch.Tensor, float]:
     return bits.view(torch.bfloat16), max(worst) * (1 + 2.0**-30) + p.err
 
 
+def _low_sides(
+    fast: Any, q: Prepared, r: Prepared, precision: str, bfloat16: bool | None
+) -> tuple[torch.Tensor, torch.Tensor, tuple[float, float] | None]:
+    """The two sides' tile operands and the bound of their scores: bfloat16 copies and
+    :func:`bfloat16_bound` for "exact" on a CPU where ``bfloat16`` (default: the CPU
+    multiplies bfloat16 natively) and numba; else the float32 unit rows and None."""
+    if (
+        fast is None
+        or precision != "exact"
+        or not (cpu_bfloat16() if bfloat16 is None else bfloat16)
+    ):
+        return q.unit, r.unit, None
+    qa, err_q = _bfloat16(fast, q)
+    ra, err_r = (qa, err_q) if r is q else _bfloat16(fast, r)
+    return qa, ra, bfloat16_bound(q.dim, err_q, err_r)
+
+
 def _window(ci: torch.Tensor, s32: torch.Tensor, k: int, a: float, b: float) -> torch.Tensor:
     """The candidates ``ci`` less those whose first-pass score ``s32`` cannot reach their
     row's k-th: some k candidates score s_hat >= h_k, so cos >= h_k - E(h_k) for k rows;
@@ -259,16 +276,10 @@ def topk(
         )
 
     qa, ra, bound = q.unit, r.unit, None
-    if (
-        fast is not None
-        and precision == "exact"
-        and (nq > DIRECT_MAX_QUERIES or both)
-        and (cpu_bfloat16() if bfloat16 is None else bfloat16)
-    ):
+    if nq > DIRECT_MAX_QUERIES or both:
+        qa, ra, bound = _low_sides(fast, q, r, precision, bfloat16)
+    if bound is not None:
         kk = 2 * k + 32  # the window of bfloat16 scores that may hold a row's k best
-        qa, err_q = _bfloat16(fast, q)
-        ra, err_r = (qa, err_q) if r is q else _bfloat16(fast, r)
-        bound = bfloat16_bound(q.dim, err_q, err_r)
     run_r = state(nr, r.valid, q.valid) if both else None
     make: Callable[[], TopkPart]
     if fast is None:
@@ -301,6 +312,7 @@ def threshold_pairs(
     mode: str | None = None,
     exact_scores: bool = True,
     precision: str = "fp32",
+    bfloat16: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Every pair with float64 cos(q[i], r[j]) >= threshold: (i, j, score), unsorted.
 
@@ -311,7 +323,9 @@ def threshold_pairs(
     ``exact_scores`` False only the pairs within :func:`margin` of the threshold are
     re-scored and the others keep their float32 tile score (within the margin of the
     exact one, typically 1e-7), which saves a gather of two rows per pair.  ``precision``
-    as for :func:`topk` (one threshold for all rows, no ``row_pos``).
+    as for :func:`topk` (on CUDA: one threshold for all rows, no ``row_pos``), and so is
+    ``bfloat16``: the pairs of bfloat16 tiles within their bound of the threshold are
+    all re-scored (every score is then the float64 one).
     """
     if precision != "fp32" and q.unit.device.type == "cuda" and row_pos is None:
         from dask_cosim import search_twopass
@@ -326,16 +340,23 @@ def threshold_pairs(
     if nq == 0 or nr == 0:
         return empty, empty.clone(), torch.zeros(0, dtype=torch.float64, device=device)
     thr = torch.as_tensor(threshold, dtype=torch.float64, device=device).expand(nq)
-    # Invalid query rows get an unreachable bar.
+    fast = numba_kernels() if device.type == "cpu" else None
+    qa, ra, bound = _low_sides(fast, q, r, precision, bfloat16)
     delta = margin(q.dim, q.err, r.err)
-    low = torch.where(q.valid, thr - delta, torch.full_like(thr, math.inf))
+    if bound is None:
+        reach = thr - delta
+    else:  # the scores s with s + A + B |s| >= thr
+        a, b = bound
+        reach = torch.where(thr >= a, (thr - a) / (1 + b), (thr - a) / (1 - b))
+        exact_scores = True
+    # Invalid query rows get an unreachable bar.
+    low = torch.where(q.valid, reach, torch.full_like(thr, math.inf))
     # Rounded down: a float32 bar above ``low`` would narrow the margin.
     low32 = low.to(torch.float32)
     below = torch.nextafter(low32, torch.full_like(low32, -math.inf))
     low32 = torch.where(low32.to(torch.float64) > low, below, low32)
     identity = row_pos is None  # row i of q is row i of r (the self-join's diagonal pair)
     pos = torch.arange(nq, device=device) if row_pos is None else row_pos
-    fast = numba_kernels() if device.type == "cpu" else None
     if device.type == "cpu":
         # The scan for hits reads each tile again: from the cache, if the tile fits.
         tile_bytes = min(tile_bytes, cpu_tile_bytes("threshold"))
@@ -345,7 +366,7 @@ def threshold_pairs(
         make = lambda: NumbaPairs(fast, low32, r.valid, pos, mode, tq, tr)  # noqa: E731
     else:
         make = lambda: TorchPairs(low32, r.valid, pos, mode, tq, identity, r.all_valid)  # noqa: E731
-    parts: list[NumbaPairs | TorchPairs] = sweep(q.unit, r.unit, tq, tr, make, fast is not None)
+    parts: list[NumbaPairs | TorchPairs] = sweep(qa, ra, tq, tr, make, fast is not None)
     found = [part.result() for part in parts]
     with torch.no_grad():
         if not any(len(f[0]) for f in found):

@@ -29,14 +29,14 @@ def hide_numba(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture(params=["numba", "torch", "bfloat16"])
 def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """Run a test on the numba kernels, again with numba hidden (the torch path that GPUs
-    and installs without numba take), and again with every top-k "exact" from bfloat16
+    and installs without numba take), and again with every search "exact" from bfloat16
     tiles (what CPUs with bfloat16 units run; any CPU computes it, if slowly)."""
     if request.param == "torch":
         hide_numba(monkeypatch)
     if request.param == "bfloat16":
-        monkeypatch.setattr(
-            sk, "topk", functools.partial(sk.topk, precision="exact", bfloat16=True)
-        )
+        for name in ("topk", "threshold_pairs"):
+            low = functools.partial(getattr(sk, name), precision="exact", bfloat16=True)
+            monkeypatch.setattr(sk, name, low)
     yield request.param
 
 
