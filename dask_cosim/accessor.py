@@ -251,10 +251,10 @@ class CosimAccessor:
         row (frame order) as ``left``; with ``k`` every row gets its own ``k`` best.
         ``columns`` are carried from both rows of each pair (``left_<c>``, ``right_<c>``).
 
-        ``method="clustered"`` (``threshold`` in (0, 1], no ``k``, no ``columns`` yet)
-        clusters the rows first and searches within clusters, for frames of millions of
-        rows: the same result, columns and dtypes; ``n_probe`` and ``clusters`` as for
-        :meth:`dedup`."""
+        ``method="clustered"`` (``threshold`` in (0, 1], no ``k``) clusters the rows first
+        and searches within clusters, for frames of millions of rows: the same result,
+        columns and dtypes (carried ``columns`` included); ``n_probe`` and ``clusters``
+        as for :meth:`dedup`."""
         return search.neighbors(self._obj, on, k=k, threshold=threshold, columns=columns,
                                 method=method, n_probe=n_probe, clusters=clusters)  # fmt: skip
 
@@ -299,8 +299,7 @@ class CosimAccessor:
             on a CPU).  "clustered" runs spherical k-means on a sample, then the exact
             kernels within each cluster and across the cluster boundaries that the skip
             rule cannot rule out (docs/clustered.md): for millions of rows; it computes
-            the clustering when called; ``threshold`` must be in (0, 1]; ``columns``
-            is not supported yet.
+            the clustering when called; ``threshold`` must be in (0, 1].
         n_probe : int, optional
             With "clustered": None (the default) probes every cluster that may hold a
             match, so the result equals "exact" (recall 1); an integer probes at most

@@ -29,6 +29,7 @@ import logging
 import math
 import time
 import warnings
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -283,11 +284,12 @@ def _layout(
     return Plan(layout, stats, threshold, probes, partitions, seen)
 
 
-def _pairs_meta(df: Any, on: str) -> pd.DataFrame:
-    """The pandas meta of the result: that of the exact ``neighbors(threshold=...)``."""
+def _pairs_meta(df: Any, on: str, carried: dict[str, Any] | None = None) -> pd.DataFrame:
+    """The pandas meta of the result: that of the exact ``neighbors(threshold=...)``
+    (with its ``carried`` columns, {name: dtype})."""
     like = search._meta_of(df)
     spec = backends.column_spec(df, on)
-    return sp.result_meta(like.index, like.index, sp.score_dtype(spec), False)
+    return sp.result_meta(like.index, like.index, sp.score_dtype(spec), False, carried)
 
 
 def _found(df: Any, on: str, p: Plan, drops: bool, by: str) -> Any:
@@ -327,16 +329,39 @@ def _found(df: Any, on: str, p: Plan, drops: bool, by: str) -> Any:
         token="cosim-clustered-blocks",
         **kwargs,
     )
-    # Back to the input's partitions: each key's partition is its top bits.
+    return _gather(found, by, df)
+
+
+def _gather(found: Any, by: str, df: Any, carried: bool = False) -> Any:
+    """``found`` indexed by its key column ``by``, for a dask frame gathered into the
+    partition of ``df`` that each key names (its top bits).  ``carried``: ``found``
+    holds carried columns, which go by dask's task shuffle (the p2p one rebuilds
+    dtypes from their names, and cannot, e.g., an Arrow list's)."""
+    if not dask.is_dask_collection(found):
+        return found.set_index(by)
     bounds = [i << cp.POS_BITS for i in range(df.npartitions + 1)]
-    return found.set_index(by, divisions=bounds)
+    method = "tasks" if carried else None
+    return found.set_index(by, divisions=bounds, shuffle_method=method)
 
 
-def _per_partition(fn: Any, found: Any, *args: Any, meta: Any) -> Any:
-    """``fn(part, *args)`` on each partition of ``found`` (eager: on the one frame)."""
+def _carry(found: Any, df: Any, cols: list[Any], prefix: str) -> Any:
+    """``found`` (gathered by :func:`_gather`) with the ``cols`` of the rows its keys
+    name, taken from their own partitions: :func:`clustered_partition.with_carried`."""
+    payload = df[cols]
+    if not dask.is_dask_collection(found):
+        return cp.with_carried(found, payload, prefix)
+    meta = cp.with_carried(found._meta, payload._meta, prefix)
+    return dd.map_partitions(
+        cp.with_carried, found, payload, prefix, meta=meta, align_dataframes=False
+    )
+
+
+def _per_partition(fn: Any, found: Any, *args: Any, meta: Any = None) -> Any:
+    """``fn(part, *args)`` on each partition of ``found`` (eager: on the one frame);
+    ``meta`` by default ``fn`` of ``found``'s."""
     if not dask.is_dask_collection(found):
         return fn(found, *args)
-    return found.map_partitions(fn, *args, meta=meta)
+    return found.map_partitions(fn, *args, meta=fn(found._meta, *args) if meta is None else meta)
 
 
 def _drop(df: Any, found: Any) -> Any:
@@ -346,34 +371,55 @@ def _drop(df: Any, found: Any) -> Any:
     return dd.map_partitions(cp.drop_keys, df, found, meta=df._meta, align_dataframes=False)
 
 
-def _search(df: Any, on: str, p: Plan) -> Any:
-    """The pairs of plan ``p``: the ``neighbors(threshold=...)`` result."""
-    meta, like = _pairs_meta(df, on), search._meta_of(df)
-    found = _found(df, on, p, drops=False, by="_lkey")
-    return _per_partition(cp.finish_pairs, found, meta, like, meta=backends.frame_like(meta, like))
+def _search(df: Any, on: str, p: Plan, cols: list[Any]) -> Any:
+    """The pairs of plan ``p``: the ``neighbors(threshold=...)`` result.  With ``cols``
+    the pairs go to their right row's partition for its columns, then to their left
+    row's for its own."""
+    dtypes, carried = search._pair_columns(df, cols, df, cols)
+    meta, like = _pairs_meta(df, on, dtypes), search._meta_of(df)
+    if not cols:
+        found = _found(df, on, p, drops=False, by="_lkey")
+    else:
+        found = _carry(_found(df, on, p, drops=False, by="_rkey"), df, cols, "_p")
+        found = _carry(_gather(found.reset_index(), "_lkey", df, True), df, cols, "_q")
+    out_meta = backends.frame_like(meta, like)
+    return _per_partition(cp.finish_pairs, found, meta, like, carried, meta=out_meta)
 
 
-def _dedup(df: Any, on: str, p: Plan, removed: bool) -> Any:
+def _dedup(df: Any, on: str, p: Plan, removed: bool, cols: list[Any]) -> Any:
     """``df`` without the rows that have an earlier match; with ``removed`` also dedup's
     removed rows: the pairs, gathered by their later (right) row's partition, give both
     the rows to drop and each one's best earlier match (chosen as the exact method
-    chooses it, :func:`dask_cosim.search_dedup.best_matches`)."""
+    chooses it, :func:`dask_cosim.search_dedup.best_matches`); with ``cols`` those
+    matches go to their earlier row's partition for its columns, and back."""
     if not removed:
         return _drop(df, _found(df, on, p, drops=True, by="_key"))
-    meta, like = _pairs_meta(df, on), search._meta_of(df)
+    dtypes, carried = search._pair_columns(df, cols, df, cols)
+    meta, like = _pairs_meta(df, on, dtypes), search._meta_of(df)
     pairs = _found(df, on, p, drops=False, by="_rkey")
+    best = pairs
+    if cols:
+        best = _carry(_gather(_per_partition(cp.best_earlier, pairs), "_lkey", df), df, cols, "_q")
+        best = _carry(_gather(best.reset_index(), "_key", df, True), df, cols, "_p")
     out_meta = backends.frame_like(meta, like)
-    return _drop(df, pairs), _per_partition(cp.removed_rows, pairs, meta, like, meta=out_meta)
+    return _drop(df, pairs), _per_partition(
+        cp.removed_rows, best, meta, like, carried, meta=out_meta
+    )
 
 
-def neighbors(df: Any, on: str, *, threshold: float, **options: Any) -> Any:
+def neighbors(
+    df: Any, on: str, *, threshold: float, columns: Sequence[Hashable] | None = None,
+    **options: Any,
+) -> Any:  # fmt: skip
     """Every pair of rows scoring at least ``threshold``, by the clustered method.
 
-    The result is that of ``neighbors(on, threshold=...)`` (exact all-pairs): columns
-    ``left``, ``right`` (index labels), ``score``; each unordered pair once, the earlier
-    row (frame order) on the left; one partition per input partition, sorted by left
-    row then right row.  Scores are the float64 ones (cast to the result dtype).
-    Arguments as :func:`plan` takes them (``clusters``, ``n_probe``, ...).
+    The result is that of ``neighbors(on, threshold=..., columns=...)`` (exact
+    all-pairs): columns ``left``, ``right`` (index labels), ``score``, then
+    ``left_<c>``, ``right_<c>`` for each of ``columns`` (taken from the rows' own
+    partitions: rows are named by frame position, never by label); each unordered pair
+    once, the earlier row (frame order) on the left; one partition per input partition,
+    sorted by left row then right row.  Scores are the float64 ones (cast to the result
+    dtype).  Other arguments as :func:`plan` takes them (``clusters``, ``n_probe``, ...).
 
     Returns
     -------
@@ -381,18 +427,21 @@ def neighbors(df: Any, on: str, *, threshold: float, **options: Any) -> Any:
         Lazy for a dask frame (the clustering is computed when this is called), else
         eager.
     """
-    return _search(df, on, plan(df, on, threshold, **options))
+    cols = search._carried(df, columns, "columns")
+    return _search(df, on, plan(df, on, threshold, **options), cols)
 
 
 def dedup(
-    df: Any, on: str, threshold: float, *, return_removed: bool = False, **options: Any
-) -> Any:
+    df: Any, on: str, threshold: float, *, return_removed: bool = False,
+    columns: Sequence[Hashable] | None = None, **options: Any,
+) -> Any:  # fmt: skip
     """``df`` without every row that has an earlier row (frame order) scoring at least
     ``threshold`` with it, by the clustered method (as ``dedup``: chains are not
     followed; rows that cannot match are kept).  Same partitions and divisions as
     ``df``; with ``n_probe`` set, rows whose only earlier matches were missed are kept.
     With ``return_removed``, ``(kept, removed)``: ``removed`` as the exact method's (per
     dropped row, in frame order, ``left`` its earlier match of highest float64 score,
-    ties to the earliest, ``right`` the row, ``score``).  Options as in
-    :func:`neighbors`."""
-    return _dedup(df, on, plan(df, on, threshold, **options), return_removed)
+    ties to the earliest, ``right`` the row, ``score``, then ``left_<c>``, ``right_<c>``
+    for each of ``columns``).  Options as in :func:`neighbors`."""
+    cols = search._carried(df, columns, "columns")
+    return _dedup(df, on, plan(df, on, threshold, **options), return_removed, cols)

@@ -5,7 +5,8 @@ eager frame): sample rows for k-means (:func:`sample_partition`), the clusters' 
 radii (:func:`stats_partition`), each row copied to its home cluster's block and to the
 blocks it probes (:func:`route_partition`), the exact search inside the blocks of one
 shuffled partition (:func:`search_blocks`), then back to frame order
-(:func:`finish_pairs`, :func:`drop_keys`).
+(:func:`finish_pairs`, :func:`removed_rows`, :func:`drop_keys`), with the columns a
+search carries taken from the rows' own partitions (:func:`with_carried`).
 
 Rows are named by a key that is their place in frame order: ``(partition << 40) +
 position``, as the all-pairs search orders them.
@@ -25,11 +26,13 @@ from dask_cosim import backends, partition
 from dask_cosim import clustered_kernels as ck
 from dask_cosim import search_dedup as sd
 from dask_cosim import search_kernels as sk
+from dask_cosim import search_partition as sp
 from dask_cosim import search_results as sr
 
 __all__ = [
     "Layout",
     "Stats",
+    "best_earlier",
     "drop_keys",
     "finish_pairs",
     "found_meta",
@@ -41,6 +44,7 @@ __all__ = [
     "sample_partition",
     "search_blocks",
     "stats_partition",
+    "with_carried",
 ]
 
 POS_BITS = 40
@@ -362,9 +366,12 @@ def found_meta(meta: pd.DataFrame, drops: bool) -> pd.DataFrame:
     return pd.concat([keys, meta.astype({"score": np.float64})], axis=1)
 
 
-def finish_pairs(pairs: pd.DataFrame, meta: pd.DataFrame, like: Any = None) -> Any:
+def finish_pairs(
+    pairs: pd.DataFrame, meta: pd.DataFrame, like: Any = None, carried: dict[str, str] | None = None
+) -> Any:
     """Pairs of one output partition in frame order (left row, then right row), each
-    once: the ``neighbors(threshold=...)`` result partition, in the library of ``like``."""
+    once: the ``neighbors(threshold=...)`` result partition, in the library of ``like``;
+    ``carried`` as :func:`dask_cosim.search_results.pairs_result` takes it."""
     lkey = pairs.index.to_numpy() if "_lkey" not in pairs else pairs["_lkey"].to_numpy()
     rkey = pairs["_rkey"].to_numpy()
     taken = np.lexsort([rkey, lkey])
@@ -372,16 +379,35 @@ def finish_pairs(pairs: pd.DataFrame, meta: pd.DataFrame, like: Any = None) -> A
     # A pair found from both of its clusters (n_probe mode) is reported once.
     again = np.r_[False, (lkey[1:] == lkey[:-1]) & (rkey[1:] == rkey[:-1])]
     taken = taken[~again[: len(taken)]]
-    return sr.pairs_result(pairs.iloc[taken], meta, False, like)
+    return sr.pairs_result(pairs.iloc[taken], meta, False, like, carried)
 
 
-def removed_rows(pairs: pd.DataFrame, meta: pd.DataFrame, like: Any = None) -> Any:
+def best_earlier(pairs: pd.DataFrame) -> pd.DataFrame:
+    """From pairs indexed by the later row's key: per later row ("_key") its best earlier
+    match (the exact method's choice: :func:`dask_cosim.search_dedup.best_matches`).  A
+    pair found from both of its clusters counts once, as it should."""
+    return sd.best_matches(pairs.rename_axis("_key").reset_index())
+
+
+def removed_rows(
+    pairs: pd.DataFrame, meta: pd.DataFrame, like: Any = None, carried: dict[str, str] | None = None
+) -> Any:
     """dedup's removed rows of one output partition, from its pairs indexed by the later
-    row's key ("_rkey"): per later row its best earlier match, in frame order (the exact
-    method's choice: :func:`dask_cosim.search_dedup.best_matches`); in the library of
-    ``like``.  A pair found from both of its clusters counts once, as it should."""
-    best = sd.best_matches(pairs.rename_axis("_key").reset_index())
-    return sd.finish_removed(best, meta, {}, like)
+    row's key: :func:`best_earlier`, in frame order, in the library of ``like``;
+    ``carried`` as :func:`dask_cosim.search_results.pairs_result` takes it."""
+    return sd.finish_removed(best_earlier(pairs), meta, carried or {}, like)
+
+
+def with_carried(
+    found: pd.DataFrame, payload: Any, prefix: str, partition_info: dict[str, Any] | None = None
+) -> pd.DataFrame:
+    """``found``, indexed by keys of rows of one input partition, with those rows'
+    carried columns: ``payload`` is that partition's columns to carry (pandas or cudf),
+    named "{prefix}0", ... (:func:`dask_cosim.search_partition.carried_rows`)."""
+    part = 0 if partition_info is None else int(partition_info["number"])
+    rows = found.index.to_numpy(np.int64) - (np.int64(part) << POS_BITS)
+    extra = sp.carried_rows(payload, rows, prefix).set_axis(found.index, axis=0)
+    return pd.concat([found, extra], axis=1)
 
 
 def drop_keys(df: Any, drops: pd.DataFrame, partition_info: dict[str, Any] | None = None) -> Any:

@@ -300,12 +300,11 @@ def search_method(
     threshold: Any = None,
     n_probe: Any = None,
     clusters: Any = None,
-    columns: Any = None,
 ) -> tuple[str, int | None, int | None]:
     """``method`` of neighbors / dedup ("exact" or "clustered") with the arguments that go
     with it: (method, n_probe, clusters), ints (n_probe >= 0, clusters >= 1) or None.
     ``n_probe`` and ``clusters`` need "clustered"; "clustered" needs a threshold above 0
-    and no ``k``, and does not yet carry ``columns``."""
+    and no ``k``."""
     if method not in SEARCH_METHODS:
         raise ValueError(
             f"method={method!r}; use 'exact' (all pairs, the default) or 'clustered' "
@@ -339,12 +338,6 @@ def search_method(
             f"threshold={threshold!r}: method='clustered' needs a threshold in (0, 1], e.g. "
             "threshold=0.9 (at or below 0 a zero vector matches every row and no cluster "
             "can be ruled out); use method='exact'"
-        )
-    if columns:
-        raise NotImplementedError(
-            f"columns={columns!r} with method='clustered' is not supported yet; use "
-            "method='exact', or give the frame unique labels (df.reset_index()) and merge "
-            "the columns onto the result's 'left' and 'right' labels"
         )
     return method, n_probe, clusters
 

@@ -248,9 +248,9 @@ def neighbors(
     cols = _carried(df, columns, "columns")
     _warn_if_labels_repeat([(df, "the frame", "'left' and 'right'")] * (not cols))
     how = options.search_method(method, k=k, threshold=threshold, n_probe=n_probe,
-                                clusters=clusters, columns=cols)  # fmt: skip
+                                clusters=clusters)  # fmt: skip
     if how[0] == "clustered":
-        return _clustered("neighbors", df, on, threshold, how)
+        return _clustered("neighbors", df, on, threshold, how, columns=cols)
     opts = _options()
     like = _meta_of(df)
     dtypes, carried = _pair_columns(df, cols, df, cols)
@@ -299,12 +299,12 @@ def dedup(
     threshold_value = options.search_threshold(threshold, required=True)
     spec = check_column(df, on)
     cols = _carried(df, columns, "columns")
-    how = options.search_method(method, threshold=threshold, n_probe=n_probe, clusters=clusters,
-                                columns=cols)  # fmt: skip
+    how = options.search_method(method, threshold=threshold, n_probe=n_probe, clusters=clusters)
     if return_removed:
         _warn_if_labels_repeat([(df, "the frame", "'left' and 'right'")] * (not cols))
     if how[0] == "clustered":
-        return _clustered("dedup", df, on, threshold_value, how, return_removed=return_removed)
+        return _clustered("dedup", df, on, threshold_value, how, return_removed=return_removed,
+                          columns=cols)  # fmt: skip
     opts = _options()
     build = _Builder(dask.is_dask_collection(df))
     sides = _sides(build, df, on, opts, cols)
@@ -346,7 +346,7 @@ def _clustered(
     what: str, df: Any, on: str, threshold: Any, how: tuple[Any, ...], **extra: Any
 ) -> Any:
     """``method="clustered"``: k-means first, exact search within clusters
-    (:mod:`dask_cosim.clustered`); ``extra``: dedup's ``return_removed``."""
+    (:mod:`dask_cosim.clustered`); ``extra``: ``columns``, dedup's ``return_removed``."""
     from dask_cosim import clustered
 
     _, n_probe, clusters = how

@@ -28,6 +28,7 @@ from dask_cosim import search_kernels as sk
 __all__ = [
     "COMPANIONS",
     "Side",
+    "carried_rows",
     "companion",
     "join_pair_topk",
     "pair_threshold",
@@ -273,14 +274,22 @@ def _pairs_frame(
             "score": s.cpu().numpy(),
         }
     )
-    # The carried columns of each side: "_q0"... of the left rows, "_p0"... of the right.
     carried = [out]
     if q.payload is not None:
-        left = backends.take_to_pandas(q.payload, i_np).reset_index(drop=True)
-        carried.append(left.set_axis([f"_q{n}" for n in range(left.shape[1])], axis=1))
+        carried.append(carried_rows(q.payload, i_np, "_q"))
     if r.payload is not None:
-        carried.append(backends.take_to_pandas(r.payload, j_np).reset_index(drop=True))
+        carried.append(carried_rows(r.payload, j_np, "_p"))
     return pd.concat(carried, axis=1) if len(carried) > 1 else out
+
+
+def carried_rows(payload: Any, rows: np.ndarray, prefix: str) -> pd.DataFrame:
+    """The rows at positions ``rows`` of the carried columns ``payload`` (pandas or cudf:
+    only those rows leave the device), as pandas with a RangeIndex, named ``{prefix}0``,
+    ``{prefix}1``, ... in order: "_q" for the left row of a pair, "_p" for the right,
+    the names :func:`dask_cosim.search_results.pairs_result` maps to ``left_<c>`` and
+    ``right_<c>``."""
+    taken = backends.take_to_pandas(payload, rows).reset_index(drop=True)
+    return taken.set_axis([f"{prefix}{n}" for n in range(taken.shape[1])], axis=1)
 
 
 def _empty_pairs(q: Side, r: Side) -> pd.DataFrame:
