@@ -9,9 +9,11 @@ the entries at or above each row's bar.
 
 Threads.  On a CPU, called from the main thread with torch set to several threads, the
 column tiles are dealt among that many Python threads (tile t to thread t mod n, which
-balances a triangle as well as a rectangle), each with its own part: each thread
-multiplies on one core and selects from its tile while the tile is in that core's
-cache.  torch is set to one thread for the call and restored after: it is a process
+balances a triangle as well as a rectangle), or for a top-k without column states the
+blocks of query rows (so each row's heap sees all columns: half as many entries pass a
+bar that rises over all of them as over two halves), each with its own part: each
+thread multiplies on one core and selects from its tile while the tile is in that
+core's cache.  torch is set to one thread for the call and restored after: it is a process
 setting, so only the main thread does this (dask's worker threads keep one sweep, and
 get their parallelism from dask).  Torch's OpenMP threads would otherwise wait (or spin)
 while one thread selects, and two OpenMP pools (torch's, numba's) contend for the same
@@ -45,6 +47,8 @@ __all__ = [
 
 # Below this many multiply-adds a search runs on the calling thread alone.
 PARALLEL_MIN_WORK = 1 << 26
+# The fewest query rows of a thread's block when threads split the rows.
+MIN_ROWS = 64
 
 
 class Part(Protocol):
@@ -79,22 +83,38 @@ def by_rows(n: int, work: int, fn: Callable[[int, int], T]) -> list[T]:
 
 
 def sweep(
-    q: torch.Tensor, r: torch.Tensor, tq: int, tr: int, make: Callable[[], P], split: bool
+    q: torch.Tensor,
+    r: torch.Tensor,
+    tq: int,
+    tr: int,
+    make: Callable[[], P],
+    split: bool,
+    by_rows: bool = False,
 ) -> list[P]:
     """Hand every ``tq`` x ``tr`` tile of ``q @ r.T`` to a part made by ``make``: one
     part, or (``split``, on the main thread, torch on several threads, enough work) one
-    per thread, each given every n-th column tile.  Returns the parts."""
-    threads = _threads(-(-len(r) // tr), len(q) * len(r) * q.shape[1]) if split else 1
+    per thread, each given every n-th column tile, or with ``by_rows`` every n-th block
+    of query rows (of at most ``tq``, at least :data:`MIN_ROWS`) and all its columns: a
+    part then meets every column of its rows, and keeps one heap per row, not one per
+    thread.  Returns the parts."""
+    work = len(q) * len(r) * q.shape[1]
+    steps = len(q) // MIN_ROWS if by_rows else -(-len(r) // tr)
+    threads = _threads(steps, work) if split else 1
     if threads < 2:
         part = make()
-        _sweep(q, r, tq, tr, part, 0, 1)
+        _sweep(q, r, tq, tr, part, 0, 1, False)
         return [part]
+    if by_rows:
+        tq = min(tq, -(-len(q) // threads))
     parts = [make() for _ in range(threads)]
     previous = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         with ThreadPoolExecutor(threads, thread_name_prefix="cosim-search") as pool:
-            jobs = [pool.submit(_sweep, q, r, tq, tr, p, t, threads) for t, p in enumerate(parts)]
+            jobs = [
+                pool.submit(_sweep, q, r, tq, tr, p, t, threads, by_rows)
+                for t, p in enumerate(parts)
+            ]
             for job in jobs:
                 job.result()
     finally:
@@ -103,18 +123,20 @@ def sweep(
 
 
 def _sweep(
-    q: torch.Tensor, r: torch.Tensor, tq: int, tr: int, part: Part, first: int, step: int
-) -> None:
+    q: torch.Tensor, r: torch.Tensor, tq: int, tr: int, part: Part, first: int, step: int,
+    by_rows: bool,
+) -> None:  # fmt: skip
     nq, nr = len(q), len(r)
     if isinstance(part, DirectPart):
         for c0 in range(first * tr, nr, step * tr):
             part.run_q.direct(part.q, part.r, c0, min(nr, c0 + tr))
         return
     tile = Tile(tq, tr, q.device, low=q.dtype == torch.bfloat16)
+    rows = range(first * tq, nq, step * tq) if by_rows else range(0, nq, tq)
     with torch.no_grad():
-        for a0 in range(0, nq, tq):
+        for a0 in rows:
             a1 = min(nq, a0 + tq)
-            for c0 in range(first * tr, nr, step * tr):
+            for c0 in range(0, nr, tr) if by_rows else range(first * tr, nr, step * tr):
                 c1 = min(nr, c0 + tr)
                 if part.wants(a0, a1, c0, c1):
                     part.take(tile.product(q[a0:a1], r[c0:c1]), a0, c0)

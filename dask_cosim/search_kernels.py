@@ -292,9 +292,11 @@ def topk(
         # The numba scan reads each tile right after the product wrote it: from cache.
         tq, tr = tiles(nq, nr, min(tile_bytes, cpu_tile_bytes("topk")), fast.BLOCK)
         make = lambda: TopkPart(state(nq, q.valid, r.valid, same), run_r)  # noqa: E731
-    parts = sweep(qa, ra, tq, tr, make, fast is not None)
+    # Without column states the threads split the query rows: each row's heap meets all
+    # columns (fewer entries pass a bar that rises over all of them than over a part).
+    parts = sweep(qa, ra, tq, tr, make, fast is not None, by_rows=run_r is None)
     run_q = parts[0].run_q
-    for part in parts[1:]:  # several parts: numba heaps of other columns
+    for part in parts[1:]:  # several parts: numba heaps of other rows or columns
         run_q.merge(part.run_q)  # type: ignore[union-attr,arg-type]
     with torch.no_grad():
         res_q = _finish(run_q, q, r, k, tile_bytes, same, bound)

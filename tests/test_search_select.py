@@ -164,13 +164,15 @@ def test_same_and_both_with_near_ties(path: str, d: int, k: int) -> None:
 
 @pytest.mark.parametrize("bfloat16", [False, True])
 @pytest.mark.parametrize("threads", [1, 2, 3])
-def test_columns_split_among_threads_give_the_same_answer(
+def test_rows_or_columns_split_among_threads_give_the_same_answer(
     threads: int, bfloat16: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The main thread splits big searches among torch's threads (each with its own
-    heaps, merged after; and the bfloat16 copies and float64 re-scores by rows): any
-    split gives the brute force's answer, rows and columns."""
+    """The main thread splits big searches among torch's threads, each with its own
+    heaps, merged after (the query rows of a top-k, the columns of a self-join pair or
+    of a few queries; and the bfloat16 copies and float64 re-scores by rows): any split
+    gives the brute force's answer, rows and columns."""
     monkeypatch.setattr(_search_sweep, "PARALLEL_MIN_WORK", 1)
+    monkeypatch.setattr(_search_sweep, "MIN_ROWS", 1)
     if bfloat16:
         monkeypatch.setattr(
             sk, "topk", functools.partial(sk.topk, precision="exact", bfloat16=True)
