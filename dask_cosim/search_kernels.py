@@ -281,20 +281,21 @@ def topk(
     if bound is not None:
         kk = 2 * k + 32  # the window of bfloat16 scores that may hold a row's k best
     run_r = state(nr, r.valid, q.valid) if both else None
+    # Without column states the threads split the query rows: each row's heap meets all
+    # columns (fewer entries pass a bar that rises over all of them than over a part).
+    rows = run_r is None
     make: Callable[[], TopkPart]
     if fast is None:
         tq, tr = tiles(nq, nr, tile_bytes)
         make = lambda: TopkPart(state(nq, q.valid, r.valid, same), run_r)  # noqa: E731
     elif nq <= DIRECT_MAX_QUERIES and not both:
-        tq, tr = nq, DIRECT_BLOCK_ROWS
+        tq, tr, rows = nq, DIRECT_BLOCK_ROWS, False  # a few queries: blocks of r per thread
         make = lambda: DirectPart(state(nq, q.valid, r.valid, same), q.unit, r.unit)  # noqa: E731
     else:
         # The numba scan reads each tile right after the product wrote it: from cache.
         tq, tr = tiles(nq, nr, min(tile_bytes, cpu_tile_bytes("topk")), fast.BLOCK)
         make = lambda: TopkPart(state(nq, q.valid, r.valid, same), run_r)  # noqa: E731
-    # Without column states the threads split the query rows: each row's heap meets all
-    # columns (fewer entries pass a bar that rises over all of them than over a part).
-    parts = sweep(qa, ra, tq, tr, make, fast is not None, by_rows=run_r is None)
+    parts = sweep(qa, ra, tq, tr, make, fast is not None, by_rows=rows)
     run_q = parts[0].run_q
     for part in parts[1:]:  # several parts: numba heaps of other rows or columns
         run_q.merge(part.run_q)  # type: ignore[union-attr,arg-type]
