@@ -55,7 +55,21 @@ def _sorted_pairs(df: pd.DataFrame, by_score: bool = True) -> pd.DataFrame:
     keys = [df["_key"].to_numpy(), df["_l"].to_numpy()]
     if by_score:
         keys.insert(1, -df["score"].to_numpy())
-    return df.take(np.lexsort(keys))
+    # One part's pairs come sorted (a top-k's rows are): a check costs less than a sort.
+    return df if _in_order(keys) else df.take(np.lexsort(keys))
+
+
+def _in_order(keys: list[np.ndarray]) -> bool:
+    """Whether rows are already in the order np.lexsort(keys) gives (last key first)."""
+    if len(keys[0]) < 2:
+        return True
+    before = np.zeros(len(keys[0]) - 1, dtype=bool)  # decided: row i comes first
+    tied = np.ones_like(before)
+    for key in reversed(keys):
+        a, b = key[:-1], key[1:]
+        before |= tied & (a < b)
+        tied &= a == b
+    return bool((before | tied).all())
 
 
 def concat_pairs(*parts: pd.DataFrame) -> pd.DataFrame:

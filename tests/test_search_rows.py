@@ -271,3 +271,25 @@ def test_removed_rows_and_groups_over_blocks_of_partitions() -> None:
     assert removed["left_id"].tolist() == [10 * want[r][0] + 1 for r in sorted(want)]
     assert sorted(kept["id"]) == sorted(set(pdf["id"]) - set(removed["right_id"]))
     assert grouped["group"].tolist() == union_find_groups(s).tolist()
+
+
+def test_result_rows_already_in_order_skip_the_sort() -> None:
+    """search_results._in_order (which lets a single part's sorted pairs skip the sort)
+    says yes only when np.lexsort would leave the rows where they are, and always then
+    without NaN (a NaN score it may not vouch for: the rows are then sorted); ties on
+    every key, several keys, empty and one-row frames."""
+    from dask_cosim.search_results import _in_order
+
+    rng = np.random.default_rng(0)
+    for n in range(6):
+        for _ in range(300):
+            keys = [rng.integers(0, 3, n).astype(float) for _ in range(3)]
+            if n and rng.random() < 0.2:
+                keys[1][rng.integers(n)] = np.nan
+            order = np.lexsort(keys)
+            stays = np.array_equal(order, np.arange(n))
+            if _in_order(keys):
+                assert stays
+            elif not np.isnan(keys[1]).any():
+                assert not stays
+            assert _in_order([k[order] for k in keys]) or np.isnan(keys[1]).any()
