@@ -350,7 +350,8 @@ def peak_memory(nq: int, nr: int, d: int) -> dict[str, Any]:
                                pd.RangeIndex(n), 0, "v", None)
         q, r = side({nq}), side({nr})
         tiles = {{"cpu": 32 << 20, "cuda": 32 << 20}}
-        search.join_pair_topk(q, r, 10, None, tiles)  # first call: BLAS and thread pools
+        # The default precision ("exact": bfloat16 tiles and copies where the CPU has them).
+        search.join_pair_topk(q, r, 10, None, tiles, precision="exact")  # BLAS, thread pools
         peak, done = [0], [False]
         def sample():
             while not done[0]:
@@ -359,8 +360,8 @@ def peak_memory(nq: int, nr: int, d: int) -> dict[str, Any]:
         base = rss()
         t = threading.Thread(target=sample)
         t.start()
-        search.join_pair_topk(q, r, 10, None, tiles)
-        search.pair_threshold(q, r, 0.5, tiles)
+        search.join_pair_topk(q, r, 10, None, tiles, precision="exact")
+        search.pair_threshold(q, r, 0.5, tiles, precision="exact")
         done[0] = True
         t.join()
         print(base, peak[0] - base)
