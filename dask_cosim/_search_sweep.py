@@ -132,11 +132,14 @@ def _sweep(
             part.run_q.direct(part.q, part.r, c0, min(nr, c0 + tr))
         return
     tile = Tile(tq, tr, q.device, low=q.dtype == torch.bfloat16)
-    rows = range(first * tq, nq, step * tq) if by_rows else range(0, nq, tq)
+    # This thread's share: every step-th block of rows (by_rows), else of columns.
+    rows, cols = (first, step), (0, 1)
+    if not by_rows:
+        rows, cols = cols, rows
     with torch.no_grad():
-        for a0 in rows:
+        for a0 in range(rows[0] * tq, nq, rows[1] * tq):
             a1 = min(nq, a0 + tq)
-            for c0 in range(0, nr, tr) if by_rows else range(first * tr, nr, step * tr):
+            for c0 in range(cols[0] * tr, nr, cols[1] * tr):
                 c1 = min(nr, c0 + tr)
                 if part.wants(a0, a1, c0, c1):
                     part.take(tile.product(q[a0:a1], r[c0:c1]), a0, c0)
