@@ -56,7 +56,7 @@ _INPUT_ERRORS = (
     IsADirectoryError,
     NotADirectoryError,
     PermissionError,
-    NotImplementedError,  # options that do not go together yet
+    NotImplementedError,  # pyarrow's ArrowNotImplementedError: a type it cannot read
 )
 
 F = TypeVar("F", bound=Callable[..., Any])

@@ -19,11 +19,12 @@ threshold pass decides it.  On CPUs numba kernels select from each tile while it
 in cache (:mod:`dask_cosim._search_sweep`); elsewhere ``torch.topk`` merges do.
 
 bfloat16 tiles.  On a CPU that multiplies bfloat16 natively (:func:`~dask_cosim.
-_search_tiles.cpu_bfloat16`), an "exact" top-k multiplies bfloat16 copies of the unit
+_search_tiles.cpu_bfloat16`), an "exact" search multiplies bfloat16 copies of the unit
 rows (twice the float32 rate) and decides on float64 scores just the same, with the
 first pass's bound in place of the margin: |s_hat - cos| <= A + B |s_hat|
-(:func:`bfloat16_bound`).  A row keeps 3k + 32 candidates; those whose s_hat cannot
-reach its k-th are not re-scored.
+(:func:`bfloat16_bound`).  A top-k row keeps 2k + 32 candidates; those whose s_hat
+cannot reach its k-th are not re-scored.  A threshold search re-scores every pair it
+keeps.
 
 Validity.  Rows holding NaN or inf, and rows marked null, are invalid: they never match
 and get no matches.  A zero vector is valid and scores 0.0 with every row (the numerics
