@@ -33,6 +33,7 @@ import dask
 import dask.dataframe as dd
 import numpy as np
 import pandas as pd
+import torch
 
 from benchmarks import harness as h
 from dask_cosim import clustered
@@ -41,25 +42,30 @@ from dask_cosim.datasets import embedding_arrays
 from dask_cosim.io import vectors_to_arrow
 
 
-def _piece(part: int, start: int, stop: int, dim: int, directions: int, device: str) -> Any:
+def _piece(
+    part: int, start: int, stop: int, dim: int, directions: int, device: str, dtype: str
+) -> Any:
     x, _ = embedding_arrays(stop - start, dim, directions=directions, seed=0, part=part,
                             device=device)  # fmt: skip
-    return pd.DataFrame(
-        {"emb": vectors_to_arrow(x.cpu().numpy())}, index=pd.RangeIndex(start, stop)
-    )
+    x = x.to(getattr(torch, dtype)).cpu().numpy()
+    return pd.DataFrame({"emb": vectors_to_arrow(x)}, index=pd.RangeIndex(start, stop))
 
 
-def frame(rows: int, dim: int, directions: int, device: str, part_rows: int) -> dd.DataFrame:
-    """``rows`` generated rows in partitions of ``part_rows`` (unique labels 0..rows-1)."""
+def frame(
+    rows: int, dim: int, directions: int, device: str, part_rows: int, dtype: str = "float32"
+) -> dd.DataFrame:
+    """``rows`` generated rows of ``dtype`` in partitions of ``part_rows`` (unique labels
+    0..rows-1)."""
     bounds = [*range(0, rows, part_rows), rows]
     parts = [
-        dask.delayed(_piece)(i, a, b, dim, directions, device)
+        dask.delayed(_piece)(i, a, b, dim, directions, device, dtype)
         for i, (a, b) in enumerate(itertools.pairwise(bounds))
     ]
-    meta = _piece(0, 0, 1, dim, 1, "cpu").iloc[:0]
+    meta = _piece(0, 0, 1, dim, 1, "cpu", dtype).iloc[:0]
     df = dd.from_delayed(parts, meta=meta, divisions=(*bounds[:-1], rows - 1), verify_meta=False)
     # Held in memory when it fits easily (every run reads it several times), else made again.
-    return df.persist() if rows * dim * 4 < 40 * 2**30 else df
+    size = rows * dim * getattr(torch, dtype).itemsize
+    return df.persist() if size < 40 * 2**30 else df
 
 
 def timed(fn: Any) -> tuple[float, Any]:
@@ -128,6 +134,13 @@ def _ints(text: str) -> list[int]:
 @click.option("--rows", default=1_000_000, show_default=True, help="Rows N.")
 @click.option("--dim", default=384, show_default=True, help="Vector length D.")
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
+@click.option(
+    "--dtype",
+    type=click.Choice(["float32", "float16"]),
+    default="float32",
+    show_default=True,
+    help="The vectors' dtype (the routing shuffle carries it as it is).",
+)
 @click.option("--directions", default=2000, show_default=True, help="Directions of the data.")
 @click.option("--thresholds", default="0.9,0.95", show_default=True)
 @click.option(
@@ -154,7 +167,7 @@ def _ints(text: str) -> list[int]:
 @click.option("--quick", is_flag=True, help="Tiny sizes, for the smoke test.")
 @h.results_options()
 def main(
-    rows: int, dim: int, device: str, directions: int, thresholds: str, modes: str,
+    rows: int, dim: int, device: str, dtype: str, directions: int, thresholds: str, modes: str,
     exact_rows: str, recall_rows: int, partition_rows: int, max_copies: float, quick: bool,
     output: h.Output,
 ) -> None:  # fmt: skip
@@ -167,18 +180,19 @@ def main(
 
     def run(log: h.Log) -> h.Record:
         record: h.Record = {
-            "params": {"rows": rows, "dim": dim, "device": device, "directions": directions,
+            "params": {"rows": rows, "dim": dim, "device": device, "dtype": dtype,
+                       "directions": directions,
                        "partition_rows": partition_rows, "recall_rows": recall_rows},
             "load_before": h.load_text(),
         }  # fmt: skip
         with dask.config.set({"cosim.device": device}):
             # Untimed: the kernels' first calls compile them.
-            warm = frame(2 * min(partition_rows, 1000), dim, directions, device, 1000)
+            warm = frame(2 * min(partition_rows, 1000), dim, directions, device, 1000, dtype)
             warm.cosim.neighbors("emb", threshold=ts[0]).compute()
             warm.cosim.neighbors("emb", threshold=ts[0], method="clustered").compute()
             exact = []
             for n in _ints(exact_rows):
-                small = frame(n, dim, directions, device, partition_rows)
+                small = frame(n, dim, directions, device, partition_rows, dtype)
                 secs, pairs = timed(
                     lambda small=small: small.cosim.neighbors("emb", threshold=ts[0]).compute()
                 )
@@ -191,7 +205,7 @@ def main(
             record["exact_n2_from_largest_seconds"] = (
                 exact[-1][1] * (rows / exact[-1][0]) ** 2 if exact else None
             )
-            df = frame(rows, dim, directions, device, partition_rows)
+            df = frame(rows, dim, directions, device, partition_rows, dtype)
             secs, truth = timed(lambda: cr.sample_truth(df, "emb", ts[0], sample_rows=recall_rows))
             record["truth_seconds"] = secs
             log(f"truth of {recall_rows:,} sampled rows: {secs:.1f} s")
@@ -229,7 +243,9 @@ def main(
         print(f"recall truth: {recall_rows:,} sampled rows in {record['truth_seconds']:.1f} s")
         h.print_table(TABLE, record["cases"], f"clustered, N={rows:,} D={dim} on {device}")
 
-    name = output.name or f"clustered-{device}-{rows}x{dim}"
+    name = output.name or f"clustered-{device}-{rows}x{dim}" + (
+        "" if dtype == "float32" else f"-{dtype}"
+    )
     h.execute_benchmark(h.Config(output, name, run, report))
 
 

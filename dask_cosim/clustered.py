@@ -258,8 +258,8 @@ def _layout(
     block_bytes: int,
     npartitions: int,
 ) -> Plan:
-    itemsize = 8 if stats.dtype == "float64" else 4
-    # A row in a block: its Arrow copy, its raw and unit rows after prepare.
+    itemsize = getattr(torch, stats.dtype).itemsize
+    # A row in a block: its Arrow copy, its raw rows and float32 unit rows after prepare.
     row_bytes = stats.dim * (2 * itemsize + 4) + 64
     rows_per_block = max(1, block_bytes // row_bytes)
     members = np.maximum(1, -(-stats.counts // rows_per_block))

@@ -14,6 +14,7 @@ position``, as the all-pairs search orders them.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,22 +53,26 @@ VEC = "_vec"  # the vector column of routed frames (no user column name can clas
 
 
 def encode_rows(raw: torch.Tensor) -> pd.arrays.ArrowExtensionArray:
-    """(n, D) CPU rows -> one Arrow large_binary value per row (their bytes, no copy).
+    """(n, D) CPU rows -> one Arrow large_binary value per row (their bytes, no copy; any
+    float dtype, bfloat16 included).
 
     Not a fixed_size_list: dask's p2p shuffle rebuilds dtypes from their names, and
     pandas cannot parse a parametrised Arrow type's name back."""
-    flat = np.ascontiguousarray(raw.numpy()).reshape(-1)
+    flat = raw.contiguous().view(torch.uint8).numpy().reshape(-1)
     width = raw.shape[1] * raw.element_size()
     offsets = pa.py_buffer(np.arange(len(raw) + 1, dtype=np.int64) * width)
-    data = pa.py_buffer(flat.view(np.uint8))
-    values = pa.Array.from_buffers(pa.large_binary(), len(raw), [None, offsets, data])
+    values = pa.Array.from_buffers(pa.large_binary(), len(raw), [None, offsets, pa.py_buffer(flat)])
     return pd.arrays.ArrowExtensionArray(values)
 
 
 def decode_rows(column: pd.Series, dtype: str, dim: int) -> torch.Tensor:
-    """:func:`encode_rows` back: (n, D) rows of ``dtype`` (one copy, into a tensor)."""
-    out = np.empty((len(column), dim), dtype=dtype)
-    width = dim * out.itemsize
+    """:func:`encode_rows` back: (n, D) rows of ``dtype``, a torch dtype's name (one copy,
+    into a tensor)."""
+    kind = getattr(torch, dtype)
+    if not len(column):  # an empty tensor has no unit stride to view through
+        return torch.zeros((0, dim), dtype=kind)
+    width = dim * kind.itemsize
+    out = np.empty((len(column), width), dtype=np.uint8)
     row = 0
     values = pa.array(column.array)
     for chunk in values.chunks if isinstance(values, pa.ChunkedArray) else [values]:
@@ -78,9 +83,9 @@ def decode_rows(column: pd.Series, dtype: str, dim: int) -> torch.Tensor:
             raise ValueError(f"routed rows of {dim} x {dtype} values expected")
         start = int(offsets[0]) if len(chunk) else 0
         data = np.frombuffer(chunk.buffers()[2], np.uint8, len(chunk) * width, start)
-        out[row : row + len(chunk)] = data.view(dtype).reshape(len(chunk), dim)
+        out[row : row + len(chunk)] = data.reshape(len(chunk), width)
         row += len(chunk)
-    return torch.from_numpy(out)
+    return torch.from_numpy(out).view(kind)
 
 
 def row_keys(part: int, n: int) -> np.ndarray:
@@ -129,8 +134,9 @@ def sample_partition(
 @dataclass
 class Stats:
     """Per cluster: rows whose home it is and the radius bound (float64 radians, -inf
-    when empty); the dtype rows are carried in ("float32" or "float64"), D, the rows
-    seen and the score error delta the bounds were computed with."""
+    when empty); the dtype rows are carried in (the input's own float dtype: a float16
+    column crosses the shuffle in 2 bytes a value), D, the rows seen and the score error
+    delta the bounds were computed with."""
 
     counts: np.ndarray
     radius: np.ndarray
@@ -153,16 +159,18 @@ def stats_partition(
     prep = prepared_rows(df, column, eps, device)
     d, _, delta = _usable(prep)
     counts, radius = ck.cluster_stats(d, centroids.to(d.device), delta, chunk_bytes)
-    dtype = "float64" if prep.raw.dtype == torch.float64 else "float32"
+    dtype = str(prep.raw.dtype).removeprefix("torch.")
     return Stats(counts.cpu().numpy(), radius.cpu().numpy(), dtype, prep.dim, len(df), delta)
 
 
 def merge_stats(*parts: Stats) -> Stats:
-    dtypes = {p.dtype for p in parts}
+    # Partitions of one column may differ (float16 in one file, float32 in another): the
+    # blocks carry the type that holds them all.
+    dtype = functools.reduce(torch.promote_types, (getattr(torch, p.dtype) for p in parts))
     return Stats(
         np.sum([p.counts for p in parts], axis=0),
         np.max([p.radius for p in parts], axis=0),
-        "float64" if "float64" in dtypes else "float32",
+        str(dtype).removeprefix("torch."),
         max(p.dim for p in parts),
         sum(p.rows for p in parts),
         max(p.delta for p in parts),

@@ -9,6 +9,8 @@ import math
 import dask
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 import torch
 from distributed import Client
@@ -16,6 +18,7 @@ from distributed import Client
 import dask_cosim
 from dask_cosim import clustered, clustered_recall
 from dask_cosim import clustered_kernels as ck
+from dask_cosim import clustered_partition as cp
 from dask_cosim import search_kernels as sk
 from dask_cosim.datasets import embedding_arrays, make_embeddings
 from tests.helpers import as_column, to_dask
@@ -77,6 +80,7 @@ def assert_same(got: pd.DataFrame, want: pd.DataFrame, exact_scores: bool) -> No
         (np.float32, 0.9, 12, None),
         (np.float32, 0.75, 5, 20_000),  # clusters split into sub-blocks of ~150 rows
         (np.float64, 0.95, 40, 60_000),
+        (np.float16, 0.9, 12, 20_000),  # carried through the shuffle as float16
         (np.float32, 0.5, 1, None),  # one cluster: all pairs
         (np.float32, 1.0, 30, None),  # only exact duplicates
     ],
@@ -188,6 +192,46 @@ def test_skip_rules_never_skip_a_match() -> None:
         assert bool((pclu > home[prow]).all())
         _, prow2, _ = ck.route(dirs, cent, ck.floors(radius, t, 16, delta), t, delta, 2, 2**20)
         assert int(torch.bincount(prow2).max()) <= 2
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+def test_routed_rows_keep_their_dtype(dtype: torch.dtype) -> None:
+    """Rows cross the shuffle in their own dtype (a float16 row in 2 bytes a value), bit
+    for bit, through a chunked Arrow column as the shuffle's concatenation leaves it."""
+    x = torch.randn(37, 5, dtype=torch.float64).mul_(1e3).to(dtype)
+    x[3, 1] = float("nan")
+    x[4, 2] = -0.0
+    encoded = cp.encode_rows(x)
+    assert pa.array(encoded).buffers()[2].size == 37 * 5 * dtype.itemsize
+    chunked = pd.Series(
+        pd.arrays.ArrowExtensionArray(
+            pa.chunked_array([pa.array(encoded)[:10], pa.array(encoded)[10:]])
+        )
+    )
+    back = cp.decode_rows(chunked.iloc[1:], str(dtype).removeprefix("torch."), 5)
+    assert back.dtype == dtype
+    assert torch.equal(back.view(torch.uint8), x[1:].view(torch.uint8))
+
+
+def test_stats_carry_the_input_dtype() -> None:
+    """A float16 column is routed in float16; partitions of different dtypes in the one
+    that holds them all."""
+    x = adversarial(400, dtype=np.float16)
+    cent = torch.nn.functional.normalize(torch.randn(3, 16), dim=1)
+    parts = [
+        cp.stats_partition(
+            frame(x.astype(t)), "emb", cent, eps=1e-8, device="cpu", chunk_bytes=2**20
+        )
+        for t in (np.float16, np.float16, np.float32)
+    ]
+    assert parts[0].dtype == "float16"
+    assert cp.merge_stats(*parts[:2]).dtype == "float16"
+    assert cp.merge_stats(*parts).dtype == "float32"
+    layout = clustered.plan(frame(x), "emb", 0.9, clusters=3).layout
+    assert layout.dtype == "float16"
+    routed = cp.route_partition(frame(x), "emb", layout, eps=1e-8, device="cpu", chunk_bytes=2**20)
+    widths = pc.binary_length(pa.array(routed[cp.VEC].array))
+    assert set(widths.to_pylist()) == {16 * 2}
 
 
 def test_kmeans_and_generator() -> None:

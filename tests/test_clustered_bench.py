@@ -16,12 +16,13 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_clustered_benchmark_runs(tmp_path: Path) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "benchmarks.clustered", "--quick", "--name", "smoke",
-         "--out", str(tmp_path), "--quiet", "--max-copies", "1000"],
+         "--out", str(tmp_path), "--quiet", "--max-copies", "1000", "--dtype", "float16"],
         capture_output=True, text=True, timeout=280, cwd=ROOT,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     result = json.loads((tmp_path / "smoke.json").read_text())
     assert len(result["exact"]) == 3 and result["exact_extrapolated_seconds"] > 0
+    assert result["params"]["dtype"] == "float16"
     cases = result["cases"]
     assert {(c["op"], c["threshold"], c["n_probe"]) for c in cases} == {
         (op, t, m)
