@@ -300,12 +300,13 @@ def _found(df: Any, on: str, p: Plan, drops: bool, by: str) -> Any:
     tiles = options.search_tile_bytes()
     tile = tiles["cuda" if device.startswith("cuda") else "cpu"]
     kwargs: dict[str, Any] = {"eps": eps, "device": device}
+    # The blocks are searched as the all-pairs search is: same tiles, same precision.
+    search = {"tile_bytes": tile, "precision": options.search_precision(), **kwargs}
     if not dask.is_dask_collection(df):
         routed = cp.route_partition(df, on, p.layout, chunk_bytes=tiles["cpu"], **kwargs)
         found = cp.search_blocks(
-            routed, p.threshold, p.layout.dtype, p.layout.dim, drops=drops, tile_bytes=tile,
-            **kwargs,
-        )  # fmt: skip
+            routed, p.threshold, p.layout.dtype, p.layout.dim, drops=drops, **search
+        )
         return found.set_index(by)
     layout = dask.delayed(p.layout, name=f"cosim-clustered-layout-{tokenize(p.layout.centroids)}")
     routed = df[[on]].map_partitions(
@@ -324,10 +325,9 @@ def _found(df: Any, on: str, p: Plan, drops: bool, by: str) -> Any:
         p.layout.dtype,
         p.layout.dim,
         drops=drops,
-        tile_bytes=tile,
         meta=cp.found_meta(_pairs_meta(df, on), drops),
         token="cosim-clustered-blocks",
-        **kwargs,
+        **search,
     )
     return _gather(found, by, df)
 

@@ -277,9 +277,11 @@ def block_pairs(
     threshold: float,
     *,
     tile_bytes: int,
+    precision: str = "fp32",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The pairs of one block scoring at least ``threshold`` in float64: (first, second,
-    score), positions in ``prep`` with ``key[first] < key[second]``.
+    score), positions in ``prep`` with ``key[first] < key[second]``, found by tiles of
+    ``precision`` (:func:`~dask_cosim.search_kernels.threshold_pairs`).
 
     The block's rows come in role order: ``members`` MEMBER rows sorted by ``key``, then
     ``sides`` SIDE rows, then PROBE rows.  Pairs are MEMBER x MEMBER (each unordered pair
@@ -295,8 +297,9 @@ def block_pairs(
     if members > 1:
         pm = rows(prep, 0, members)
         i, j, _ = sk.threshold_pairs(
-            pm, pm, low, tile_bytes=tile_bytes, mode="upper", exact_scores=False
-        )
+            pm, pm, low, tile_bytes=tile_bytes, mode="upper", exact_scores=False,
+            precision=precision,
+        )  # fmt: skip
         first.append(i)
         second.append(j)
     reach = members + sides
@@ -307,6 +310,7 @@ def block_pairs(
             low,
             tile_bytes=tile_bytes,
             exact_scores=False,
+            precision=precision,
         )
         first.append(i + reach)
         second.append(j)

@@ -65,14 +65,20 @@ def encode_rows(raw: torch.Tensor) -> pd.arrays.ArrowExtensionArray:
     return pd.arrays.ArrowExtensionArray(values)
 
 
-def decode_rows(column: pd.Series, dtype: str, dim: int) -> torch.Tensor:
-    """:func:`encode_rows` back: (n, D) rows of ``dtype``, a torch dtype's name (one copy,
-    into a tensor)."""
+def decode_rows(
+    column: pd.Series, dtype: str, dim: int, order: np.ndarray | None = None
+) -> torch.Tensor:
+    """:func:`encode_rows` back: (n, D) rows of ``dtype``, a torch dtype's name, taken in
+    ``order`` (positions in ``column``; default as they are), in one copy into a tensor."""
     kind = getattr(torch, dtype)
     if not len(column):  # an empty tensor has no unit stride to view through
         return torch.zeros((0, dim), dtype=kind)
     width = dim * kind.itemsize
     out = np.empty((len(column), width), dtype=np.uint8)
+    # Each row goes straight to its place: a shuffled column is many Arrow chunks, which
+    # an Arrow take of the whole column would first copy into one.
+    place = np.empty(len(column), np.int64)
+    place[np.arange(len(column)) if order is None else order] = np.arange(len(column))
     row = 0
     values = pa.array(column.array)
     for chunk in values.chunks if isinstance(values, pa.ChunkedArray) else [values]:
@@ -83,7 +89,11 @@ def decode_rows(column: pd.Series, dtype: str, dim: int) -> torch.Tensor:
             raise ValueError(f"routed rows of {dim} x {dtype} values expected")
         start = int(offsets[0]) if len(chunk) else 0
         data = np.frombuffer(chunk.buffers()[2], np.uint8, len(chunk) * width, start)
-        out[row : row + len(chunk)] = data.reshape(len(chunk), width)
+        rows = data.reshape(len(chunk), width)
+        if order is None:
+            out[row : row + len(chunk)] = rows
+        else:
+            out[place[row : row + len(chunk)]] = rows
         row += len(chunk)
     return torch.from_numpy(out).view(kind)
 
@@ -315,9 +325,11 @@ def search_blocks(
     eps: float,
     device: str,
     tile_bytes: int,
+    precision: str = "fp32",
 ) -> pd.DataFrame:
     """Every pair scoring at least ``threshold`` in each block of a shuffled partition
-    (its rows of ``dim`` values of ``dtype``).
+    (its rows of ``dim`` values of ``dtype``), found by tiles of ``precision`` (as
+    :func:`~dask_cosim.search_kernels.threshold_pairs` takes it).
 
     ``drops`` False: "_lkey", "_rkey" (frame-order keys, the earlier row first), "left",
     "right" (labels) and "score" (float64).  ``drops`` True: "_key", the later row of
@@ -326,10 +338,10 @@ def search_blocks(
     block_all, role_all = df["_block"].to_numpy(), df["_role"].to_numpy()
     # Each block's rows together, in role order, members by key (block_pairs).
     order = np.lexsort([df["_key"].to_numpy(), role_all, block_all])
-    df = df.iloc[order]
+    x = decode_rows(df[VEC], dtype, dim, order)
+    df = df.drop(columns=VEC).iloc[order]
     block, role = block_all[order], role_all[order]
     keys_np = df["_key"].to_numpy()
-    x = decode_rows(df[VEC], dtype, dim)
     prep = sk.prepare(x, eps=eps, device=partition.resolve_device(device, x.device))
     key = torch.from_numpy(keys_np.copy()).to(prep.unit.device)
     starts = np.flatnonzero(np.r_[True, block[1:] != block[:-1]])[: len(block)]
@@ -346,6 +358,7 @@ def search_blocks(
             key[s:e],
             threshold,
             tile_bytes=tile_bytes,
+            precision=precision,
         )
         first.append(i.cpu().numpy() + s)
         second.append(j.cpu().numpy() + s)

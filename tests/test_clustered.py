@@ -85,20 +85,29 @@ def assert_same(got: pd.DataFrame, want: pd.DataFrame, exact_scores: bool) -> No
         (np.float32, 1.0, 30, None),  # only exact duplicates
     ],
 )
+@pytest.mark.parametrize("tiles", ["fp32", "bfloat16"])
 def test_exact_mode_equals_all_pairs(
-    dtype: type, threshold: float, clusters: int, block_bytes: int
-) -> None:
+    dtype: type, threshold: float, clusters: int, block_bytes: int, tiles: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """Blocks searched by float32 tiles, or by bfloat16 ones (as CPUs with bfloat16 units
+    search them by default), find the all-pairs answer of float32 tiles."""
     x = adversarial(dtype=dtype)
     null = np.zeros(len(x), bool)
     null[[11, 350]] = True
     pdf = frame(x, null)
-    want = pdf.cosim.neighbors("emb", threshold=threshold)
+    with dask.config.set({"cosim.search.precision": "fp32"}):
+        want = pdf.cosim.neighbors("emb", threshold=threshold)
+        want_kept = pdf.cosim.dedup("emb", threshold).index
     assert len(want) > 10
+    if tiles == "bfloat16":
+        monkeypatch.setattr(sk, "cpu_bfloat16", lambda: True)
     opts = {"clusters": clusters, "block_bytes": block_bytes}
-    got = clustered.neighbors(pdf, "emb", threshold=threshold, **opts)
+    with dask.config.set({"cosim.search.precision": "exact" if tiles == "bfloat16" else "fp32"}):
+        got = clustered.neighbors(pdf, "emb", threshold=threshold, **opts)
+        kept = clustered.dedup(pdf, "emb", threshold, **opts)
     assert_same(got, want, exact_scores=dtype == np.float64)
-    kept = clustered.dedup(pdf, "emb", threshold, **opts)
-    assert kept.index.equals(pdf.cosim.dedup("emb", threshold).index)
+    assert kept.index.equals(want_kept)
     assert {113, 3503, 3413} <= set(kept.index)  # null and NaN rows are kept
 
 
