@@ -1,4 +1,5 @@
-"""Kernels of the clustered search: pure torch, any device, no dataframes, no config.
+"""Kernels of the clustered search: torch, any device, no dataframes, no config (on CPUs
+the routing rule runs as one numba pass, :mod:`dask_cosim._clustered_numba`).
 
 Spherical k-means on a sample (:func:`kmeans`), the bounds of the skip rule
 (:func:`cluster_stats`, :func:`floors`), each row's home cluster and the clusters it probes
@@ -37,10 +38,13 @@ scores differ by at most ``2delta``), the radius covers it.
 from __future__ import annotations
 
 import math
+from typing import Any
 
+import numpy as np
 import torch
 
 from dask_cosim import search_kernels as sk
+from dask_cosim._search_sweep import by_rows
 
 __all__ = [
     "ANGLE_SLACK",
@@ -235,12 +239,14 @@ def route(
     cluster's rows only, as NeMo Curator's semantic dedup compares them).
     """
     k = len(centroids)
+    far = chord(threshold, centroids.shape[1])
+    kernel = _route_kernel() if d.device.type == "cpu" else None
+    if kernel is not None:
+        return _route_numba(kernel, d, centroids, floor, far, delta, n_probe, chunk_bytes)
     home = torch.empty(len(d), dtype=torch.int64, device=d.device)
     rows_out, clusters_out = [], []
     step = _chunk_rows(k, chunk_bytes)
     ids = torch.arange(k, device=d.device)
-    dim = centroids.shape[1]
-    far = chord(threshold, dim)
     for r0 in range(0, len(d), step):
         s = d[r0 : r0 + step] @ centroids.T
         h = s.argmax(dim=1)
@@ -267,6 +273,56 @@ def route(
     empty = torch.zeros(0, dtype=torch.int64, device=d.device)
     rows = torch.cat(rows_out) if rows_out else empty
     return home, rows, torch.cat(clusters_out) if clusters_out else empty
+
+
+_kernel: list[Any] = []
+
+
+def _route_kernel() -> Any:
+    """:func:`dask_cosim._clustered_numba.route_rows`, or None where numba does not
+    import (the torch path decides the same)."""
+    if not _kernel:
+        try:
+            from dask_cosim._clustered_numba import route_rows
+        except Exception:
+            route_rows = None
+        _kernel.append(route_rows)
+    return _kernel[0]
+
+
+def _route_numba(
+    kernel: Any,
+    d: torch.Tensor,
+    centroids: torch.Tensor,
+    floor: torch.Tensor,
+    far: float,
+    delta: float,
+    n_probe: int | None,
+    chunk_bytes: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`route` on CPUs: torch's product per chunk of rows, then the rule in one
+    numba pass over each row's scores, the rows split among the threads."""
+    k = len(centroids)
+    probe = -1 if n_probe is None else min(n_probe, k)
+    cap = k if probe < 0 else max(probe, 1)
+    gram = (centroids @ centroids.T).numpy()
+    bars = floor.to(torch.float32).contiguous().numpy()
+    home = np.empty(len(d), dtype=np.int64)
+    rows_out, clusters_out = [], []
+    step = _chunk_rows(k, chunk_bytes)
+    for r0 in range(0, len(d), step):
+        s = (d[r0 : r0 + step] @ centroids.T).numpy()
+        m = len(s)
+        probes = np.empty((m, cap), dtype=np.int32)
+        counts = np.empty(m, dtype=np.int64)
+        by_rows(m, m * k * d.shape[1], lambda a, b, s=s, p=probes, c=counts, r0=r0: kernel(
+            s[a:b], bars, gram, far, delta, probe, home[r0 + a : r0 + b], p[a:b], c[a:b]
+        ))  # fmt: skip
+        rows_out.append(np.repeat(np.arange(r0, r0 + m, dtype=np.int64), counts))
+        clusters_out.append(probes[np.arange(cap) < counts[:, None]].astype(np.int64))
+    rows = np.concatenate(rows_out) if rows_out else np.zeros(0, np.int64)
+    clusters = np.concatenate(clusters_out) if clusters_out else np.zeros(0, np.int64)
+    return torch.from_numpy(home), torch.from_numpy(rows), torch.from_numpy(clusters)
 
 
 def block_pairs(

@@ -175,7 +175,17 @@ def test_score_error_bounds_the_float32_scores(rows: str) -> None:
     assert delta < 2 * sk.margin(d)
 
 
-def test_skip_rules_never_skip_a_match() -> None:
+@pytest.fixture(params=["numba", "torch"])
+def routing(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Routing on CPUs by the numba kernel, or by the torch path (as on GPUs)."""
+    if request.param == "torch":
+        monkeypatch.setattr(ck, "_route_kernel", lambda: None)
+    else:
+        assert ck._route_kernel() is not None
+    return str(request.param)
+
+
+def test_skip_rules_never_skip_a_match(routing: str) -> None:
     """For every pair of rows scoring at least t (float64), the row in the lower-numbered
     cluster probes the other's cluster."""
     x = adversarial(1500, d=16, seed=5)
@@ -201,6 +211,24 @@ def test_skip_rules_never_skip_a_match() -> None:
         assert bool((pclu > home[prow]).all())
         _, prow2, _ = ck.route(dirs, cent, ck.floors(radius, t, 16, delta), t, delta, 2, 2**20)
         assert int(torch.bincount(prow2).max()) <= 2
+
+
+@pytest.mark.parametrize("n_probe", [None, 0, 1, 3, 500])
+def test_numba_routing_decides_as_torch(
+    n_probe: int | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The numba pass makes the torch path's decisions: the same homes and probes."""
+    x, _ = embedding_arrays(6000, 48, directions=60, duplicates=0.05, seed=2)
+    cent = ck.kmeans(x, 40, iters=3, seed=0)
+    delta = ck.product_error(48, 2.0**-20)
+    _, radius = ck.cluster_stats(x, cent, delta, 2**20)
+    args = (x, cent, ck.floors(radius, 0.8, 48, delta), 0.8, delta, n_probe, 2**18)
+    got = ck.route(*args)  # chunks of 819 rows: several
+    monkeypatch.setattr(ck, "_route_kernel", lambda: None)
+    want = ck.route(*args)
+    assert torch.equal(got[0], want[0])
+    assert len(want[1]) == 0 if n_probe == 0 else len(want[1]) > len(x) // 10
+    assert torch.equal(got[1], want[1]) and torch.equal(got[2], want[2])
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
