@@ -106,7 +106,7 @@ def directions(prep: sk.Prepared) -> tuple[torch.Tensor, torch.Tensor, float]:
     they match nothing.
     """
     d, has = prep.unit, prep.valid.clone()
-    length = torch.linalg.vector_norm(prep.unit, dim=1, dtype=torch.float64)
+    length = _lengths(prep.unit)
     tol = 2.0 * prep.err + 2.0**-30
     short = (has & ((length - 1.0).abs() > tol)).nonzero().squeeze(1)
     if len(short):
@@ -275,19 +275,36 @@ def route(
     return home, rows, torch.cat(clusters_out) if clusters_out else empty
 
 
-_kernel: list[Any] = []
+_numba: list[Any] = []
+
+
+def _kernels() -> Any:
+    """:mod:`dask_cosim._clustered_numba`, or None where numba does not import (the
+    torch paths decide the same)."""
+    if not _numba:
+        try:
+            from dask_cosim import _clustered_numba
+        except Exception:
+            _clustered_numba = None  # type: ignore[assignment]
+        _numba.append(_clustered_numba)
+    return _numba[0]
 
 
 def _route_kernel() -> Any:
-    """:func:`dask_cosim._clustered_numba.route_rows`, or None where numba does not
-    import (the torch path decides the same)."""
-    if not _kernel:
-        try:
-            from dask_cosim._clustered_numba import route_rows
-        except Exception:
-            route_rows = None
-        _kernel.append(route_rows)
-    return _kernel[0]
+    fast = _kernels()
+    return None if fast is None else fast.route_rows
+
+
+def _lengths(unit: torch.Tensor) -> torch.Tensor:
+    """The float64 lengths of float32 rows (one numba pass on CPUs: torch's float64 norm
+    first widens every value)."""
+    fast = _kernels() if unit.device.type == "cpu" and unit.dtype == torch.float32 else None
+    if fast is None:
+        return torch.linalg.vector_norm(unit, dim=1, dtype=torch.float64)
+    out = np.empty(len(unit), dtype=np.float64)
+    x = unit.contiguous().numpy()
+    by_rows(len(x), x.size, lambda a, b: fast.lengths(x[a:b], out[a:b]))
+    return torch.from_numpy(out)
 
 
 def _route_numba(

@@ -128,7 +128,8 @@ def _usable(prep: sk.Prepared) -> tuple[torch.Tensor, torch.Tensor, float]:
     score error ``delta`` of those directions (:func:`~dask_cosim.clustered_kernels.directions`)."""
     d, has, err = ck.directions(prep)
     rows = has.nonzero().squeeze(1)
-    return d[rows], rows, ck.product_error(prep.dim, err)
+    usable = d if len(rows) == len(d) else d[rows]  # no copy of a partition of usable rows
+    return usable, rows, ck.product_error(prep.dim, err)
 
 
 def sample_partition(

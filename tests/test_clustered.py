@@ -213,6 +213,17 @@ def test_skip_rules_never_skip_a_match(routing: str) -> None:
         assert int(torch.bincount(prow2).max()) <= 2
 
 
+def test_row_lengths_in_float64() -> None:
+    """The numba lengths of float32 rows agree with torch's float64 norm to float64
+    rounding (directions() compares them with 1 at a tolerance of 2**-30)."""
+    x = torch.randn(3001, 385) * torch.logspace(-30, 30, 3001)[:, None]
+    x[7] = 0.0
+    want = torch.linalg.vector_norm(x, dim=1, dtype=torch.float64)
+    got = ck._lengths(x.float())
+    assert got.dtype == torch.float64
+    torch.testing.assert_close(got, want, rtol=2.0**-50, atol=0.0)
+
+
 @pytest.mark.parametrize("n_probe", [None, 0, 1, 3, 500])
 def test_numba_routing_decides_as_torch(
     n_probe: int | None, monkeypatch: pytest.MonkeyPatch
