@@ -5,283 +5,39 @@ Exact all-pairs search grows with the square of the rows.  Here the rows are clu
 first and compared within clusters, and a row is also compared with the rows of every
 other cluster that the skip rule (:mod:`dask_cosim.clustered_kernels`) cannot rule out:
 
-1. a Bernoulli sample of the rows; spherical k-means on it, in one task (on the worker's
-   device); the centroids are one key, sent once to each worker;
-2. one pass over the rows: each cluster's size and radius (an upper bound of the angle
-   between its centroid and any of its rows), gathered in the client;
-3. one pass that copies each row to its home cluster's block, and to the blocks of the
+1. the plan (:mod:`dask_cosim.clustered_plan`), when the call is made (as ``set_index``
+   computes its divisions): k-means on a sample, each cluster's size and radius;
+2. one pass that copies each row to its home cluster's block, and to the blocks of the
    clusters it probes; a dask ``shuffle`` on the block number brings each block's rows
    together (big clusters are split into sub-blocks, small ones share a partition);
-4. in each block the exact kernels (:func:`dask_cosim.search_kernels.threshold_pairs`,
+3. in each block the exact kernels (:func:`dask_cosim.search_kernels.threshold_pairs`,
    float64 decisions): every pair reported is exact, and so is its score;
-5. back to frame order: pairs sorted by left row, or the dropped rows removed.
+4. back to frame order: pairs sorted by left row, or the dropped rows removed.
 
-Steps 1-2 run when the call is made (as ``set_index`` computes its divisions); 3-5 are
-the lazy result.  Modes: ``n_probe=None`` (exact) probes every cluster within reach, so
-the result equals the all-pairs one (recall 1, by the proof in the kernels); an integer
-probes at most that many clusters per row (faster on diffuse data, where few clusters
-can be ruled out; recall below 1, measured by :mod:`dask_cosim.clustered_recall`).
+Steps 2-4 are the lazy result.  Modes: ``n_probe=None`` (exact) probes every cluster
+within reach, so the result equals the all-pairs one (recall 1, by the proof in the
+kernels); an integer probes at most that many clusters per row (faster on diffuse data,
+where few clusters can be ruled out; recall below 1, measured by
+:mod:`dask_cosim.clustered_recall`).
 """
 
 from __future__ import annotations
 
-import logging
-import math
-import time
-import warnings
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import dask
 import dask.dataframe as dd
-import numpy as np
 import pandas as pd
-import torch
+import psutil
 from dask.base import tokenize
 
-from dask_cosim import backends, options, partition, search
-from dask_cosim import clustered_kernels as ck
+from dask_cosim import backends, options, search
 from dask_cosim import clustered_partition as cp
 from dask_cosim import search_partition as sp
+from dask_cosim.clustered_plan import Plan, plan
 
 __all__ = ["Plan", "dedup", "neighbors", "plan"]
-
-# The plan computes when the call is made, before any progress bar of the lazy result can
-# show: it reports its steps here (INFO; the CLI shows them unless --quiet).
-logger = logging.getLogger(__name__)
-
-# Rows of the sample the plan routes to estimate each cluster's probes (for block sizes).
-PROBE_SAMPLE = 20_000
-# The exact mode warns when it expects each row to be copied to more blocks than this.
-EXACT_COPIES_WARNING = 8
-
-
-def default_clusters(rows: int) -> int:
-    """Clusters for ``rows`` rows: the centroid pass costs rows x k scores and the blocks
-    about rows x rows / k, so about sqrt(rows) balances them."""
-    return max(1, round(math.sqrt(max(rows, 1))))
-
-
-@dataclass
-class Plan:
-    """What the clustering found, before the search runs.
-
-    ``layout`` goes to the workers (centroids, score floors, block numbering); ``stats`` the
-    clusters' sizes and radii; ``probes`` the estimated probe copies per cluster;
-    ``partitions`` the shuffle's output partitions; ``sample`` the rows k-means saw.
-    """
-
-    layout: cp.Layout
-    stats: cp.Stats
-    threshold: float
-    probes: np.ndarray
-    partitions: int
-    sample: int
-
-    @property
-    def n_clusters(self) -> int:
-        return len(self.stats.counts)
-
-    @property
-    def pair_scores(self) -> float:
-        """Estimated pair scores in the blocks (members among themselves, probes against
-        members), to compare with ``rows * (rows - 1) / 2`` for all pairs."""
-        n = self.stats.counts.astype(np.float64)
-        return float((n * (n - 1) / 2 + self.probes * n).sum())
-
-    @property
-    def centroid_scores(self) -> float:
-        """Scores of rows against centroids: two passes over the rows."""
-        return 2.0 * self.stats.rows * self.n_clusters
-
-
-def _check(df: Any, on: str, threshold: Any, n_probe: Any, clusters: Any) -> float:
-    """The threshold, once ``on``, ``n_probe`` and ``clusters`` are checked."""
-    search.check_column(df, on)
-    options.search_method("clustered", threshold=threshold, n_probe=n_probe, clusters=clusters)
-    return float(threshold)
-
-
-def _tree(call: Any, fn: Any, items: list[Any], every: int = 32) -> Any:
-    while len(items) > 1:
-        items = [call(fn)(*items[s : s + every]) for s in range(0, len(items), every)]
-    return items[0]
-
-
-def _sample(*parts: torch.Tensor) -> torch.Tensor:
-    return torch.cat(parts)
-
-
-def _head(sample: torch.Tensor, rows: int) -> torch.Tensor:
-    """At most ``rows`` rows of ``sample``, spread over it (its order follows partitions)."""
-    if len(sample) <= rows:
-        return sample
-    return sample[torch.linspace(0, len(sample) - 1, rows).long()]
-
-
-def _kmeans(sample: torch.Tensor, k: int, iters: int, seed: int, device: str) -> torch.Tensor:
-    if len(sample) == 0:  # no usable row: any centroid will do
-        one = torch.zeros((1, sample.shape[1]), dtype=torch.float32)
-        one[0, :1] = 1.0
-        return one
-    target = partition.resolve_device(device, sample.device)
-    return ck.kmeans(sample.to(target), k, iters=iters, seed=seed).cpu()
-
-
-def _probes(
-    sample: torch.Tensor, centroids: torch.Tensor, stats: cp.Stats, threshold: float,
-    n_probe: int | None, chunk_bytes: int,
-) -> np.ndarray:  # fmt: skip
-    """Per cluster, how many rows of ``sample`` would probe it (to size the blocks)."""
-    floor = ck.floors(torch.from_numpy(stats.radius), threshold, stats.dim, stats.delta)
-    _, _, clusters = ck.route(
-        sample, centroids, floor, threshold, stats.delta, n_probe, chunk_bytes
-    )
-    return torch.bincount(clusters.cpu(), minlength=len(centroids)).numpy()
-
-
-def plan(
-    df: Any,
-    on: str,
-    threshold: float,
-    *,
-    clusters: int | None = None,
-    n_probe: int | None = None,
-    sample_rows: int | None = None,
-    iters: int | None = None,
-    seed: int = 0,
-    block_bytes: int | None = None,
-) -> Plan:
-    """Cluster ``df[on]`` for a clustered search at ``threshold`` (computes now: a sample,
-    k-means, one pass for the clusters' sizes and radii).
-
-    Parameters
-    ----------
-    df : DataFrame
-        dask, pandas or cudf.
-    on : str
-        The embedding column.
-    threshold : float
-        In (0, 1].
-    clusters : int, optional
-        k of k-means; default about sqrt(rows).
-    n_probe : int, optional
-        None (provable: every pair is found, recall 1) or the most clusters each row
-        probes beyond its own (faster when the skip rule rules out few clusters; recall
-        may fall below 1: measure it with :func:`dask_cosim.clustered_recall.sample_truth`);
-        0: each row meets its own cluster's rows only.
-    sample_rows : int, optional
-        Rows k-means sees; default ``cosim.search.clustered.sample-per-cluster`` per
-        cluster, at least ``min-sample``.
-    iters : int, optional
-        Lloyd iterations; default ``cosim.search.clustered.iterations``.
-    seed : int, default 0
-        Seed of the sample and of k-means' seeding.
-    block_bytes : int, optional
-        About the most bytes of rows one block holds (bigger clusters are split); default
-        ``cosim.search.clustered.block-bytes``.
-    """
-    threshold = _check(df, on, threshold, n_probe, clusters)
-    sample_rows = options.positive_int("sample_rows", sample_rows, "sample_rows=100_000")
-    config = options.clustered()
-    iters = config.iterations if iters is None else iters
-    block_bytes = config.block_bytes if block_bytes is None else block_bytes
-    lazy = dask.is_dask_collection(df)
-    eps, device = options.eps(), options.device()
-    chunk = options.search_tile_bytes()["cpu"]
-    rows = len(df)
-    k = clusters or default_clusters(rows)
-    want = sample_rows or max(config.min_sample, config.sample_per_cluster * k)
-    fraction = min(1.0, want / max(rows, 1))
-
-    def call(fn: Any) -> Any:
-        return dask.delayed(fn, pure=True) if lazy else fn
-
-    parts = df[[on]].to_delayed() if lazy else [df]
-    sample = call(_sample)(
-        *[
-            call(cp.sample_partition)(
-                p, on, i, fraction=fraction, seed=seed, eps=eps, device=device
-            )
-            for i, p in enumerate(parts)
-        ]
-    )
-    # Two computations, so that no partition waits in memory for k-means to finish.
-    centroids = call(_kmeans)(sample, k, iters, seed, device)
-    probe_sample = call(_head)(sample, PROBE_SAMPLE)
-    seen = call(len)(sample)
-    started = time.perf_counter()
-    logger.info("clustered: k-means on a sample of about %d of %d rows, %d clusters",
-                round(fraction * rows), rows, k)  # fmt: skip
-    if lazy:
-        centroids, probe_sample, seen = dask.compute(centroids, probe_sample, seen)
-    logger.info("clustered: k-means done in %.1f s; the clusters' radii next",
-                time.perf_counter() - started)  # fmt: skip
-    stats = _tree(
-        call,
-        cp.merge_stats,
-        [
-            call(cp.stats_partition)(p, on, centroids, eps=eps, device=device, chunk_bytes=chunk)
-            for p in parts
-        ],
-    )
-    if lazy:
-        (stats,) = dask.compute(stats)
-    probes = _probes(probe_sample, centroids, stats, threshold, n_probe, chunk)
-    scale = stats.rows / max(len(probe_sample), 1)
-    if n_probe is None and probes.sum() * scale > EXACT_COPIES_WARNING * stats.rows:
-        warnings.warn(
-            f"method='clustered' at threshold={threshold!r}: the skip rule rules out few "
-            f"clusters here, so each row goes to about {probes.sum() * scale / stats.rows:.0f} "
-            "blocks besides its own (memory and shuffle grow with that); n_probe=2 bounds "
-            "it (measure the recall with dask_cosim.clustered_recall)",
-            stacklevel=6,  # the line that called df.cosim.neighbors or dedup
-        )
-    found = _layout(
-        centroids, stats, threshold, n_probe, probes * scale, seen, block_bytes,
-        df.npartitions if lazy else 1,
-    )  # fmt: skip
-    logger.info("clustered: planned in %.1f s: about %.1f copies per row, %d output "
-                "partitions; the search is lazy from here", time.perf_counter() - started,
-                1 + probes.sum() * scale / max(stats.rows, 1), found.partitions)  # fmt: skip
-    return found
-
-
-def _layout(
-    centroids: torch.Tensor,
-    stats: cp.Stats,
-    threshold: float,
-    n_probe: int | None,
-    probes: np.ndarray,
-    seen: int,
-    block_bytes: int,
-    npartitions: int,
-) -> Plan:
-    itemsize = getattr(torch, stats.dtype).itemsize
-    # A row in a block: its Arrow copy, its raw rows and float32 unit rows after prepare.
-    row_bytes = stats.dim * (2 * itemsize + 4) + 64
-    rows_per_block = max(1, block_bytes // row_bytes)
-    members = np.maximum(1, -(-stats.counts // rows_per_block))
-    probe_chunks = np.maximum(1, np.ceil(probes / rows_per_block)).astype(np.int64)
-    blocks = cp.blocks_of(members, probe_chunks)
-    base = np.r_[0, np.cumsum(blocks)[:-1]].astype(np.int64)
-    copies = float((stats.counts * (members + np.where(probe_chunks > 1, probe_chunks, 0))).sum())
-    copies += float((probes * members).sum())
-    layout = cp.Layout(
-        centroids=centroids,
-        floor=ck.floors(torch.from_numpy(stats.radius), threshold, stats.dim, stats.delta),
-        threshold=threshold,
-        delta=stats.delta,
-        n_probe=n_probe,
-        base=base,
-        members=members.astype(np.int64),
-        probes=probe_chunks,
-        dtype=stats.dtype,
-        dim=stats.dim,
-    )
-    partitions = max(npartitions, math.ceil(copies / rows_per_block))
-    return Plan(layout, stats, threshold, probes, partitions, seen)
 
 
 def _pairs_meta(df: Any, on: str, carried: dict[str, Any] | None = None) -> pd.DataFrame:
@@ -318,7 +74,7 @@ def _found(df: Any, on: str, p: Plan, drops: bool, by: str) -> Any:
         token="cosim-clustered-route",
         **kwargs,
     )
-    shuffled = routed.shuffle(on="_block", npartitions=p.partitions)
+    shuffled = routed.shuffle(on="_block", npartitions=p.partitions, shuffle_method=_method(p))
     found = shuffled.map_partitions(
         cp.search_blocks,
         p.threshold,
@@ -330,6 +86,23 @@ def _found(df: Any, on: str, p: Plan, drops: bool, by: str) -> Any:
         **search,
     )
     return _gather(found, by, df)
+
+
+def _method(p: Plan) -> str | None:
+    """The routing shuffle's method: dask's (``dataframe.shuffle.method``, else p2p with
+    a distributed client), except that on the local schedulers, where dask's is partd's
+    disk shuffle, it is the task shuffle, in memory, when the routed rows fit four times
+    in the memory available (1M x 384 rows, 2 cores: the lazy part 38 -> 25 s)."""
+    if dask.config.get("dataframe.shuffle.method", None) is not None:
+        return None
+    try:
+        from distributed import default_client
+
+        default_client()
+        return None
+    except (ImportError, ValueError):
+        pass
+    return "tasks" if 4 * p.routed_bytes <= psutil.virtual_memory().available else None
 
 
 def _gather(found: Any, by: str, df: Any, carried: bool = False) -> Any:

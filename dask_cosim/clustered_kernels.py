@@ -329,12 +329,17 @@ def _route_numba(
     step = _chunk_rows(k, chunk_bytes)
     for r0 in range(0, len(d), step):
         s = (d[r0 : r0 + step] @ centroids.T).numpy()
-        m = len(s)
+        m, at = len(s), home[r0 : r0 + step]
         probes = np.empty((m, cap), dtype=np.int32)
         counts = np.empty(m, dtype=np.int64)
-        by_rows(m, m * k * d.shape[1], lambda a, b, s=s, p=probes, c=counts, r0=r0: kernel(
-            s[a:b], bars, gram, far, delta, probe, home[r0 + a : r0 + b], p[a:b], c[a:b]
-        ))  # fmt: skip
+
+        def rows_of(
+            a: int, b: int, s: np.ndarray = s, at: np.ndarray = at,
+            p: np.ndarray = probes, c: np.ndarray = counts,
+        ) -> None:  # fmt: skip
+            kernel(s[a:b], bars, gram, far, delta, probe, at[a:b], p[a:b], c[a:b])
+
+        by_rows(m, m * k * d.shape[1], rows_of)
         rows_out.append(np.repeat(np.arange(r0, r0 + m, dtype=np.int64), counts))
         clusters_out.append(probes[np.arange(cap) < counts[:, None]].astype(np.int64))
     rows = np.concatenate(rows_out) if rows_out else np.zeros(0, np.int64)

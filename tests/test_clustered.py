@@ -5,10 +5,12 @@ n_probe mode against a brute-force count, and a run on worker processes."""
 from __future__ import annotations
 
 import math
+import types
 
 import dask
 import numpy as np
 import pandas as pd
+import psutil
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
@@ -387,3 +389,22 @@ def test_on_worker_processes(client: Client) -> None:
     kept = clustered.dedup(ddf, "emb", 0.9, clusters=20, n_probe=2).compute()
     assert set(pdf.cosim.dedup("emb", 0.9).index) <= set(kept.index)
     assert dask_cosim.__name__ == "dask_cosim"
+    # With a distributed client the routing shuffle is dask's own choice (p2p).
+    assert clustered._method(clustered.plan(ddf, "emb", 0.9, clusters=20)) is None
+
+
+def test_routing_shuffle_in_memory_where_it_fits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On the local schedulers: the task shuffle when the routed rows fit four times in
+    the memory available, else dask's choice (partd's disk shuffle); a method the
+    config names always wins."""
+    ddf = to_dask(frame(adversarial(600)), 3)
+    p = clustered.plan(ddf, "emb", 0.9, clusters=4)
+    assert p.routed_bytes > 600 * 16 * 4
+    assert clustered._method(p) == "tasks"
+    with dask.config.set({"dataframe.shuffle.method": "disk"}):
+        assert clustered._method(p) is None
+    tight = types.SimpleNamespace(available=int(3 * p.routed_bytes))
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: tight)
+    assert clustered._method(p) is None
+    want = ddf.compute().cosim.neighbors("emb", threshold=0.9)
+    assert_same(clustered.neighbors(ddf, "emb", threshold=0.9, clusters=4).compute(), want, False)
