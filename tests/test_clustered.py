@@ -394,8 +394,8 @@ def test_on_worker_processes(client: Client) -> None:
 
 
 def test_routing_shuffle_in_memory_where_it_fits(monkeypatch: pytest.MonkeyPatch) -> None:
-    """On the local schedulers: the task shuffle when the routed rows fit four times in
-    the memory available, else dask's choice (partd's disk shuffle); a method the
+    """On the local schedulers: the task shuffle when the routed rows fit twice in the
+    memory available, else dask's choice (partd's disk shuffle); a method the
     config names always wins."""
     ddf = to_dask(frame(adversarial(600)), 3)
     p = clustered.plan(ddf, "emb", 0.9, clusters=4)
@@ -403,7 +403,7 @@ def test_routing_shuffle_in_memory_where_it_fits(monkeypatch: pytest.MonkeyPatch
     assert clustered._method(p) == "tasks"
     with dask.config.set({"dataframe.shuffle.method": "disk"}):
         assert clustered._method(p) is None
-    tight = types.SimpleNamespace(available=int(3 * p.routed_bytes))
+    tight = types.SimpleNamespace(available=int(1.9 * p.routed_bytes))
     monkeypatch.setattr(psutil, "virtual_memory", lambda: tight)
     assert clustered._method(p) is None
     want = ddf.compute().cosim.neighbors("emb", threshold=0.9)
