@@ -14,7 +14,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-__all__ = ["lengths", "route_rows"]
+__all__ = ["route_rows"]
 
 
 # Rows of scores are finite (usable directions against unit centroids): their maximum
@@ -104,18 +104,3 @@ def route_rows(
             for j in range(n):
                 probes[i, j] = picked[j]
         counts[i] = n
-
-
-@numba.njit(nogil=True, cache=True, boundscheck=False, fastmath={"reassoc", "contract", "nsz"})
-def lengths(x: np.ndarray, out: np.ndarray) -> None:
-    """``out[i]`` = the float64 length of float32 row ``x[i]`` (its squares summed in
-    float64, in any order: within a few float64 ulps, far inside the 2**-30 that
-    :func:`dask_cosim.clustered_kernels.directions` allows)."""
-    n, d = x.shape
-    for i in range(n):
-        row = x[i]
-        ss = 0.0
-        for j in range(d):
-            v = np.float64(row[j])
-            ss += v * v
-        out[i] = np.sqrt(ss)

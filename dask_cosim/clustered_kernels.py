@@ -296,14 +296,19 @@ def _route_kernel() -> Any:
 
 
 def _lengths(unit: torch.Tensor) -> torch.Tensor:
-    """The float64 lengths of float32 rows (one numba pass on CPUs: torch's float64 norm
-    first widens every value)."""
-    fast = _kernels() if unit.device.type == "cpu" and unit.dtype == torch.float32 else None
+    """The float64 lengths of float32 rows: on CPUs the one-pass numba norms of the
+    search (torch's float64 norm first widens every value)."""
+    fast = sk.numba_kernels() if unit.device.type == "cpu" and unit.dtype == torch.float32 else None
     if fast is None:
         return torch.linalg.vector_norm(unit, dim=1, dtype=torch.float64)
-    out = np.empty(len(unit), dtype=np.float64)
     x = unit.contiguous().numpy()
-    by_rows(len(x), x.size, lambda a, b: fast.lengths(x[a:b], out[a:b]))
+    n = len(x)
+    out, inv, scale = np.empty(n), np.empty(n), np.empty(n)
+    null, valid = np.zeros(n, dtype=bool), np.empty(n, dtype=bool)
+    by_rows(n, x.size, lambda a, b: fast.norms(
+        x[a:b], null[a:b], 1.0, inv[a:b], out[a:b], scale[a:b], valid[a:b]
+    ))  # fmt: skip
+    # Unit rows are finite (an invalid row's is zero): every length is a number.
     return torch.from_numpy(out)
 
 
