@@ -89,17 +89,14 @@ def cpu_bfloat16() -> bool:
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
-_numba_loaded: list[ModuleType | None] = []
-
-
-def numba_kernels() -> ModuleType | None:
-    """The numba kernels, or None where numba does not import (torch does it all)."""
-    if not _numba_loaded:
-        try:
-            _numba_loaded.append(importlib.import_module("dask_cosim._search_numba"))
-        except Exception:  # numba missing or broken: the torch path gives the same answer
-            _numba_loaded.append(None)
-    return _numba_loaded[0]
+@functools.cache
+def numba_kernels(module: str = "_search_numba") -> ModuleType | None:
+    """A module of this package's numba kernels (default: the search's), imported on first
+    use, or None where numba does not import (torch does it all)."""
+    try:
+        return importlib.import_module(f"dask_cosim.{module}")
+    except Exception:  # numba missing or broken: the torch path gives the same answer
+        return None
 
 
 def tiles(nq: int, nr: int, tile_bytes: int, align: int = 1) -> tuple[int, int]:

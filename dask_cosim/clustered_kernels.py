@@ -275,23 +275,10 @@ def route(
     return home, rows, torch.cat(clusters_out) if clusters_out else empty
 
 
-_numba: list[Any] = []
-
-
-def _kernels() -> Any:
-    """:mod:`dask_cosim._clustered_numba`, or None where numba does not import (the
-    torch paths decide the same)."""
-    if not _numba:
-        try:
-            from dask_cosim import _clustered_numba
-        except Exception:
-            _clustered_numba = None  # type: ignore[assignment]
-        _numba.append(_clustered_numba)
-    return _numba[0]
-
-
 def _route_kernel() -> Any:
-    fast = _kernels()
+    """:func:`dask_cosim._clustered_numba.route_rows`, or None where numba does not
+    import (the torch path decides the same)."""
+    fast = sk.numba_kernels("_clustered_numba")
     return None if fast is None else fast.route_rows
 
 

@@ -77,8 +77,10 @@ def decode_rows(
     out = np.empty((len(column), width), dtype=np.uint8)
     # Each row goes straight to its place: a shuffled column is many Arrow chunks, which
     # an Arrow take of the whole column would first copy into one.
-    place = np.empty(len(column), np.int64)
-    place[np.arange(len(column)) if order is None else order] = np.arange(len(column))
+    place = None
+    if order is not None:
+        place = np.empty(len(column), np.int64)
+        place[order] = np.arange(len(column))
     row = 0
     values = pa.array(column.array)
     for chunk in values.chunks if isinstance(values, pa.ChunkedArray) else [values]:
@@ -89,11 +91,8 @@ def decode_rows(
             raise ValueError(f"routed rows of {dim} x {dtype} values expected")
         start = int(offsets[0]) if len(chunk) else 0
         data = np.frombuffer(chunk.buffers()[2], np.uint8, len(chunk) * width, start)
-        rows = data.reshape(len(chunk), width)
-        if order is None:
-            out[row : row + len(chunk)] = rows
-        else:
-            out[place[row : row + len(chunk)]] = rows
+        there = slice(row, row + len(chunk)) if place is None else place[row : row + len(chunk)]
+        out[there] = data.reshape(len(chunk), width)
         row += len(chunk)
     return torch.from_numpy(out).view(kind)
 
