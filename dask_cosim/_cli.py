@@ -164,7 +164,9 @@ class Output:
 @contextmanager
 def log_steps(enabled: bool) -> Iterator[None]:
     """While it lasts, the library's INFO messages (the steps a clustered search plans
-    before its progress bar can show) go to stderr, when ``enabled``."""
+    before its progress bar can show) go to stderr, when ``enabled``: unless --quiet,
+    also when stderr is not a terminal (a log file then says how far a long run got;
+    only the progress bar needs a terminal)."""
     if not enabled:
         yield
         return

@@ -267,7 +267,7 @@ def _search(
         return [(result[0], out.output, rows_of_input), (result[1], removed, False)]
 
     jobs = None if on_cluster else jobs_of(build())
-    with cluster.client(), log_steps(out.progress):
+    with cluster.client(), log_steps(not out.quiet):
         jobs = jobs or jobs_of(build())
         written = runs.write_all(jobs, overwrite=out.overwrite, progress=out.progress,
                                  layout=out.layout)  # fmt: skip

@@ -234,6 +234,15 @@ def test_cli_method_clustered(pdf: pd.DataFrame, tmp_path: Path, scheduler: str)
     assert len(removed["exact"]) > 0
     rows = ["left", "right", "left_id", "right_id"]
     pd.testing.assert_frame_equal(removed["clustered"][rows], removed["exact"][rows])
+    # The plan's steps are printed unless --quiet, also when stderr is not a terminal
+    # (as here): a log file says how far a long run got.
+    for quiet in (False, True):
+        args = ["neighbors", str(data), "--on", "emb", "--threshold", "0.9", "--method",
+                "clustered", "--n-probe", "2", "-o", str(tmp_path / f"q-{quiet}"),
+                "--scheduler", scheduler] + ["--quiet"] * quiet  # fmt: skip
+        result = runner.invoke(main, args)
+        assert result.exit_code == 0, result.output
+        assert ("clustered: k-means done in" in result.stderr) != quiet, result.stderr
     # The plan (k-means, the radii) computed on the cluster, not in the CLI's process.
     with Client(scheduler) as client:
         ran = client.run_on_scheduler(lambda dask_scheduler: list(dask_scheduler.task_prefixes))
