@@ -7,9 +7,10 @@ can be from the float64 ones (docs/search-precision.md derives it).
 
 Per side, :func:`lower` makes once, in float64 chunks:
 
-- the copy ``low`` = round(sigma x): sigma is a power of two per row that puts the row's
-  largest value in [2^14, 2^15), so no finite input overflows or underflows float16 (a
-  float16 or bfloat16 input keeps its exact values);
+- the copy ``low`` = round(sigma x), its rows padded with zeros to a multiple of 16
+  values: sigma is a power of two per row that puts the row's largest value in
+  [2^14, 2^15), so no finite input overflows or underflows float16 (a float16 or
+  bfloat16 input keeps its exact values);
 - ``weight`` w = fl32(1 / (sigma max(|x|, eps))); the low-precision score is
   s_hat = fl32(fl32(x_hat . y_hat) w_x w_y), the product accumulated in float32;
 - three numbers per row, measured in float64 and rounded up to float32, with
@@ -62,6 +63,10 @@ TAU = 2.0**-20
 # Each row's largest value lands in [2^14, 2^15): far from float16's overflow (65504) and
 # 2^38 above its smallest subnormal.
 _TOP_EXPONENT = 15
+# The copy's rows are padded with zeros to a multiple of this many values: Triton moves
+# 16 bytes a load only where a row's width (and start) is known to be a multiple of 16,
+# and zeros add nothing to any product.
+_ROW_MULTIPLE = 16
 # Low 13 bits of a float32 significand: what TF32 drops.
 _TF32_DROP = 0x1FFF
 
@@ -70,7 +75,8 @@ _TF32_DROP = 0x1FFF
 class LowRows:
     """One side's low-precision copy and the per-row numbers of the bound.
 
-    ``low`` (N, D) float16 / bfloat16, or float32 holding TF32 values (``kind``);
+    ``low`` (N, W) float16 / bfloat16, or float32 holding TF32 values (``kind``): each
+    row's D values then zeros up to W, the next multiple of 16;
     ``weight``, ``rho``, ``err``, ``nu`` and ``coef`` (= err + kappa rho, the factor the bound
     multiplies by the other row's rho) are (N,) float32; ``valid`` (N,) bool.  Invalid
     rows have a zero copy and zero numbers.
@@ -90,6 +96,7 @@ class LowRows:
 
     @property
     def dim(self) -> int:
+        """W: the copy's row width, zero padding included."""
         return int(self.low.shape[1])
 
     def rows(self, start: int, stop: int) -> LowRows:
@@ -189,16 +196,20 @@ def lower(
     "float16", "bfloat16" or "tf32" (default: :func:`kind_for`).  Works in float64
     chunks of at most about ``chunk_bytes``.
 
-    A float16 ``raw`` with unit column stride is its own float16 copy (sigma = 1, no
-    memory): products of float16 values are exact in float32 (subnormals included) and
-    D of them, at most 65504^2 each, cannot overflow its sums.  Its invalid rows keep
-    whatever they hold; the kernels never use them.
+    A float16 ``raw`` with unit column stride and D a multiple of 16 is its own float16
+    copy (sigma = 1, no memory): products of float16 values are exact in float32
+    (subnormals included) and D of them, at most 65504^2 each, cannot overflow its sums.
+    Its invalid rows keep whatever they hold; the kernels never use them.
     """
     kind = kind_for(raw.dtype, kind)
     n, d = raw.shape
     f64, dev = torch.float64, raw.device
-    reuse = kind == "float16" and raw.dtype == torch.float16 and (n < 2 or raw.stride(1) == 1)
-    low = raw if reuse else torch.zeros((n, d), dtype=KINDS[kind], device=dev)
+    width = -(-d // _ROW_MULTIPLE) * _ROW_MULTIPLE
+    reuse = (
+        kind == "float16" and raw.dtype == torch.float16 and width == d
+        and (n < 2 or raw.stride(1) == 1)
+    )  # fmt: skip
+    low = raw if reuse else torch.zeros((n, width), dtype=KINDS[kind], device=dev)
     weight, rho, err, nu = (torch.zeros(n, dtype=torch.float32, device=dev) for _ in range(4))
     step = max(1, chunk_bytes // max(1, 40 * d))
     for s in range(0, n, step):
@@ -214,7 +225,7 @@ def lower(
             copy = x
         else:
             copy = _to_kind(_pow2(x, shift), kind)
-            low[s:e] = copy
+            low[s:e, :d] = copy
         # w = (inv scale) / sigma: inv 2^top_exp is in (1, 2], so no step overflows.
         w64 = _pow2((inv[s:e] * scale[s:e])[:, None], -shift).squeeze(1)
         w = torch.where(ok & torch.isfinite(w64), w64, torch.zeros_like(w64)).to(torch.float32)
