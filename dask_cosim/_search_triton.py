@@ -4,8 +4,11 @@ One program multiplies a block of ``BM`` rows of side a with the column tiles of
 (``tl.dot`` on float16 / bfloat16 / TF32 tiles, float32 accumulators) and, for each
 ``BM x BN`` tile still in registers, keeps the pairs that can pass:
 ``s_hat + E >= bar[i]`` (:mod:`dask_cosim.search_precision`: s_hat the low-precision score, E
-its bound).  The score matrix never goes to device memory; only the candidates
-(i, j, s_hat) do, into a bounded buffer through an atomic counter.
+its bound).  A tile first tests its pairs against each row's bound over the whole tile
+(the tile's largest rho and err, :class:`_ColumnTiles`); only a tile where some pair
+passes that test takes each pair's own E, counts and writes.  The score matrix never
+goes to device memory; only the candidates (i, j, s_hat) do, into a bounded buffer
+through an atomic counter.
 
 - Threshold: ``bar`` is the threshold.
 - Top-k (``K`` > 0): ``bar`` is each row's running floor, a lower bound of its k-th
@@ -46,6 +49,13 @@ MODES = {None: 0, "upper": 1, "exclude_self": 2}
 # Bisection steps of a floor raise: the floor lands within 2^-16 of the range searched.
 _ITERS = 16
 _INT32_MAX = 2**31 - 1
+# A row's bound over a tile is widened by this factor (see the kernel): more than the
+# (1 + 2^-24)^7 that the roundings of the two bounds can take between them.
+SLACK = tl.constexpr(1.0 + 2.0**-20)
+# Contracted multiply-adds, said so rather than left to a default that Triton 3.10 turns
+# off (3.9 warns about it): each one rounds once where two operations would round twice,
+# so the bound holds either way (docs/search-precision.md).
+FP_FUSION = True
 
 
 @triton.jit
@@ -67,7 +77,7 @@ def _raise_floor(M, L, K: tl.constexpr, ITERS: tl.constexpr):
 def _search_tiles(
     a_ptr, b_ptr, stride_a, stride_b,
     a_w, a_coef, a_nu, a_ok,
-    b_w, b_rho, b_err, b_ok,
+    b_w, b_rho, b_err, b_ok, b_rmax, b_emax,
     bar_ptr, resume_ptr,
     out_i, out_j, out_s, count_ptr, fail_ptr, capacity,
     n_a, n_b, d, n_m, n_splits, tiles_per_split, diag, tau,
@@ -128,19 +138,23 @@ def _search_tiles(
                 acc = tl.dot(x, tl.trans(y), acc, input_precision="tf32", out_dtype=tl.float32)
             else:
                 acc = tl.dot(x, tl.trans(y), acc, out_dtype=tl.float32)
-        wb = tl.load(b_w + cols, mask=col_in, other=0.0)
-        rb = tl.load(b_rho + cols, mask=col_in, other=0.0)
-        eb = tl.load(b_err + cols, mask=col_in, other=0.0)
-        okb = col_in & (tl.load(b_ok + cols, mask=col_in, other=0) != 0)
+        # The column arrays are padded to whole tiles (padding: invalid), so no mask.
+        wb = tl.load(b_w + cols)
+        okb = tl.load(b_ok + cols) != 0
         s = acc * wa[:, None] * wb[None, :]
-        bound = ca[:, None] * rb[None, :] + na[:, None] * eb[None, :] + tau
+        # Every tile, a bound per row for all its columns: from the tile's largest rho
+        # and err, widened by SLACK so that it is at least each pair's own bound however
+        # the compiler orders and fuses either (both are sums of products of terms >= 0,
+        # and float rounding is monotone).  Each pair's own bound is taken only where
+        # this one lets a pair through.
+        loose = (ca * tl.load(b_rmax + tile) + na * tl.load(b_emax + tile) + tau) * SLACK
         ok = oka[:, None] & okb[None, :]
         if MODE == 1:
             ok = ok & (cols[None, :] > rows[:, None] + diag)
         if MODE == 2:
             ok = ok & (cols[None, :] != rows[:, None] + diag)
         if K > 0:
-            lb = tl.where(ok, s - bound, float("-inf"))
+            lb = tl.where(ok, s - loose[:, None], float("-inf"))
             if MB == BN:
                 M = tl.maximum(M, lb)
             else:
@@ -150,27 +164,34 @@ def _search_tiles(
                 shared = tl.load(bar_ptr + rows, mask=row_in, other=float("inf"))
                 bar = _raise_floor(M, tl.maximum(bar, shared), K, ITERS)
                 tl.atomic_max(bar_ptr + rows, bar, mask=row_in)
-        hit = ok & (s + bound >= bar[:, None])
-        per_row = tl.sum(hit.to(tl.int32), axis=1)
-        n_hit = tl.sum(per_row, axis=0)
-        if n_hit > 0:
-            base = tl.atomic_add(count_ptr, n_hit.to(tl.int64))
-            if base + n_hit <= capacity:
-                at = (
-                    base
-                    + (tl.cumsum(per_row, axis=0) - per_row)[:, None]
-                    + tl.cumsum(hit.to(tl.int32), axis=1)
-                    - 1
-                )
-                tl.store(out_i + at, rows[:, None] + tl.zeros([BM, BN], tl.int32), mask=hit)
-                tl.store(out_j + at, cols[None, :] + tl.zeros([BM, BN], tl.int32), mask=hit)
-                tl.store(out_s + at, s, mask=hit)
-            else:
-                # Keep the buffer a prefix: the lowest failed reservation is where the
-                # written candidates end.
-                tl.atomic_min(fail_ptr, base)
-                stop = tile
-                tile = end
+        maybe = ok & (s + loose[:, None] >= bar[:, None])
+        # Every tile: only whether any pair may pass, reduced where the accumulators lie.
+        # Which pairs pass, and where they go, is worked out for the rare tile that has
+        # some, from values of its own: shared with the test, they would move the whole
+        # tile to another layout every time.
+        if tl.max(tl.where(maybe, 1.0, 0.0)) > 0:
+            rb = tl.load(b_rho + cols)
+            eb = tl.load(b_err + cols)
+            bound = ca[:, None] * rb[None, :] + na[:, None] * eb[None, :] + tau
+            hit = maybe & (s + bound >= bar[:, None])
+            n_hit = tl.sum(tl.sum(hit.to(tl.int32), axis=1), axis=0)
+            if n_hit > 0:
+                base = tl.atomic_add(count_ptr, n_hit.to(tl.int64))
+                if base + n_hit <= capacity:
+                    upto = tl.cumsum(hit.to(tl.int32), axis=1)  # a row's hits so far
+                    per_row = tl.max(upto, axis=1)
+                    at = (tl.cumsum(per_row, axis=0) - per_row)[:, None] + upto - 1
+                    i = rows[:, None] + tl.zeros([BM, BN], tl.int32)
+                    j = cols[None, :] + tl.zeros([BM, BN], tl.int32)
+                    tl.store(out_i + base + at, i, mask=hit)
+                    tl.store(out_j + base + at, j, mask=hit)
+                    tl.store(out_s + base + at, s, mask=hit)
+                else:
+                    # Keep the buffer a prefix: the lowest failed reservation is where
+                    # the written candidates end.
+                    tl.atomic_min(fail_ptr, base)
+                    stop = tile
+                    tile = end
         tile += 1
     tl.store(resume_ptr + prog, stop)
     if K > 0:
@@ -227,6 +248,32 @@ class Candidates:
     launches: int
 
 
+@dataclass
+class _ColumnTiles:
+    """Side b's per-row numbers padded to whole column tiles (padding: weight 0, not
+    valid), and each tile's largest rho and err."""
+
+    weight: torch.Tensor
+    rho: torch.Tensor
+    err: torch.Tensor
+    ok: torch.Tensor
+    rho_max: torch.Tensor
+    err_max: torch.Tensor
+
+    @classmethod
+    def of(cls, b: LowRows, n_tiles: int, bn: int) -> _ColumnTiles:
+        def pad(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+            out = torch.zeros(n_tiles * bn, dtype=dtype, device=t.device)
+            out[: len(t)] = t
+            return out
+
+        rho, err = pad(b.rho, torch.float32), pad(b.err, torch.float32)
+        return cls(
+            pad(b.weight, torch.float32), rho, err, pad(b.valid, torch.int8),
+            rho.view(n_tiles, bn).amax(1), err.view(n_tiles, bn).amax(1),
+        )  # fmt: skip
+
+
 def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
@@ -272,7 +319,8 @@ def search_candidates(
     state = bar.to(torch.float32).clone()  # the kernel raises top-k floors in place
     resume = torch.zeros(splits * n_m, dtype=torch.int32, device=dev)
     capacity = capacity or max(config.bm * config.bn, 8 * n_a * max(1, k))
-    ok_a, ok_b = a.valid.to(torch.int8), b.valid.to(torch.int8)
+    ok_a = a.valid.to(torch.int8)
+    cols = _ColumnTiles.of(b, n_tiles, config.bn)
     bf16 = a.low.dtype == torch.bfloat16
     parts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
     launches = 0
@@ -284,7 +332,8 @@ def search_candidates(
         fail = torch.full((1,), 2**62, dtype=torch.int64, device=dev)
         _search_tiles[(n_m * splits,)](
             a.low, b.low, a.low.stride(0), b.low.stride(0),
-            a.weight, a.coef, a.nu, ok_a, b.weight, b.rho, b.err, ok_b,
+            a.weight, a.coef, a.nu, ok_a, cols.weight, cols.rho, cols.err, cols.ok,
+            cols.rho_max, cols.err_max,
             state, resume, out_i, out_j, out_s, count, fail, capacity,
             n_a, n_b, d, n_m, splits, tiles_per_split, diag, TAU,
             K=k, MB=_buckets(k, config.bn) if k else 16,
@@ -293,6 +342,7 @@ def search_candidates(
             EVEN_K=d % config.bk == 0,
             UPCAST=bf16 and _interpreting(), TF32=a.kind == "tf32",
             num_warps=config.num_warps, num_stages=config.num_stages,
+            enable_fp_fusion=FP_FUSION,
         )  # fmt: skip
         launches += 1
         total, first_fail = int(count.item()), int(fail.item())
