@@ -9,6 +9,8 @@
     python -m benchmarks.layouts        # read speed of Parquet layouts
     python -m benchmarks.from_pandas    # pandas frames of tensors into dask
     python -m benchmarks.search         # exact search against faiss and others
+    python -m benchmarks.clustered      # clustered neighbours and dedup, with recall
+    python -m benchmarks.kernel_build   # the Triton kernels compiled for a GPU, no GPU needed
 
 ``benchmarks.harness`` holds what they share (its docstring shows how to write a new
 script); ``benchmarks.peers`` the tools users would use instead; ``benchmarks.gpu_host``
