@@ -23,6 +23,8 @@ from dask_cosim._search_tiles import numba_kernels
 __all__ = ["RAW_UNIT_TOLERANCE", "Prepared", "from_norms", "margin", "prepare", "rescore"]
 
 _U = 2.0**-24  # float32's unit roundoff
+# 16-bit rows are widened to float32 for their norms in chunks of about this many bytes.
+_WIDEN_BYTES = 64 * 2**20
 _NUMBA_DTYPES = (torch.float32, torch.float64)
 _TINY = 2.0**-1000  # as in dask_cosim._search_numba.TINY
 
@@ -140,14 +142,40 @@ def prepare(
     fast = numba_kernels() if target.type == "cpu" else None
     if fast is None:
         return _prepare_torch(work, raw, nulls, eps)
-    n = len(work)
-    work = work.contiguous()
+    n = len(raw)
     inv, nrm, scale = (torch.empty(n, dtype=torch.float64) for _ in range(3))
     valid = torch.empty(n, dtype=torch.bool)
     no_null = np.zeros(n, dtype=np.bool_) if nulls is None else nulls.numpy()
-    arrays = (inv.numpy(), nrm.numpy(), scale.numpy(), valid.numpy())
-    worst = fast.norms(work.numpy(), no_null, float(eps), *arrays)
-    return _with_units(fast, work, raw, inv, nrm, scale, valid, worst)
+    if work is raw:
+        work = work.contiguous()
+        arrays = (inv.numpy(), nrm.numpy(), scale.numpy(), valid.numpy())
+        worst = fast.norms(work.numpy(), no_null, float(eps), *arrays)
+        return _with_units(fast, work, raw, inv, nrm, scale, valid, worst)
+    # 16-bit rows are widened to float32 a chunk at a time: only the unit rows are ever
+    # held in float32 (a whole widened copy beside them doubled the float16 partition's
+    # peak: 500,000 x 384 rows, 1.9 GB over the input's 0.37).
+    del work
+    step = max(1, _WIDEN_BYTES // max(1, 4 * raw.shape[1]))
+    worst = 0.0
+    for a in range(0, n, step):
+        b = min(n, a + step)
+        chunk = raw[a:b].to(torch.float32).contiguous().numpy()
+        arrays = (inv[a:b].numpy(), nrm[a:b].numpy(), scale[a:b].numpy(), valid[a:b].numpy())
+        worst = max(worst, fast.norms(chunk, no_null[a:b], float(eps), *arrays))
+    if worst <= RAW_UNIT_TOLERANCE:
+        return _with_units(fast, raw.to(torch.float32), raw, inv, nrm, scale, valid, worst)
+    unit = torch.empty(raw.shape, dtype=torch.float32)
+    for a in range(0, n, step):
+        b = min(n, a + step)
+        chunk = raw[a:b].to(torch.float32).contiguous().numpy()
+        fast.units(chunk, inv[a:b].numpy(), scale[a:b].numpy(), valid[a:b].numpy(),
+                   unit[a:b].numpy())  # fmt: skip
+    return Prepared(unit, raw, inv, scale, valid, _U + _rounding(raw.shape[1]), nrm)
+
+
+def _rounding(dim: int) -> float:
+    """The float64 norms' own error: within (D + 2) 2**-53 of exact (with margin)."""
+    return (dim + 9) * 2.0**-53
 
 
 def _with_units(
@@ -162,8 +190,7 @@ def _with_units(
 ) -> Prepared:
     """The side, its rows serving as unit rows when all are within RAW_UNIT_TOLERANCE of
     norm 1 (``worst``), else a normalised float32 copy."""
-    # The float64 norms themselves are within (d + 2) 2**-53 of exact.
-    rounding = (work.shape[1] + 9) * 2.0**-53
+    rounding = _rounding(work.shape[1])
     if worst <= RAW_UNIT_TOLERANCE:
         # Rows already of norm 1 (as most embedding models write them) serve as they
         # are: no copy, and margin() takes their distance from norm 1 into account.  So

@@ -162,3 +162,33 @@ def test_from_norms_declines_what_it_cannot_stand_for() -> None:
     assert sk.from_norms(x, None, p.inv, p.norm, None, eps=1e-8) is None
     q = sk.from_norms(x, None, p.inv, p.norm, None, eps=1e-9)
     assert q is not None and torch.equal(q.valid, p.valid)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("unit_rows", [False, True])
+def test_16_bit_rows_widened_by_chunks(
+    dtype: torch.dtype, unit_rows: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """16-bit rows are widened to float32 a chunk at a time (not all at once beside their
+    unit rows): the prepared side is the one the whole float32 copy gives, bit for bit."""
+    from dask_cosim import search_prepare as spp
+
+    torch.manual_seed(3)
+    x = torch.randn(1000, 37, dtype=torch.float64)
+    if unit_rows:  # rows of norm exactly 1 in 16 bits: they serve as unit rows
+        x = torch.zeros(1000, 37, dtype=torch.float64)
+        x[torch.arange(1000), torch.arange(1000) % 37] = 1.0
+        x[::3, :4] = -0.5
+        x[::3, 4:] = 0.0
+    x[5] = 0.0
+    x[9, 3] = float("nan")
+    null = torch.zeros(1000, dtype=torch.bool)
+    null[17] = True
+    low = x.to(dtype)
+    whole = spp.prepare(low.to(torch.float32), null, eps=1e-8)
+    monkeypatch.setattr(spp, "_WIDEN_BYTES", 7 * 37 * 4)  # chunks of 7 rows
+    got = spp.prepare(low, null, eps=1e-8)
+    assert got.raw.dtype == dtype and got.err == whole.err
+    for name in ("unit", "inv", "scale", "valid", "norm"):
+        a, b = getattr(got, name), getattr(whole, name)
+        assert torch.equal(a.nan_to_num(7.0), b.nan_to_num(7.0)), name
