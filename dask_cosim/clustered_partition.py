@@ -287,13 +287,16 @@ def route_partition(
         d, layout.centroids.to(d.device), layout.floor.to(d.device), layout.threshold,
         layout.delta, layout.n_probe, chunk_bytes,
     )  # fmt: skip
+    # The float32 unit rows (twice a float16 partition) go before the copies come.
+    raw_rows = prep.raw
+    del d, prep
     usable_np = usable.cpu().numpy()
     keys = row_keys(part, len(df))[usable_np]
     rows, blocks, roles = _copies(
         layout, keys, home.cpu().numpy(), prow.cpu().numpy(), pclu.cpu().numpy()
     )
     src = usable_np[rows]
-    raw = prep.raw[torch.from_numpy(src).to(prep.raw.device)]
+    raw = raw_rows[torch.from_numpy(src).to(raw_rows.device)]
     raw = raw.to(getattr(torch, layout.dtype)).cpu()
     return pd.DataFrame(
         {"_block": blocks, "_role": roles, "_key": keys[rows], VEC: encode_rows(raw)},
