@@ -50,6 +50,7 @@ __all__ = [
 
 POS_BITS = 40
 VEC = "_vec"  # the vector column of routed frames (no user column name can clash)
+KEY = "_key"  # frame-order keys (row_keys)
 
 
 def encode_rows(raw: torch.Tensor) -> pd.arrays.ArrowExtensionArray:
@@ -99,6 +100,13 @@ def decode_rows(
 
 def row_keys(part: int, n: int) -> np.ndarray:
     return (np.int64(part) << POS_BITS) + np.arange(n, dtype=np.int64)
+
+
+def with_keys(df: Any, column: str, partition_info: dict[str, Any] | None = None) -> Any:
+    """The partition's ``column`` and KEY, each row's frame-order key (its partition's
+    number and its position in it), so that the rows can be routed in pieces."""
+    part = 0 if partition_info is None else int(partition_info["number"])
+    return df[[column]].assign(**{KEY: row_keys(part, len(df))})
 
 
 def labels(df: Any) -> pd.Index:
@@ -273,8 +281,11 @@ def route_partition(
 ) -> pd.DataFrame:
     """One copy of each usable row for its home cluster's block(s) and one for each block
     it probes: "_block", "_role", "_key" and the raw vectors ("_vec", the layout's dtype),
-    indexed by the rows' labels.  Rows that cannot match are left out."""
+    indexed by the rows' labels.  Rows that cannot match are left out.  The keys are
+    the partition's KEY column where it has one (:func:`with_keys`: a piece of a
+    partition), else made from its number."""
     part = 0 if partition_info is None else int(partition_info["number"])
+    all_keys = df[KEY].to_numpy() if KEY in df.columns else row_keys(part, len(df))
     prep = prepared_rows(df, column, eps, device)
     d, usable, delta = _usable(prep)
     if delta > layout.delta:
@@ -291,7 +302,7 @@ def route_partition(
     raw_rows = prep.raw
     del d, prep
     usable_np = usable.cpu().numpy()
-    keys = row_keys(part, len(df))[usable_np]
+    keys = all_keys[usable_np]
     rows, blocks, roles = _copies(
         layout, keys, home.cpu().numpy(), prow.cpu().numpy(), pclu.cpu().numpy()
     )

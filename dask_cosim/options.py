@@ -174,6 +174,7 @@ class Clustered:
     block_bytes: int
     sample_per_cluster: int
     min_sample: int
+    route_bytes: int
 
 
 def clustered() -> Clustered:
@@ -187,8 +188,9 @@ def clustered() -> Clustered:
             raise ValueError(f"{key}.{name}={value!r} must be an integer >= {low}")
         counts[name] = int(value)
     block = _positive_size(config["block-bytes"], f"{key}.block-bytes", "'256MiB'")
+    route = _positive_size(config["route-bytes"], f"{key}.route-bytes", "'256MiB'")
     return Clustered(
-        counts["iterations"], block, counts["sample-per-cluster"], counts["min-sample"]
+        counts["iterations"], block, counts["sample-per-cluster"], counts["min-sample"], route
     )
 
 

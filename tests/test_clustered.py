@@ -132,6 +132,28 @@ def test_exact_mode_on_dask_partitions_with_ties_at_the_threshold() -> None:
             pd.testing.assert_frame_equal(kept.compute(), pdf.cosim.dedup("emb", threshold))
 
 
+def test_partitions_routed_in_pieces() -> None:
+    """Partitions whose routed rows pass route-bytes are routed in pieces (rows keyed by
+    partition and position first): the same pairs and kept rows, partitions and
+    divisions as the exact search."""
+    x = adversarial(900, d=12, seed=7, dtype=np.float64)
+    pdf = frame(x)
+    ddf = to_dask(pdf, 3)
+    want = pdf.cosim.neighbors("emb", threshold=0.9)
+    want_kept = pdf.cosim.dedup("emb", 0.9)
+    p = clustered.plan(ddf, "emb", 0.9, clusters=9)
+    with dask.config.set({"cosim.search.clustered.route-bytes": int(p.routed_bytes / 3 / 4) + 1}):
+        pieces = clustered._pieces(ddf, "emb", p)
+        assert pieces.npartitions == 3 * 4
+        with dask.config.set(scheduler="sync"):
+            got = clustered.neighbors(ddf, "emb", threshold=0.9, clusters=9)
+            assert_same(got.compute(), want, exact_scores=True)
+            kept = clustered.dedup(ddf, "emb", 0.9, clusters=9)
+            assert kept.divisions == ddf.divisions
+            pd.testing.assert_frame_equal(kept.compute(), want_kept)
+    assert clustered._pieces(ddf, "emb", p).npartitions == 3  # 256MiB: one piece each
+
+
 def test_generated_embeddings_every_partition_count() -> None:
     pdf, planted = make_embeddings(3000, 24, directions=60, duplicates=0.1, seed=2)
     want = pdf.cosim.neighbors("emb", threshold=0.9)

@@ -77,10 +77,11 @@ def test_each_option_has_one_error(check: Any, value: Any, message: str) -> None
         ("iterations", -1, "cosim.search.clustered.iterations=-1 must be an integer >= 0"),
         ("min-sample", 0.5, "cosim.search.clustered.min-sample=0.5 must be an integer >= 1"),
         ("block-bytes", "big", "cosim.search.clustered.block-bytes='big' must be a positive"),
+        ("route-bytes", 0, "cosim.search.clustered.route-bytes=0 must be a positive"),
     ],
 )
 def test_clustered_options(key: str, value: Any, message: str) -> None:
-    assert options.clustered().block_bytes == 256 * 2**20
+    assert options.clustered().block_bytes == options.clustered().route_bytes == 256 * 2**20
     with dask.config.set({f"cosim.search.clustered.{key}": value}):
         with pytest.raises(ValueError, match=message):
             options.clustered()
