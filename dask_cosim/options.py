@@ -180,18 +180,22 @@ class Clustered:
 def clustered() -> Clustered:
     """Config ``cosim.search.clustered``: the options of ``method="clustered"``."""
     key = "cosim.search.clustered"
-    config = dask.config.get(key)
+    # Each value by its own key: dask.config.get matches "block-bytes" and "block_bytes"
+    # (environment variables give the second), a lookup in the section's dict does not.
     counts = {}
     for name, low in (("iterations", 0), ("sample-per-cluster", 1), ("min-sample", 1)):
-        value = config[name]
+        value = dask.config.get(f"{key}.{name}")
         if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
             raise ValueError(f"{key}.{name}={value!r} must be an integer >= {low}")
         counts[name] = int(value)
-    block = _positive_size(config["block-bytes"], f"{key}.block-bytes", "'256MiB'")
-    route = _positive_size(config["route-bytes"], f"{key}.route-bytes", "'256MiB'")
+    sizes = {
+        name: _positive_size(dask.config.get(f"{key}.{name}"), f"{key}.{name}", "'256MiB'")
+        for name in ("block-bytes", "route-bytes")
+    }
     return Clustered(
-        counts["iterations"], block, counts["sample-per-cluster"], counts["min-sample"], route
-    )
+        counts["iterations"], sizes["block-bytes"], counts["sample-per-cluster"],
+        counts["min-sample"], sizes["route-bytes"],
+    )  # fmt: skip
 
 
 def _device_sizes(value: Any, key: str, label: str) -> dict[str, int]:
@@ -245,12 +249,18 @@ def placement_rates() -> Rates:
     "51.4GB", and a duration such as "1ms"."""
     from dask_cosim.placement import Rates
 
-    config = dask.config.get("cosim.placement")
+    # Each value by its own key, as in clustered(): environment variables give
+    # "gpu_fixed" for "gpu-fixed".
     rates = {
-        key: float(_positive_size(config[key], f"cosim.placement.{key}", "'51.4GB' (per second)"))
+        key: float(
+            _positive_size(
+                dask.config.get(f"cosim.placement.{key}"), f"cosim.placement.{key}",
+                "'51.4GB' (per second)",
+            )
+        )
         for key in ("cpu-fused", "cpu-torch", "host-to-gpu")
-    }
-    fixed = config["gpu-fixed"]
+    }  # fmt: skip
+    fixed = dask.config.get("cosim.placement.gpu-fixed")
     try:
         seconds = parse_timedelta(fixed)
     except (TypeError, ValueError, KeyError):

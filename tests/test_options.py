@@ -189,3 +189,26 @@ def test_cosim_yaml_follows_its_schema() -> None:
 def test_the_schema_rejects_bad_values(bad: dict[str, Any]) -> None:
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(bad, _SCHEMA)
+
+
+def test_options_from_environment_variables() -> None:
+    """DASK_COSIM__... variables name keys with underscores ("route_bytes"): the options
+    still find them, and the defaults of the other keys of the section."""
+    import os
+    import subprocess
+    import sys
+
+    env = {
+        **os.environ,
+        "DASK_COSIM__SEARCH__CLUSTERED__ROUTE_BYTES": "1MiB",
+        "DASK_COSIM__PLACEMENT__GPU_FIXED": "2ms",
+    }
+    code = (
+        "from dask_cosim import options; c = options.clustered(); "
+        "print(c.route_bytes, c.block_bytes, options.placement_rates().gpu_fixed)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == [str(2**20), str(256 * 2**20), "0.002"]
