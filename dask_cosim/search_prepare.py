@@ -10,6 +10,7 @@ reductions over tiles are in :mod:`dask_cosim.search_kernels`, which re-exports 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from types import ModuleType
 
@@ -137,40 +138,44 @@ def prepare(
     raw = x.detach().to(target)
     if not raw.is_floating_point():
         raw = raw.to(torch.float64)
-    work = raw if raw.dtype in (torch.float32, torch.float64) else raw.to(torch.float32)
+    wide = raw.dtype in (torch.float32, torch.float64)
     nulls = None if null is None else torch.as_tensor(null, device=target).to(torch.bool)
     fast = numba_kernels() if target.type == "cpu" else None
     if fast is None:
-        return _prepare_torch(work, raw, nulls, eps)
+        return _prepare_torch(raw if wide else raw.to(torch.float32), raw, nulls, eps)
     n = len(raw)
     inv, nrm, scale = (torch.empty(n, dtype=torch.float64) for _ in range(3))
     valid = torch.empty(n, dtype=torch.bool)
     no_null = np.zeros(n, dtype=np.bool_) if nulls is None else nulls.numpy()
-    if work is raw:
-        work = work.contiguous()
+    if wide:
+        work = raw.contiguous()
         arrays = (inv.numpy(), nrm.numpy(), scale.numpy(), valid.numpy())
         worst = fast.norms(work.numpy(), no_null, float(eps), *arrays)
         return _with_units(fast, work, raw, inv, nrm, scale, valid, worst)
     # 16-bit rows are widened to float32 a chunk at a time: only the unit rows are ever
     # held in float32 (a whole widened copy beside them doubled the float16 partition's
     # peak: 500,000 x 384 rows, 1.9 GB over the input's 0.37).
-    del work
-    step = max(1, _WIDEN_BYTES // max(1, 4 * raw.shape[1]))
     worst = 0.0
-    for a in range(0, n, step):
-        b = min(n, a + step)
-        chunk = raw[a:b].to(torch.float32).contiguous().numpy()
+    for a, b, chunk in _widened(raw):
         arrays = (inv[a:b].numpy(), nrm[a:b].numpy(), scale[a:b].numpy(), valid[a:b].numpy())
         worst = max(worst, fast.norms(chunk, no_null[a:b], float(eps), *arrays))
     if worst <= RAW_UNIT_TOLERANCE:
         return _with_units(fast, raw.to(torch.float32), raw, inv, nrm, scale, valid, worst)
     unit = torch.empty(raw.shape, dtype=torch.float32)
-    for a in range(0, n, step):
-        b = min(n, a + step)
-        chunk = raw[a:b].to(torch.float32).contiguous().numpy()
+    for a, b, chunk in _widened(raw):
         fast.units(chunk, inv[a:b].numpy(), scale[a:b].numpy(), valid[a:b].numpy(),
                    unit[a:b].numpy())  # fmt: skip
     return Prepared(unit, raw, inv, scale, valid, _U + _rounding(raw.shape[1]), nrm)
+
+
+def _widened(raw: torch.Tensor) -> Iterator[tuple[int, int, np.ndarray]]:
+    """(start, stop, rows start:stop of ``raw`` as a C-contiguous float32 array) in
+    chunks of about _WIDEN_BYTES."""
+    n = len(raw)
+    step = max(1, _WIDEN_BYTES // max(1, 4 * raw.shape[1]))
+    for a in range(0, n, step):
+        b = min(n, a + step)
+        yield a, b, raw[a:b].to(torch.float32).contiguous().numpy()
 
 
 def _rounding(dim: int) -> float:
