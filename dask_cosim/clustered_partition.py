@@ -39,6 +39,7 @@ __all__ = [
     "found_meta",
     "labels",
     "merge_stats",
+    "partition_number",
     "prepared_rows",
     "route_partition",
     "row_keys",
@@ -98,6 +99,11 @@ def decode_rows(
     return torch.from_numpy(out).view(kind)
 
 
+def partition_number(partition_info: dict[str, Any] | None) -> int:
+    """The number dask's ``partition_info`` gives a partition (0 outside dask)."""
+    return 0 if partition_info is None else int(partition_info["number"])
+
+
 def row_keys(part: int, n: int) -> np.ndarray:
     return (np.int64(part) << POS_BITS) + np.arange(n, dtype=np.int64)
 
@@ -105,7 +111,7 @@ def row_keys(part: int, n: int) -> np.ndarray:
 def with_keys(df: Any, column: str, partition_info: dict[str, Any] | None = None) -> Any:
     """The partition's ``column`` and KEY, each row's frame-order key (its partition's
     number and its position in it), so that the rows can be routed in pieces."""
-    part = 0 if partition_info is None else int(partition_info["number"])
+    part = partition_number(partition_info)
     return df[[column]].assign(**{KEY: row_keys(part, len(df))})
 
 
@@ -284,7 +290,7 @@ def route_partition(
     indexed by the rows' labels.  Rows that cannot match are left out.  The keys are
     the partition's KEY column where it has one (:func:`with_keys`: a piece of a
     partition), else made from its number."""
-    part = 0 if partition_info is None else int(partition_info["number"])
+    part = partition_number(partition_info)
     all_keys = df[KEY].to_numpy() if KEY in df.columns else row_keys(part, len(df))
     prep = prepared_rows(df, column, eps, device)
     d, usable, delta = _usable(prep)
@@ -439,7 +445,7 @@ def with_carried(
     """``found``, indexed by keys of rows of one input partition, with those rows'
     carried columns: ``payload`` is that partition's columns to carry (pandas or cudf),
     named "{prefix}0", ... (:func:`dask_cosim.search_partition.carried_rows`)."""
-    part = 0 if partition_info is None else int(partition_info["number"])
+    part = partition_number(partition_info)
     rows = found.index.to_numpy(np.int64) - (np.int64(part) << POS_BITS)
     extra = sp.carried_rows(payload, rows, prefix).set_axis(found.index, axis=0)
     return pd.concat([found, extra], axis=1)
@@ -448,7 +454,7 @@ def with_carried(
 def drop_keys(df: Any, drops: pd.DataFrame, partition_info: dict[str, Any] | None = None) -> Any:
     """``df`` (one partition of the input) without the rows whose keys are in ``drops``
     (its index or its "_key" column)."""
-    part = 0 if partition_info is None else int(partition_info["number"])
+    part = partition_number(partition_info)
     keys = drops["_key"].to_numpy() if "_key" in drops else drops.index.to_numpy()
     pos = keys - (np.int64(part) << POS_BITS)
     pos = pos[(pos >= 0) & (pos < len(df))]

@@ -200,7 +200,7 @@ def take_rows(
     df: Any, column: str, positions: np.ndarray, partition_info: dict[str, Any] | None = None
 ) -> Sample:
     """The rows of one partition at ``positions``."""
-    part = 0 if partition_info is None else int(partition_info["number"])
+    part = cp.partition_number(partition_info)
     rows = np.asarray(positions, dtype=np.int64)
     v = backends.to_vectors(df[column], column)
     x = (v.blocks[0] if len(v.blocks) == 1 else torch.cat(v.blocks)).cpu()
@@ -237,7 +237,7 @@ def sample_matches(
     the partition's rows carry a sampled row's label.  Computed on ``device`` (the
     ``cosim.device`` option: "auto" follows the partition)."""
     assert sample.prep is not None
-    part = 0 if partition_info is None else int(partition_info["number"])
+    part = cp.partition_number(partition_info)
     prep = cp.prepared_rows(df, column, eps, device)
     mine = sample.prep.to(prep.unit.device)
     keys = cp.row_keys(part, len(df))
