@@ -18,7 +18,7 @@ import torch
 from distributed import Client
 
 import dask_cosim
-from dask_cosim import clustered, clustered_recall
+from dask_cosim import clustered, clustered_recall, clustered_rows
 from dask_cosim import clustered_kernels as ck
 from dask_cosim import clustered_partition as cp
 from dask_cosim import search_kernels as sk
@@ -273,14 +273,14 @@ def test_routed_rows_keep_their_dtype(dtype: torch.dtype) -> None:
     x = torch.randn(37, 5, dtype=torch.float64).mul_(1e3).to(dtype)
     x[3, 1] = float("nan")
     x[4, 2] = -0.0
-    encoded = cp.encode_rows(x)
+    encoded = clustered_rows.encode_rows(x)
     assert pa.array(encoded).buffers()[2].size == 37 * 5 * dtype.itemsize
     chunked = pd.Series(
         pd.arrays.ArrowExtensionArray(
             pa.chunked_array([pa.array(encoded)[:10], pa.array(encoded)[10:]])
         )
     )
-    back = cp.decode_rows(chunked.iloc[1:], str(dtype).removeprefix("torch."), 5)
+    back = clustered_rows.decode_rows(chunked.iloc[1:], str(dtype).removeprefix("torch."), 5)
     assert back.dtype == dtype
     assert torch.equal(back.view(torch.uint8), x[1:].view(torch.uint8))
 
