@@ -1,9 +1,9 @@
 """Kernels of the clustered search: torch, any device, no dataframes, no config (on CPUs
 the routing rule runs as one numba pass, :mod:`dask_cosim._clustered_numba`).
 
-Spherical k-means on a sample (:func:`kmeans`), the bounds of the skip rule
-(:func:`cluster_stats`, :func:`floors`), each row's home cluster and the clusters it probes
-(:func:`route`), and the exact search inside one block (:func:`block_pairs`).
+The bounds of the skip rule (:func:`cluster_stats`, :func:`floors`), each row's home
+cluster and the clusters it probes (:func:`route`), and the exact search inside one block
+(:func:`block_pairs`); the centroids come from :mod:`dask_cosim.clustered_kmeans`.
 
 The skip rule.  Let ``x`` be the direction of a row, ``z_c`` the direction of cluster
 c's centroid, ``angle(*, *)`` the angle between directions and ``R_c`` an upper bound of
@@ -56,7 +56,6 @@ __all__ = [
     "cluster_stats",
     "directions",
     "floors",
-    "kmeans",
     "product_error",
     "route",
     "rows",
@@ -120,44 +119,6 @@ def directions(prep: sk.Prepared) -> tuple[torch.Tensor, torch.Tensor, float]:
 
 def _chunk_rows(k: int, chunk_bytes: int) -> int:
     return max(1, chunk_bytes // max(1, 8 * k))
-
-
-def _best(x: torch.Tensor, c: torch.Tensor, chunk_bytes: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per row of ``x``: its highest score with the rows of ``c``, and where."""
-    best = torch.empty(len(x), dtype=torch.float32, device=x.device)
-    arg = torch.empty(len(x), dtype=torch.int64, device=x.device)
-    step = _chunk_rows(len(c), chunk_bytes)
-    for r0 in range(0, len(x), step):
-        s = x[r0 : r0 + step] @ c.T
-        torch.max(s, dim=1, out=(best[r0 : r0 + step], arg[r0 : r0 + step]))
-    return best, arg
-
-
-def kmeans(
-    x: torch.Tensor, k: int, *, iters: int, seed: int, chunk_bytes: int = 64 * 2**20
-) -> torch.Tensor:
-    """Spherical k-means of unit rows ``x`` (n, D): ``min(k, n)`` float32 unit centroids.
-
-    Seeded with ``k`` distinct random rows (k-means++ seeding is k sequential passes:
-    too slow for thousands of clusters), then ``iters`` Lloyd iterations: each row to its
-    most similar centroid, each centroid to the normalised sum of its rows; centroids that
-    lose all their rows restart at the rows least similar to their own centroids.  Any
-    centroids give exact results (the skip rule holds for every assignment); good ones
-    make tight clusters, which skip more.
-    """
-    n = len(x)
-    k = max(1, min(k, n))
-    gen = torch.Generator(device=x.device).manual_seed(seed)
-    cent = x[torch.randperm(n, generator=gen, device=x.device)[:k]].clone()
-    for _ in range(iters):
-        score, home = _best(x, cent, chunk_bytes)
-        sums = torch.zeros_like(cent).index_add_(0, home, x)
-        empty = torch.bincount(home, minlength=k) == 0
-        if bool(empty.any()):
-            far = torch.argsort(score)[: int(empty.sum())]
-            sums[empty.nonzero().squeeze(1)] = x[far]
-        cent = torch.nn.functional.normalize(sums, dim=1)
-    return cent.contiguous()
 
 
 def cluster_stats(

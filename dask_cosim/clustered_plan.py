@@ -1,8 +1,10 @@
 """The plan of the clustered search: what it computes when the call is made, before the
 lazy search (:mod:`dask_cosim.clustered`) is built.
 
-1. a Bernoulli sample of the rows; spherical k-means on it, in one task (on the worker's
-   device); the centroids are one key, sent once to each worker;
+1. a Bernoulli sample of the rows, in one shard per thread of a distributed cluster
+   (else one); spherical k-means on it, each Lloyd iteration's product where the shards
+   lie (on the workers' devices, :mod:`dask_cosim.clustered_kmeans`); the centroids are
+   one key, sent once to each worker;
 2. one pass over the rows: each cluster's size and radius (an upper bound of the angle
    between its centroid and any of its rows), gathered in the client;
 3. the probes of a sample of rows routed as the search will route them, scaled to the
@@ -26,6 +28,7 @@ import numpy as np
 import torch
 
 from dask_cosim import clustered_kernels as ck
+from dask_cosim import clustered_kmeans as km
 from dask_cosim import clustered_partition as cp
 from dask_cosim import options, partition, search
 
@@ -102,20 +105,53 @@ def _sample(*parts: torch.Tensor) -> torch.Tensor:
     return torch.cat(parts)
 
 
-def _head(sample: torch.Tensor, rows: int) -> torch.Tensor:
-    """At most ``rows`` rows of ``sample``, spread over it (its order follows partitions)."""
+def _head(rows: int, *shards: torch.Tensor) -> torch.Tensor:
+    """At most ``rows`` rows of the shards, spread over them (their order follows
+    partitions)."""
+    sample = torch.cat(shards)
     if len(sample) <= rows:
         return sample
     return sample[torch.linspace(0, len(sample) - 1, rows).long()]
 
 
-def _kmeans(sample: torch.Tensor, k: int, iters: int, seed: int, device: str) -> torch.Tensor:
-    if len(sample) == 0:  # no usable row: any centroid will do
-        one = torch.zeros((1, sample.shape[1]), dtype=torch.float32)
-        one[0, :1] = 1.0
-        return one
-    target = partition.resolve_device(device, sample.device)
-    return ck.kmeans(sample.to(target), k, iters=iters, seed=seed).cpu()
+def _shards(lazy: bool, npartitions: int) -> int:
+    """Shards of the k-means sample: one per thread of the distributed cluster, where
+    there is one (the Lloyd iterations' products then run on all of them: each of the
+    CLI's workers has one thread), else one (the local schedulers run its product on all
+    of torch's threads)."""
+    if not lazy:
+        return 1
+    try:
+        from distributed import default_client
+
+        threads = sum(default_client().nthreads().values())
+    except (ImportError, ValueError):
+        return 1
+    return max(1, min(npartitions, threads))
+
+
+def _seeds(
+    shard: torch.Tensor, lens: list[int], j: int, k: int, seed: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return km.seeds(shard, sum(lens[:j]), sum(lens), k, seed)
+
+
+def _lloyd_sums(shard: torch.Tensor, cent: torch.Tensor, device: str) -> km.Sums:
+    """:func:`~dask_cosim.clustered_kmeans.lloyd_sums` on the worker's device, back on the
+    CPU."""
+    target = partition.resolve_device(device, shard.device)
+    return km.Sums(*(t.cpu() for t in km.lloyd_sums(shard.to(target), cent.to(target))))
+
+
+def _kmeans(
+    call: Any, shards: list[Any], lens: list[Any], k: int, iters: int, seed: int, device: str
+) -> Any:
+    """The centroids of the sample's ``shards`` (a graph of ``iters`` steps when lazy)."""
+    seeded = [call(_seeds)(s, lens, j, k, seed) for j, s in enumerate(shards)]
+    cent = call(km.first_centroids)(*seeded)
+    for _ in range(iters):
+        cent = call(km.lloyd_step)(cent, *[call(_lloyd_sums)(s, cent, device) for s in shards])
+    return cent
 
 
 def _probes(
@@ -188,18 +224,17 @@ def plan(
         return dask.delayed(fn, pure=True) if lazy else fn
 
     parts = df[[on]].to_delayed() if lazy else [df]
-    sample = call(_sample)(
-        *[
-            call(cp.sample_partition)(
-                p, on, i, fraction=fraction, seed=seed, eps=eps, device=device
-            )
-            for i, p in enumerate(parts)
-        ]
-    )
+    drawn = [
+        call(cp.sample_partition)(p, on, i, fraction=fraction, seed=seed, eps=eps, device=device)
+        for i, p in enumerate(parts)
+    ]
+    groups = np.array_split(np.arange(len(parts)), _shards(lazy, len(parts)))
+    shards = [call(_sample)(*[drawn[i] for i in g]) for g in groups]
+    lens = [call(len)(s) for s in shards]
     # Two computations, so that no partition waits in memory for k-means to finish.
-    centroids = call(_kmeans)(sample, k, iters, seed, device)
-    probe_sample = call(_head)(sample, PROBE_SAMPLE)
-    seen = call(len)(sample)
+    centroids = _kmeans(call, shards, lens, k, iters, seed, device)
+    probe_sample = call(_head)(PROBE_SAMPLE, *shards)
+    seen = call(sum)(lens)
     started = time.perf_counter()
     logger.info("clustered: k-means on a sample of about %d of %d rows, %d clusters",
                 round(fraction * rows), rows, k)  # fmt: skip

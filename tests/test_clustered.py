@@ -4,6 +4,7 @@ n_probe mode against a brute-force count, and a run on worker processes."""
 
 from __future__ import annotations
 
+import itertools
 import math
 import types
 
@@ -20,6 +21,7 @@ from distributed import Client
 import dask_cosim
 from dask_cosim import clustered, clustered_recall, clustered_rows
 from dask_cosim import clustered_kernels as ck
+from dask_cosim import clustered_kmeans as km
 from dask_cosim import clustered_partition as cp
 from dask_cosim import search_kernels as sk
 from dask_cosim.datasets import embedding_arrays, make_embeddings
@@ -189,7 +191,7 @@ def test_score_error_bounds_the_float32_scores(rows: str) -> None:
     dirs, has, e_d = ck.directions(prep)
     assert bool(has.all())
     assert (prep.unit is prep.raw) == rows.startswith("float32")
-    cent = ck.kmeans(dirs, 20, iters=3, seed=0)
+    cent = km.kmeans(dirs, 20, iters=3, seed=0)
     s = (dirs @ cent.T).double()
     c64 = cent.double() / torch.linalg.vector_norm(cent.double(), dim=1, keepdim=True)
     exact = torch.from_numpy(unit(x.astype(np.float64))) @ c64.T
@@ -216,7 +218,7 @@ def test_skip_rules_never_skip_a_match(routing: str) -> None:
     x = x[np.isfinite(x).all(axis=1) & (np.abs(x).sum(axis=1) > 0)]
     prep = sk.prepare(torch.from_numpy(x), eps=1e-8)
     dirs, _, e_d = ck.directions(prep)
-    cent = ck.kmeans(dirs, 25, iters=2, seed=3)
+    cent = km.kmeans(dirs, 25, iters=2, seed=3)
     delta = ck.product_error(16, e_d)
     _, radius = ck.cluster_stats(dirs, cent, delta, 2**20)
     for t in (0.6, 0.85, 0.97):
@@ -254,7 +256,7 @@ def test_numba_routing_decides_as_torch(
 ) -> None:
     """The numba pass makes the torch path's decisions: the same homes and probes."""
     x, _ = embedding_arrays(6000, 48, directions=60, duplicates=0.05, seed=2)
-    cent = ck.kmeans(x, 40, iters=3, seed=0)
+    cent = km.kmeans(x, 40, iters=3, seed=0)
     delta = ck.product_error(48, 2.0**-20)
     _, radius = ck.cluster_stats(x, cent, delta, 2**20)
     args = (x, cent, ck.floors(radius, 0.8, 48, delta), 0.8, delta, n_probe, 2**18)
@@ -315,10 +317,41 @@ def test_kmeans_and_generator() -> None:
     got = (x[planted.copy].double() * x[planted.source].double()).sum(dim=1).numpy()
     np.testing.assert_allclose(got, planted.cosine, atol=1e-6)
     assert len(planted.copy) == 200 and not set(planted.copy) & set(planted.source)
-    cent = ck.kmeans(x, 50, iters=5, seed=0)
+    cent = km.kmeans(x, 50, iters=5, seed=0)
     assert cent.shape == (50, 32)
     torch.testing.assert_close(torch.linalg.vector_norm(cent, dim=1), torch.ones(50))
-    assert len(ck.kmeans(x[:3], 10, iters=2, seed=0)) == 3
+    assert len(km.kmeans(x[:3], 10, iters=2, seed=0)) == 3
+
+
+def test_kmeans_in_shards_is_kmeans_of_the_whole() -> None:
+    """Split in shards, the sample gets the same seeds, the same assignment and the same
+    restarts (at the least similar rows of the whole sample, wherever they lie)."""
+    gen = torch.Generator().manual_seed(4)
+    x = torch.rand(3000, 16, generator=gen)
+    x[:, 12:] = 0.0  # the data never reach the last 4 axes: centroids there lose every row
+    x[-4:, :12] = torch.eye(12)[:4]  # the least similar rows, all in the last shard
+    x = torch.nn.functional.normalize(x, dim=1)
+    cuts = [0, 100, 1700, 3000]
+    shards = [x[a:b] for a, b in itertools.pairwise(cuts)]
+    whole = km.first_centroids(km.seeds(x, 0, len(x), 40, 1))
+    split = km.first_centroids(*[km.seeds(s, cuts[j], len(x), 40, 1) for j, s in enumerate(shards)])
+    assert torch.equal(whole, split) and len(whole) == 40
+    one = km.lloyd_sums(x, whole)
+    parts = [km.lloyd_sums(s, whole) for s in shards]
+    assert torch.equal(one.counts, sum(p.counts for p in parts))
+    torch.testing.assert_close(km.lloyd_step(whole, one), km.lloyd_step(whole, *parts))
+    # Four centroids no row is nearest to restart at the four least similar rows, in the
+    # order of their scores (0.01 to 0.04 before normalising).
+    real = torch.ones(1, 16)
+    real[0, :4] = torch.tensor([0.01, 0.02, 0.03, 0.04])
+    real[0, 12:] = 0.0
+    cent = torch.cat([torch.nn.functional.normalize(real, dim=1), torch.eye(16)[12:]])
+    new = km.lloyd_step(cent, *[km.lloyd_sums(s, cent) for s in shards])
+    torch.testing.assert_close(new[1:], x[-4:])
+    # A shard that offers fewer rows than there are empties: the rest keep their place.
+    new = km.lloyd_step(cent, km.lloyd_sums(x[-2:], cent))
+    torch.testing.assert_close(new[1:3], x[-2:])
+    assert torch.equal(new[3:], cent[3:])
 
 
 # --------------------------------------------------------------------------- recall

@@ -11,8 +11,10 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pytest
+import torch
 from click.testing import CliRunner
-from distributed import Client, LocalCluster
+from dask.utils import key_split
+from distributed import Client, LocalCluster, get_task_stream
 
 import dask_cosim
 from dask_cosim import clustered, search
@@ -202,6 +204,18 @@ def test_clustered_columns_on_a_cluster(carrying: pd.DataFrame, scheduler: str) 
     assert removed["left_tags"].dtype == carrying["tags"].dtype
 
 
+def test_kmeans_runs_in_a_shard_per_thread(pdf: pd.DataFrame, scheduler: str) -> None:
+    """On a distributed cluster each Lloyd iteration's product runs once per worker
+    thread (the cluster has two), to the centroids of the sample in one shard."""
+    ddf = to_dask(pdf, 4)
+    with Client(scheduler) as client, get_task_stream(client) as stream:
+        got = clustered.plan(ddf, "emb", 0.9, clusters=10, iters=3)
+    ran = [key_split(t["key"]) for t in stream.data]
+    assert ran.count("lloyd_sums") == 2 * 3, sorted(set(ran))
+    want = clustered.plan(ddf, "emb", 0.9, clusters=10, iters=3)  # threads: one shard
+    torch.testing.assert_close(got.layout.centroids, want.layout.centroids)
+
+
 def test_cli_method_clustered(pdf: pd.DataFrame, tmp_path: Path, scheduler: str) -> None:
     data = tmp_path / "in"
     dask_cosim.to_parquet(to_dask(pdf, 2), data)
@@ -246,7 +260,7 @@ def test_cli_method_clustered(pdf: pd.DataFrame, tmp_path: Path, scheduler: str)
     # The plan (k-means, the radii) computed on the cluster, not in the CLI's process.
     with Client(scheduler) as client:
         ran = client.run_on_scheduler(lambda dask_scheduler: list(dask_scheduler.task_prefixes))
-    assert {"kmeans", "stats_partition"} <= set(ran), sorted(ran)
+    assert {"lloyd_sums", "stats_partition"} <= set(ran), sorted(ran)
 
 
 def test_plan_reports_its_steps(pdf: pd.DataFrame, capsys: pytest.CaptureFixture[str]) -> None:
