@@ -19,13 +19,16 @@ Rounding, derived rather than guessed (u = 2**-24, float32's unit roundoff):
   for a unit row whose length is within ``2 err + 2**-30`` of 1 (``err`` as
   :class:`~dask_cosim.search_kernels.Prepared` states it), else ``2u`` for a row
   divided by its float64 norm (rows shorter than ``eps``);
-- a centroid ``m`` is a float32 unit vector, within ``u`` of its own direction ``z``;
+- a centroid ``m`` is the float64 normalisation of its rows' sum (within ``(D + 4)
+  2**-53`` of the unit vector ``z``, its direction) rounded to float32: within ``c_u = u +
+  2 (D + 4) 2**-53`` of ``z`` (:func:`dask_cosim.clustered_kmeans.unit_rows`; torch's
+  float32 normalisation left centroids up to 2u from unit length);
 - a float32 product of D terms is within ``gamma_D = D*u' / (1 - D*u')`` of the exact sum of
   products of its inputs (any summation order, fused multiply-adds included), where u' is
   the unit roundoff of the product's inputs: u for IEEE float32, 2**-11 for TF32 and
   2**-8 for bfloat16 (torch's float32 matmul precision "highest", "high", "medium");
 
-so a computed score ``s`` is within ``delta = gamma_D (1 + e_d)(1 + u) + e_d (1 + u) + u``
+so a computed score ``s`` is within ``delta = gamma_D (1 + e_d)(1 + c_u) + e_d (1 + c_u) + c_u``
 of ``cos(x, z)`` (:func:`product_error`).  Bounds then use ``arccos(s + delta) <= angle <=
 arccos(s - delta)``, float64 arccos (an ulp or two, covered by ``ANGLE_SLACK``), and ``alpha`` is at
 ``t - 2*eps64``, where ``eps64`` (:func:`score_error`) bounds how far the float64 re-score
@@ -83,7 +86,8 @@ def product_error(dim: int, err: float = 8.0 * U32) -> float:
     if n_u >= 0.5:
         raise ValueError(f"vectors of {dim} values are too long for float32 bounds")
     gamma = n_u / (1.0 - n_u)
-    bound = gamma * (1.0 + err) * (1.0 + U32) + err * (1.0 + U32) + U32
+    c_u = U32 + 2.0 * (dim + 4) * U64  # the centroid's distance from its direction
+    bound = gamma * (1.0 + err) * (1.0 + c_u) + err * (1.0 + c_u) + c_u
     return bound * (1.0 + 2.0**-40)
 
 

@@ -23,7 +23,10 @@ from typing import NamedTuple
 
 import torch
 
-__all__ = ["RESTARTS", "Sums", "first_centroids", "kmeans", "lloyd_step", "lloyd_sums", "seeds"]
+__all__ = [
+    "RESTARTS", "Sums", "first_centroids", "kmeans", "lloyd_step", "lloyd_sums", "seeds",
+    "unit_rows",
+]  # fmt: skip
 
 # Rows each shard offers per iteration to restart the centroids that lost all theirs.
 RESTARTS = 64
@@ -36,6 +39,13 @@ class Sums(NamedTuple):
     counts: torch.Tensor  # (k,) int64: how many rows that is
     low: torch.Tensor  # the scores of the shard's RESTARTS rows least similar to their own
     rows: torch.Tensor  # centroid, ascending, and those rows
+
+
+def unit_rows(x: torch.Tensor) -> torch.Tensor:
+    """``x``'s rows over their float64 norms, rounded to float32: each within ``u = 2**-24``
+    of a unit vector plus the float64 rounding (the bound of the skip rule counts on it,
+    :func:`dask_cosim.clustered_kernels.product_error`); zero rows stay zero."""
+    return torch.nn.functional.normalize(x.to(torch.float64), dim=1).to(torch.float32)
 
 
 def _chunk_rows(k: int, chunk_bytes: int) -> int:
@@ -64,7 +74,7 @@ def first_centroids(*parts: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
     number = torch.cat([n for n, _ in parts]).to(rows.device)
     out = torch.empty_like(rows)
     out[number] = rows
-    return out
+    return unit_rows(out)
 
 
 def lloyd_sums(x: torch.Tensor, cent: torch.Tensor, chunk_bytes: int = 64 * 2**20) -> Sums:
@@ -88,7 +98,7 @@ def lloyd_sums(x: torch.Tensor, cent: torch.Tensor, chunk_bytes: int = 64 * 2**2
 def lloyd_step(cent: torch.Tensor, *parts: Sums) -> torch.Tensor:
     """The next centroids: each the normalised sum of its rows over every shard; an
     emptied one restarts at the least similar row the shards offer, or keeps its place
-    when they offer none."""
+    when they offer none (as does one whose rows sum to zero)."""
     sums = parts[0].sums.clone()
     counts = parts[0].counts.clone()
     for p in parts[1:]:
@@ -100,7 +110,10 @@ def lloyd_step(cent: torch.Tensor, *parts: Sums) -> torch.Tensor:
         order = torch.argsort(low, stable=True)[: len(empty)]
         sums[empty[: len(order)]] = torch.cat([p.rows for p in parts])[order]
         sums[empty[len(order) :]] = cent[empty[len(order) :]]
-    return torch.nn.functional.normalize(sums, dim=1).contiguous()
+    new = unit_rows(sums)
+    zero = ~new.any(dim=1)
+    new[zero] = cent[zero]
+    return new.contiguous()
 
 
 def kmeans(

@@ -323,6 +323,24 @@ def test_kmeans_and_generator() -> None:
     assert len(km.kmeans(x[:3], 10, iters=2, seed=0)) == 3
 
 
+@pytest.mark.parametrize("dim", [7, 384, 1536])
+def test_centroids_lie_within_the_bound_of_their_direction(dim: int) -> None:
+    """A centroid is within u + 2 (D + 4) 2**-53 of its direction (the c_u of the bound:
+    clustered_kernels); torch's float32 normalisation missed it by up to 2u at D = 384."""
+    sums = torch.randn(2000, dim, generator=torch.Generator().manual_seed(dim)) * 37.0
+    sums[5] = 0.0
+    cent = km.unit_rows(sums)
+    assert not cent[5].any()
+    length = torch.linalg.vector_norm(cent.double(), dim=1)[torch.arange(2000) != 5]
+    assert float((length - 1.0).abs().max()) <= 2.0**-24 + 2.0 * (dim + 4) * 2.0**-53
+    # Rows that sum to zero (x and -x, both scoring 0 with either centroid, so both go to
+    # the first) keep their centroid.
+    eye = torch.eye(dim if dim >= 3 else 3)
+    cent = eye[[2, 1]]
+    assert torch.equal(km.lloyd_step(cent, km.lloyd_sums(torch.stack([eye[0], -eye[0]]), cent))[0],
+                       cent[0])  # fmt: skip
+
+
 def test_kmeans_in_shards_is_kmeans_of_the_whole() -> None:
     """Split in shards, the sample gets the same seeds, the same assignment and the same
     restarts (at the least similar rows of the whole sample, wherever they lie)."""
