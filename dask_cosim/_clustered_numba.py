@@ -1,7 +1,9 @@
 """The routing rule of the clustered search on CPUs, in one pass over each row's scores
 (numba): torch needs about twenty passes over the rows x clusters matrix for the same
 decisions (:func:`dask_cosim.clustered_kernels.route`, which states the rule and its
-bounds, and calls this on CPUs).
+bounds, and calls this on CPUs).  On CPUs that multiply bfloat16 natively, the scores
+come from a bfloat16 product, and only the clusters that its bound cannot rule out are
+scored again in float32 (:func:`stats_rows`, :func:`window_rows`).
 
 Imported on the first CPU routing only (importing numba takes time a client that never
 computes need not pay).  Every quantity of the rule is computed in float32 with the
@@ -11,10 +13,16 @@ on the same scores.
 
 from __future__ import annotations
 
+import math
+
 import numba
 import numpy as np
 
-__all__ = ["route_rows"]
+__all__ = ["route_rows", "stats_rows", "window_rows"]
+
+# What window_rows writes for the clusters it rules out: far below any score, and finite
+# (route_rows assumes finite scores).
+RULED_OUT = -1e30
 
 
 # Rows of scores are finite (usable directions against unit centroids): their maximum
@@ -104,3 +112,134 @@ def route_rows(
             for j in range(n):
                 probes[i, j] = picked[j]
         counts[i] = n
+
+
+# A float32 dot product in any order (the bound of a score holds for every order), so
+# that it vectorises.  Not inlined by numba: its fastmath flags would be the caller's.
+@numba.njit(nogil=True, cache=True, boundscheck=False, fastmath={"reassoc", "contract"})
+def _dot(x: np.ndarray, y: np.ndarray) -> float:
+    acc = np.float32(0.0)
+    for j in range(len(x)):
+        acc += x[j] * y[j]
+    return acc
+
+
+@numba.njit(nogil=True, cache=True, boundscheck=False, inline="always")
+def _window(
+    bits: np.ndarray, wide: np.ndarray, v: np.ndarray, a: float, b: float, width: float
+) -> np.float32:
+    """Widen one row of bfloat16 scores (``bits``) into ``v`` (float32, a view of ``wide``)
+    and return the cut: a cluster whose score is below it scores at least ``width`` less
+    than the row's best.  A score ``x`` lies within ``a + b |x|`` of the exact cosine, and
+    both ``x - a - b |x|`` and ``x + a + b |x|`` grow with ``x`` (b < 1): the best's lower
+    bound is that of the highest score, and the cut is the score whose upper bound is that
+    lower bound less ``width`` (float64, rounded down to a float32)."""
+    for c in range(len(bits)):
+        wide[c] = np.uint32(bits[c]) << np.uint32(16)
+    top = np.float64(_max(v))
+    low = top - a - b * abs(top) - width
+    x = (low - a) / (1.0 + b) if low >= a else (low - a) / (1.0 - b)
+    cut = np.float32(x)
+    return np.nextafter(cut, np.float32(-np.inf)) if np.float64(cut) > x else cut
+
+
+@numba.njit(nogil=True, cache=True, boundscheck=False)
+def stats_rows(
+    bits: np.ndarray,
+    d: np.ndarray,
+    cent: np.ndarray,
+    a: float,
+    b: float,
+    delta: float,
+    counts: np.ndarray,
+    radius: np.ndarray,
+) -> None:
+    """:func:`dask_cosim.clustered_kernels.cluster_stats` from bfloat16 scores ``bits``
+    (m, k, uint16) of rows ``d`` (m, D) with centroids ``cent`` (k, D), each within ``a +
+    b |score|`` of the exact cosine: the clusters that may score within 5 delta of a row's
+    best in float32 (within 7 delta of the exact best) are scored again in float32, and
+    the rule of cluster_stats runs on those: ``counts[home] += 1`` (the first highest
+    score), and ``radius[c]`` (float64) raised to ``arccos(s - delta)`` for each score
+    ``s >= best - 5 delta``."""
+    m, k = bits.shape
+    wide = np.empty(k, dtype=np.uint32)
+    v = wide.view(np.float32)
+    cand = np.empty(k, dtype=np.int64)
+    score = np.empty(k, dtype=np.float32)
+    width = 7.0 * delta + 2.0**-20
+    edge = np.float32(5.0 * delta)
+    for i in range(m):
+        cut = _window(bits[i], wide, v, a, b, width)
+        n, h = 0, 0
+        best = np.float32(-np.inf)
+        for c in range(k):
+            if v[c] >= cut:
+                s = _dot(d[i], cent[c])
+                cand[n] = c
+                score[n] = s
+                n += 1
+                if s > best:
+                    best, h = s, c
+        counts[h] += 1
+        floor = best - edge
+        for t in range(n):
+            if score[t] >= floor:
+                far = math.acos(max(np.float64(score[t]) - delta, -1.0))
+                radius[cand[t]] = max(radius[cand[t]], far)
+
+
+@numba.njit(nogil=True, cache=True, boundscheck=False)
+def window_rows(
+    bits: np.ndarray,
+    d: np.ndarray,
+    cent: np.ndarray,
+    a: float,
+    b: float,
+    delta: float,
+    floor: np.ndarray,
+    gram: np.ndarray,
+    far: float,
+    n_probe: int,
+    out: np.ndarray,
+) -> None:
+    """Float32 scores for :func:`route_rows` from bfloat16 scores ``bits`` (as
+    :func:`stats_rows` takes them): ``out[i, c]`` is the float32 score of row i with
+    centroid c wherever route_rows could decide on it, else :data:`RULED_OUT`.
+
+    Scored: the clusters within 7 delta of the best (the home among them), then those the
+    bfloat16 bound cannot rule out by either rule of route_rows (with ``n_probe`` < 0
+    only clusters above the home).  The test runs in float32 without branches (it
+    vectorises); 2**-16 covers its rounding, a few operations on values below 8."""
+    m, k = bits.shape
+    wide = np.empty(k, dtype=np.uint32)
+    v = wide.view(np.float32)
+    need = np.empty(k, dtype=np.bool_)
+    width = 7.0 * delta + 2.0**-20
+    ruled = np.float32(RULED_OUT)
+    one_a, one_b = np.float32(a + delta + 2.0**-16), np.float32(b)
+    scale = np.float32(far * (1.0 + 2.0**-18))
+    add = np.float32(4.0 * delta + 2.0**-18 + 2.0**-16)
+    two = np.float32(2.0 + 2.0 * delta)
+    minus_two, zero = np.float32(-2.0), np.float32(0.0)
+    for i in range(m):
+        cut = _window(bits[i], wide, v, a, b, width)
+        row = out[i]
+        h = 0
+        best = np.float32(-np.inf)
+        for c in range(k):
+            row[c] = ruled
+            if v[c] >= cut:
+                s = _dot(d[i], cent[c])
+                row[c] = s
+                if s > best:
+                    best, h = s, c
+        g = gram[h]
+        low = h + 1 if n_probe < 0 else 0
+        for c in range(k):
+            # The highest float32 score c could have, against both rules' bars.
+            high = v[c] + one_a + one_b * abs(v[c])
+            bar = max(floor[c], best - np.sqrt(max(minus_two * g[c] + two, zero)) * scale - add)
+            need[c] = (high >= bar) & (row[c] == ruled) & (c >= low) & (c != h)
+        for c in range(k):
+            if need[c]:
+                row[c] = _dot(d[i], cent[c])

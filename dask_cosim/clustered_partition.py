@@ -133,11 +133,13 @@ def stats_partition(
     eps: float,
     device: str,
     chunk_bytes: int,
+    bfloat16: bool | None = False,
 ) -> Stats:
-    """The sizes and radii of the clusters over one partition's rows."""
+    """The sizes and radii of the clusters over one partition's rows (``bfloat16``: as
+    :func:`~dask_cosim.clustered_kernels.cluster_stats` takes it)."""
     prep = prepared_rows(df, column, eps, device)
     d, _, delta = _usable(prep)
-    counts, radius = ck.cluster_stats(d, centroids.to(d.device), delta, chunk_bytes)
+    counts, radius = ck.cluster_stats(d, centroids.to(d.device), delta, chunk_bytes, bfloat16)
     dtype = str(prep.raw.dtype).removeprefix("torch.")
     return Stats(counts.cpu().numpy(), radius.cpu().numpy(), dtype, prep.dim, len(df), delta)
 
@@ -178,6 +180,7 @@ class Layout:
     probes: np.ndarray
     dtype: str
     dim: int
+    bfloat16: bool | None = False
 
 
 def blocks_of(members: np.ndarray, probes: np.ndarray) -> np.ndarray:
@@ -257,7 +260,7 @@ def route_partition(
         )
     home, prow, pclu = ck.route(
         d, layout.centroids.to(d.device), layout.floor.to(d.device), layout.threshold,
-        layout.delta, layout.n_probe, chunk_bytes,
+        layout.delta, layout.n_probe, chunk_bytes, layout.bfloat16,
     )  # fmt: skip
     # The float32 unit rows (twice a float16 partition) go before the copies come.
     raw_rows = prep.raw

@@ -156,12 +156,12 @@ def _kmeans(
 
 def _probes(
     sample: torch.Tensor, centroids: torch.Tensor, stats: cp.Stats, threshold: float,
-    n_probe: int | None, chunk_bytes: int,
+    n_probe: int | None, chunk_bytes: int, bfloat16: bool | None,
 ) -> np.ndarray:  # fmt: skip
     """Per cluster, how many rows of ``sample`` would probe it (to size the blocks)."""
     floor = ck.floors(torch.from_numpy(stats.radius), threshold, stats.dim, stats.delta)
     _, _, clusters = ck.route(
-        sample, centroids, floor, threshold, stats.delta, n_probe, chunk_bytes
+        sample, centroids, floor, threshold, stats.delta, n_probe, chunk_bytes, bfloat16
     )
     return torch.bincount(clusters.cpu(), minlength=len(centroids)).numpy()
 
@@ -214,6 +214,9 @@ def plan(
     block_bytes = config.block_bytes if block_bytes is None else block_bytes
     lazy = dask.is_dask_collection(df)
     eps, device = options.eps(), options.device()
+    # Centroid scores from bfloat16 products first where the CPU has bfloat16 units, as
+    # the exact search's tiles (None: each worker asks its CPU).
+    low = False if options.search_precision() == "fp32" else None
     chunk = options.search_tile_bytes()["cpu"]
     rows = len(df)
     k = clusters or default_clusters(rows)
@@ -246,13 +249,15 @@ def plan(
         call,
         cp.merge_stats,
         [
-            call(cp.stats_partition)(p, on, centroids, eps=eps, device=device, chunk_bytes=chunk)
+            call(cp.stats_partition)(
+                p, on, centroids, eps=eps, device=device, chunk_bytes=chunk, bfloat16=low
+            )
             for p in parts
         ],
     )
     if lazy:
         (stats,) = dask.compute(stats)
-    probes = _probes(probe_sample, centroids, stats, threshold, n_probe, chunk)
+    probes = _probes(probe_sample, centroids, stats, threshold, n_probe, chunk, low)
     scale = stats.rows / max(len(probe_sample), 1)
     if n_probe is None and probes.sum() * scale > EXACT_COPIES_WARNING * stats.rows:
         warnings.warn(
@@ -264,7 +269,7 @@ def plan(
         )
     found = _layout(
         centroids, stats, threshold, n_probe, probes * scale, seen, block_bytes,
-        df.npartitions if lazy else 1,
+        df.npartitions if lazy else 1, low,
     )  # fmt: skip
     logger.info("clustered: planned in %.1f s: about %.1f copies per row, %d output "
                 "partitions; the search is lazy from here", time.perf_counter() - started,
@@ -281,6 +286,7 @@ def _layout(
     seen: int,
     block_bytes: int,
     npartitions: int,
+    bfloat16: bool | None,
 ) -> Plan:
     itemsize = getattr(torch, stats.dtype).itemsize
     # A row in a block: its Arrow copy, its raw rows and float32 unit rows after prepare.
@@ -303,6 +309,7 @@ def _layout(
         probes=probe_chunks,
         dtype=stats.dtype,
         dim=stats.dim,
+        bfloat16=bfloat16,
     )
     partitions = max(npartitions, math.ceil(copies / rows_per_block))
     return Plan(layout, stats, threshold, probes, partitions, seen)

@@ -201,13 +201,22 @@ def test_score_error_bounds_the_float32_scores(rows: str) -> None:
     assert delta < 2 * sk.margin(d)
 
 
-@pytest.fixture(params=["numba", "torch"])
+def force_bfloat16(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Centroid scores from bfloat16 products first on any CPU (where it has no bfloat16
+    units, they are slow, and the same numbers)."""
+    monkeypatch.setattr(ck, "_use_bfloat16", lambda wanted, d: d.device.type == "cpu")
+
+
+@pytest.fixture(params=["numba", "torch", "bfloat16"])
 def routing(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Routing on CPUs by the numba kernel, or by the torch path (as on GPUs)."""
+    """Routing on CPUs by the numba kernel, by the torch path (as on GPUs), or by the
+    numba kernel on scores from bfloat16 products (the radii too)."""
     if request.param == "torch":
-        monkeypatch.setattr(ck, "_route_kernel", lambda: None)
+        monkeypatch.setattr(ck, "_clustered_fast", lambda: None)
     else:
-        assert ck._route_kernel() is not None
+        assert ck._clustered_fast() is not None
+    if request.param == "bfloat16":
+        force_bfloat16(monkeypatch)
     return str(request.param)
 
 
@@ -239,6 +248,41 @@ def test_skip_rules_never_skip_a_match(routing: str) -> None:
         assert int(torch.bincount(prow2).max()) <= 2
 
 
+@pytest.mark.parametrize("bfloat16", [False, True])
+def test_homes_and_radii_hold_where_scores_crowd(
+    bfloat16: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rows whose scores with 40 centroids lie within about 1e-3 of each other (the
+    bfloat16 products err by up to 4e-3 there): every home is within 2 delta of the
+    row's best float64 score, and every radius covers each row whose float64 score
+    with that cluster is within 3 delta of its best (the rows a later pass may make its
+    members)."""
+    if bfloat16:
+        force_bfloat16(monkeypatch)
+    gen = torch.Generator().manual_seed(11)
+    base = torch.randn(1, 64, generator=gen, dtype=torch.float64)
+    x = base + 0.03 * torch.randn(3000, 64, generator=gen, dtype=torch.float64)
+    prep = sk.prepare(x.to(torch.float32), eps=1e-8)
+    dirs, _, e_d = ck.directions(prep)
+    cent = km.unit_rows(base + 0.03 * torch.randn(40, 64, generator=gen, dtype=torch.float64))
+    delta = ck.product_error(64, e_d)
+    exact = (
+        torch.nn.functional.normalize(x, dim=1)
+        @ torch.nn.functional.normalize(cent.double(), dim=1).T
+    )
+    best = exact.max(dim=1).values
+    assert float((exact >= best[:, None] - 4e-3).sum(dim=1).float().mean()) > 5  # crowded
+    counts, radius = ck.cluster_stats(dirs, cent, delta, 2**18)
+    assert int(counts.sum()) == len(x)
+    near = exact >= best[:, None] - 3 * delta
+    need = torch.where(near, torch.acos(exact.clamp(max=1.0)), -math.inf).max(dim=0).values
+    assert bool((radius >= need - 1e-12).all())
+    floor = ck.floors(radius, 0.999, 64, delta)
+    for n_probe in (None, 2):
+        home, _, _ = ck.route(dirs, cent, floor, 0.999, delta, n_probe, 2**18)
+        assert bool((exact[torch.arange(len(x)), home] >= best - 2 * delta).all())
+
+
 def test_row_lengths_in_float64() -> None:
     """The numba lengths of float32 rows agree with torch's float64 norm to float64
     rounding (directions() compares them with 1 at a tolerance of 2**-30)."""
@@ -261,7 +305,7 @@ def test_numba_routing_decides_as_torch(
     _, radius = ck.cluster_stats(x, cent, delta, 2**20)
     args = (x, cent, ck.floors(radius, 0.8, 48, delta), 0.8, delta, n_probe, 2**18)
     got = ck.route(*args)  # chunks of 819 rows: several
-    monkeypatch.setattr(ck, "_route_kernel", lambda: None)
+    monkeypatch.setattr(ck, "_clustered_fast", lambda: None)
     want = ck.route(*args)
     assert torch.equal(got[0], want[0])
     assert len(want[1]) == 0 if n_probe == 0 else len(want[1]) > len(x) // 10

@@ -18,6 +18,7 @@ from distributed import Client, LocalCluster, get_task_stream
 
 import dask_cosim
 from dask_cosim import clustered, search
+from dask_cosim import clustered_kernels as ck
 from dask_cosim._cli import log_steps
 from dask_cosim.cli import main
 from dask_cosim.datasets import embedding_arrays, make_embeddings
@@ -30,7 +31,14 @@ def pdf() -> pd.DataFrame:
     return frame
 
 
-def test_accessor_clustered_equals_exact(pdf: pd.DataFrame) -> None:
+@pytest.mark.parametrize("centroid_scores", ["float32", "bfloat16"])
+def test_accessor_clustered_equals_exact(
+    pdf: pd.DataFrame, centroid_scores: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same pairs as exact search, with the centroid scores of the plan and the
+    routing in float32 or from bfloat16 products first (as on CPUs with bfloat16 units)."""
+    if centroid_scores == "bfloat16":
+        monkeypatch.setattr(ck, "_use_bfloat16", lambda wanted, d: d.device.type == "cpu")
     ddf = to_dask(pdf, 3)
     with dask.config.set(scheduler="sync"):
         for frame in (pdf, ddf):
