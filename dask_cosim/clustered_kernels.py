@@ -2,8 +2,9 @@
 the routing rule runs as one numba pass, :mod:`dask_cosim._clustered_numba`).
 
 The bounds of the skip rule (:func:`cluster_stats`, :func:`floors`), each row's home
-cluster and the clusters it probes (:func:`route`), and the exact search inside one block
-(:func:`block_pairs`); the centroids come from :mod:`dask_cosim.clustered_kmeans`.
+cluster and the clusters it probes (:func:`route`); the centroids come from
+:mod:`dask_cosim.clustered_kmeans`, the search inside a block is
+:mod:`dask_cosim.clustered_blocks`.
 
 The skip rule.  Let ``x`` be the direction of a row, ``z_c`` the direction of cluster
 c's centroid, ``angle(*, *)`` the angle between directions and ``R_c`` an upper bound of
@@ -51,18 +52,13 @@ from dask_cosim._search_sweep import by_rows
 
 __all__ = [
     "ANGLE_SLACK",
-    "MEMBER",
-    "PROBE",
-    "SIDE",
     "bfloat16_scores",
-    "block_pairs",
     "chord",
     "cluster_stats",
     "directions",
     "floors",
     "product_error",
     "route",
-    "rows",
     "score_error",
 ]
 
@@ -72,8 +68,6 @@ U64 = 2.0**-53
 # is 64 such ulps.
 ANGLE_SLACK = 2.0**-46
 
-# Roles of a row in a block, in the order a block keeps its rows (see block_pairs).
-MEMBER, SIDE, PROBE = 0, 1, 2
 
 _INPUT_ROUNDOFF = {"highest": U32, "high": 2.0**-11, "medium": 2.0**-8}
 
@@ -397,69 +391,3 @@ def _window_scores(
         bits[p:q], rows[p:q], exact, a, b, delta, bars, gram, far, probe, out[p:q]
     ))  # fmt: skip
     return out
-
-
-def block_pairs(
-    prep: sk.Prepared,
-    members: int,
-    sides: int,
-    key: torch.Tensor,
-    threshold: float,
-    *,
-    tile_bytes: int,
-    precision: str = "fp32",
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The pairs of one block scoring at least ``threshold`` in float64: (first, second,
-    score), positions in ``prep`` with ``key[first] < key[second]``, found by tiles of
-    ``precision`` (:func:`~dask_cosim.search_kernels.threshold_pairs`).
-
-    The block's rows come in role order: ``members`` MEMBER rows sorted by ``key``, then
-    ``sides`` SIDE rows, then PROBE rows.  Pairs are MEMBER x MEMBER (each unordered pair
-    once) and PROBE x (MEMBER or SIDE).  Each pair is re-scored with its earlier row
-    (smaller ``key``, frame order) first, as the all-pairs search scores it, so that a
-    pair at the threshold gets the same float64 score, and decision, in both.
-    """
-    device = prep.unit.device
-    # The tile scan keeps candidates down to just below the threshold: the re-score with
-    # the rows swapped may differ from this one in the last bits.
-    low = threshold - 2.0**-50
-    first, second = [], []
-    if members > 1:
-        pm = rows(prep, 0, members)
-        i, j, _ = sk.threshold_pairs(
-            pm, pm, low, tile_bytes=tile_bytes, mode="upper", exact_scores=False,
-            precision=precision,
-        )  # fmt: skip
-        first.append(i)
-        second.append(j)
-    reach = members + sides
-    if len(prep) > reach > 0:
-        i, j, _ = sk.threshold_pairs(
-            rows(prep, reach, len(prep)),
-            rows(prep, 0, reach),
-            low,
-            tile_bytes=tile_bytes,
-            exact_scores=False,
-            precision=precision,
-        )
-        first.append(i + reach)
-        second.append(j)
-    if not first:
-        none = torch.zeros(0, dtype=torch.int64, device=device)
-        return none, none.clone(), torch.zeros(0, dtype=torch.float64, device=device)
-    a, b = torch.cat(first), torch.cat(second)
-    swap = key[a] > key[b]
-    a, b = torch.where(swap, b, a), torch.where(swap, a, b)
-    score = sk.rescore(prep, a, prep, b)
-    keep = score >= threshold
-    return a[keep], b[keep], score[keep]
-
-
-def rows(prep: sk.Prepared, start: int, stop: int) -> sk.Prepared:
-    """Rows ``start:stop`` of ``prep``, as views."""
-    cut = slice(start, stop)
-    norm = None if prep.norm is None else prep.norm[cut]
-    return sk.Prepared(
-        prep.unit[cut], prep.raw[cut], prep.inv[cut], prep.scale[cut], prep.valid[cut],
-        prep.err, norm,
-    )  # fmt: skip

@@ -23,6 +23,7 @@ import pandas as pd
 import torch
 
 from dask_cosim import backends, partition
+from dask_cosim import clustered_blocks as cb
 from dask_cosim import clustered_kernels as ck
 from dask_cosim import search_dedup as sd
 from dask_cosim import search_kernels as sk
@@ -200,7 +201,7 @@ def _copies(
     """(row, block, role) of every copy of the rows: members first, then probes."""
     rows = [np.arange(len(home)), prow]
     blocks = [lay.base[home], lay.base[pclu]]
-    roles = [np.full(len(home), ck.MEMBER, np.int8), np.full(len(prow), ck.PROBE, np.int8)]
+    roles = [np.full(len(home), cb.MEMBER, np.int8), np.full(len(prow), cb.PROBE, np.int8)]
     split = (lay.members > 1) | (lay.probes > 1)
     simple = [~split[home], ~split[pclu]]
     rows = [r[m] for r, m in zip(rows, simple, strict=True)]
@@ -216,7 +217,7 @@ def _copies(
         j = np.arange(s)[None, :]
         lo, hi = np.minimum(i, j), np.maximum(i, j)
         block = np.where(i == j, i, tri[lo, 0] + hi - lo - 1)
-        role = np.select([i == j, i < j], [ck.MEMBER, ck.PROBE], ck.SIDE)
+        role = np.select([i == j, i < j], [cb.MEMBER, cb.PROBE], cb.SIDE)
         rows.append(np.repeat(m, s))
         blocks.append(base + block.reshape(-1))
         roles.append(role.reshape(-1).astype(np.int8))
@@ -224,12 +225,12 @@ def _copies(
         pblock = j if t == 1 else s + s * (s - 1) // 2 + j * t + _chunk(keys[p], t)[:, None]
         rows.append(np.repeat(p, s))
         blocks.append(base + np.broadcast_to(pblock, (len(p), s)).reshape(-1))
-        roles.append(np.full(len(p) * s, ck.PROBE, np.int8))
+        roles.append(np.full(len(p) * s, cb.PROBE, np.int8))
         if t > 1:
             k = np.arange(t)[None, :]
             rows.append(np.repeat(m, t))
             blocks.append(base + (s + s * (s - 1) // 2 + i * t + k).reshape(-1))
-            roles.append(np.full(len(m) * t, ck.SIDE, np.int8))
+            roles.append(np.full(len(m) * t, cb.SIDE, np.int8))
     return np.concatenate(rows), np.concatenate(blocks), np.concatenate(roles)
 
 
@@ -329,10 +330,10 @@ def search_blocks(
     score: list[np.ndarray] = []
     for s, e in zip(starts, stops, strict=True):
         counts = np.bincount(role[s:e], minlength=3)
-        i, j, sc = ck.block_pairs(
-            ck.rows(prep, s, e),
-            int(counts[ck.MEMBER]),
-            int(counts[ck.SIDE]),
+        i, j, sc = cb.block_pairs(
+            cb.rows(prep, s, e),
+            int(counts[cb.MEMBER]),
+            int(counts[cb.SIDE]),
             key[s:e],
             threshold,
             tile_bytes=tile_bytes,

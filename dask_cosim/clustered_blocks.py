@@ -1,0 +1,83 @@
+"""The exact search inside one block of the clustered search: torch, any device, no
+dataframes, no config.  A block holds a cluster's rows (or a chunk of them) and the rows
+that probe it, in role order (:data:`MEMBER`, :data:`SIDE`, :data:`PROBE`,
+:class:`dask_cosim.clustered_partition.Layout`); :func:`block_pairs` finds its pairs with
+the all-pairs kernels and decides them in float64, as the all-pairs search does.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dask_cosim import search_kernels as sk
+
+__all__ = ["MEMBER", "PROBE", "SIDE", "block_pairs", "rows"]
+
+# Roles of a row in a block, in the order a block keeps its rows (see block_pairs).
+MEMBER, SIDE, PROBE = 0, 1, 2
+
+
+def block_pairs(
+    prep: sk.Prepared,
+    members: int,
+    sides: int,
+    key: torch.Tensor,
+    threshold: float,
+    *,
+    tile_bytes: int,
+    precision: str = "fp32",
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The pairs of one block scoring at least ``threshold`` in float64: (first, second,
+    score), positions in ``prep`` with ``key[first] < key[second]``, found by tiles of
+    ``precision`` (:func:`~dask_cosim.search_kernels.threshold_pairs`).
+
+    The block's rows come in role order: ``members`` MEMBER rows sorted by ``key``, then
+    ``sides`` SIDE rows, then PROBE rows.  Pairs are MEMBER x MEMBER (each unordered pair
+    once) and PROBE x (MEMBER or SIDE).  Each pair is re-scored with its earlier row
+    (smaller ``key``, frame order) first, as the all-pairs search scores it, so that a
+    pair at the threshold gets the same float64 score, and decision, in both.
+    """
+    device = prep.unit.device
+    # The tile scan keeps candidates down to just below the threshold: the re-score with
+    # the rows swapped may differ from this one in the last bits.
+    low = threshold - 2.0**-50
+    first, second = [], []
+    if members > 1:
+        pm = rows(prep, 0, members)
+        i, j, _ = sk.threshold_pairs(
+            pm, pm, low, tile_bytes=tile_bytes, mode="upper", exact_scores=False,
+            precision=precision,
+        )  # fmt: skip
+        first.append(i)
+        second.append(j)
+    reach = members + sides
+    if len(prep) > reach > 0:
+        i, j, _ = sk.threshold_pairs(
+            rows(prep, reach, len(prep)),
+            rows(prep, 0, reach),
+            low,
+            tile_bytes=tile_bytes,
+            exact_scores=False,
+            precision=precision,
+        )
+        first.append(i + reach)
+        second.append(j)
+    if not first:
+        none = torch.zeros(0, dtype=torch.int64, device=device)
+        return none, none.clone(), torch.zeros(0, dtype=torch.float64, device=device)
+    a, b = torch.cat(first), torch.cat(second)
+    swap = key[a] > key[b]
+    a, b = torch.where(swap, b, a), torch.where(swap, a, b)
+    score = sk.rescore(prep, a, prep, b)
+    keep = score >= threshold
+    return a[keep], b[keep], score[keep]
+
+
+def rows(prep: sk.Prepared, start: int, stop: int) -> sk.Prepared:
+    """Rows ``start:stop`` of ``prep``, as views."""
+    cut = slice(start, stop)
+    norm = None if prep.norm is None else prep.norm[cut]
+    return sk.Prepared(
+        prep.unit[cut], prep.raw[cut], prep.inv[cut], prep.scale[cut], prep.valid[cut],
+        prep.err, norm,
+    )  # fmt: skip
