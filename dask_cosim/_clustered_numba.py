@@ -18,7 +18,7 @@ import math
 import numba
 import numpy as np
 
-__all__ = ["route_rows", "stats_rows", "window_rows"]
+__all__ = ["home_rows", "route_rows", "stats_rows", "window_rows"]
 
 # What window_rows writes for the clusters it rules out: far below any score, and finite
 # (route_rows assumes finite scores).
@@ -141,6 +141,38 @@ def _window(
     x = (low - a) / (1.0 + b) if low >= a else (low - a) / (1.0 - b)
     cut = np.float32(x)
     return np.nextafter(cut, np.float32(-np.inf)) if np.float64(cut) > x else cut
+
+
+@numba.njit(nogil=True, cache=True, boundscheck=False)
+def home_rows(
+    bits: np.ndarray,
+    d: np.ndarray,
+    cent: np.ndarray,
+    a: float,
+    b: float,
+    delta: float,
+    home: np.ndarray,
+    best: np.ndarray,
+) -> None:
+    """Each row's highest float32 score with the centroids and its first cluster, from
+    bfloat16 scores ``bits`` (as :func:`stats_rows` takes them): only the clusters within
+    2 delta of the best are scored in float32, and the highest float32 score is among
+    them."""
+    m, k = bits.shape
+    wide = np.empty(k, dtype=np.uint32)
+    v = wide.view(np.float32)
+    width = 2.0 * delta + 2.0**-20
+    for i in range(m):
+        cut = _window(bits[i], wide, v, a, b, width)
+        h = 0
+        top = np.float32(-np.inf)
+        for c in range(k):
+            if v[c] >= cut:
+                s = _dot(d[i], cent[c])
+                if s > top:
+                    top, h = s, c
+        home[i] = h
+        best[i] = top
 
 
 @numba.njit(nogil=True, cache=True, boundscheck=False)

@@ -41,6 +41,7 @@ scores differ by at most ``2delta``), the radius covers it.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -57,9 +58,11 @@ __all__ = [
     "cluster_stats",
     "directions",
     "floors",
+    "nearest",
     "product_error",
     "route",
     "score_error",
+    "use_bfloat16",
 ]
 
 U32 = 2.0**-24
@@ -120,6 +123,48 @@ def _chunk_rows(k: int, chunk_bytes: int) -> int:
     return max(1, chunk_bytes // max(1, 8 * k))
 
 
+def nearest(
+    x: torch.Tensor, centroids: torch.Tensor, chunk_bytes: int, bfloat16: bool | None = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's highest float32 score with the centroids, and its (first) cluster;
+    ``bfloat16`` as :func:`cluster_stats` takes it (the float32 scores then only of the
+    clusters within 2 delta of the best, for rows within 8u of their directions)."""
+    fast = _clustered_fast() if use_bfloat16(bfloat16, x) else None
+    score = torch.empty(len(x), dtype=torch.float32, device=x.device)
+    home = torch.empty(len(x), dtype=torch.int64, device=x.device)
+    step = _chunk_rows(len(centroids), chunk_bytes)
+    if fast is not None:
+        _nearest_bfloat16(fast, x, centroids, step, score.numpy(), home.numpy())
+        return score, home
+    for r0 in range(0, len(x), step):
+        s = x[r0 : r0 + step] @ centroids.T
+        torch.max(s, dim=1, out=(score[r0 : r0 + step], home[r0 : r0 + step]))
+    return score, home
+
+
+def _nearest_bfloat16(
+    fast: Any, x: torch.Tensor, centroids: torch.Tensor, step: int, score: np.ndarray,
+    home: np.ndarray,
+) -> None:  # fmt: skip
+    cent = _bfloat16_rows(centroids)
+    exact = centroids.contiguous().numpy()
+    delta = product_error(x.shape[1])
+    for r0 in range(0, len(x), step):
+        rows = x[r0 : r0 + step].contiguous()
+        bits, a, b = bfloat16_scores(rows, cent, delta)
+        r, h, top = rows.numpy(), home[r0 : r0 + step], score[r0 : r0 + step]
+        by_rows(len(r), r.size * 8, functools.partial(
+            _home_rows, fast.home_rows, bits, r, exact, a, b, delta, h, top
+        ))  # fmt: skip
+
+
+def _home_rows(
+    kernel: Any, bits: np.ndarray, r: np.ndarray, exact: np.ndarray, a: float, b: float,
+    delta: float, h: np.ndarray, top: np.ndarray, p: int, q: int,
+) -> None:  # fmt: skip
+    kernel(bits[p:q], r[p:q], exact, a, b, delta, h[p:q], top[p:q])
+
+
 def cluster_stats(
     d: torch.Tensor,
     centroids: torch.Tensor,
@@ -134,7 +179,7 @@ def cluster_stats(
     bfloat16 product and the float32 scores of the clusters its bound cannot rule out
     (:func:`bfloat16_scores`), the same rule."""
     k = len(centroids)
-    fast = _clustered_fast() if _use_bfloat16(bfloat16, d) else None
+    fast = _clustered_fast() if use_bfloat16(bfloat16, d) else None
     if fast is not None:
         return _stats_bfloat16(fast, d, centroids, delta, chunk_bytes)
     counts = torch.zeros(k, dtype=torch.int64, device=d.device)
@@ -213,7 +258,7 @@ def route(
     far = chord(threshold, centroids.shape[1])
     fast = _clustered_fast() if d.device.type == "cpu" else None
     if fast is not None:
-        low = _use_bfloat16(bfloat16, d)
+        low = use_bfloat16(bfloat16, d)
         return _route_numba(fast, d, centroids, floor, far, delta, n_probe, chunk_bytes, low)
     home = torch.empty(len(d), dtype=torch.int64, device=d.device)
     rows_out, clusters_out = [], []
@@ -247,7 +292,7 @@ def route(
     return home, rows, torch.cat(clusters_out) if clusters_out else empty
 
 
-def _use_bfloat16(bfloat16: bool | None, d: torch.Tensor) -> bool:
+def use_bfloat16(bfloat16: bool | None, d: torch.Tensor) -> bool:
     """Whether to score ``d`` against the centroids in bfloat16 first (``bfloat16``:
     None where the CPU multiplies bfloat16 natively)."""
     wanted = sk.cpu_bfloat16() if bfloat16 is None else bfloat16
@@ -264,7 +309,7 @@ def _bfloat16_rows(x: torch.Tensor) -> tuple[torch.Tensor, float]:
     """Float32 CPU rows ``x`` rounded to bfloat16 as torch rounds, and the largest
     distance of a row from its copy, rounded up."""
     fast = sk.numba_kernels()
-    assert fast is not None  # _use_bfloat16 says so
+    assert fast is not None  # use_bfloat16 says so
     bits = torch.empty(x.shape, dtype=torch.int16)
     rows, out = x.contiguous().numpy(), bits.numpy().view(np.uint16)
     valid = np.ones(len(rows), dtype=bool)

@@ -23,6 +23,8 @@ from typing import NamedTuple
 
 import torch
 
+from dask_cosim import clustered_kernels as ck
+
 __all__ = [
     "RESTARTS", "Sums", "first_centroids", "kmeans", "lloyd_step", "lloyd_sums", "seeds",
     "unit_rows",
@@ -46,10 +48,6 @@ def unit_rows(x: torch.Tensor) -> torch.Tensor:
     of a unit vector plus the float64 rounding (the bound of the skip rule counts on it,
     :func:`dask_cosim.clustered_kernels.product_error`); zero rows stay zero."""
     return torch.nn.functional.normalize(x.to(torch.float64), dim=1).to(torch.float32)
-
-
-def _chunk_rows(k: int, chunk_bytes: int) -> int:
-    return max(1, chunk_bytes // max(1, 8 * k))
 
 
 def seeds(
@@ -77,19 +75,18 @@ def first_centroids(*parts: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
     return unit_rows(out)
 
 
-def lloyd_sums(x: torch.Tensor, cent: torch.Tensor, chunk_bytes: int = 64 * 2**20) -> Sums:
-    """Shard ``x``'s share of a Lloyd iteration from centroids ``cent`` (same device)."""
-    k = len(cent)
-    score = torch.empty(len(x), dtype=torch.float32, device=x.device)
-    home = torch.empty(len(x), dtype=torch.int64, device=x.device)
-    step = _chunk_rows(k, chunk_bytes)
-    for r0 in range(0, len(x), step):
-        s = x[r0 : r0 + step] @ cent.T
-        torch.max(s, dim=1, out=(score[r0 : r0 + step], home[r0 : r0 + step]))
+def lloyd_sums(
+    x: torch.Tensor, cent: torch.Tensor, chunk_bytes: int = 64 * 2**20,
+    bfloat16: bool | None = False,
+) -> Sums:  # fmt: skip
+    """Shard ``x``'s share of a Lloyd iteration from centroids ``cent`` (same device;
+    ``bfloat16``: each row's nearest centroid as
+    :func:`dask_cosim.clustered_kernels.nearest` finds it)."""
+    score, home = ck.nearest(x, cent, chunk_bytes, bfloat16)
     low = torch.topk(score, min(RESTARTS, len(x)), largest=False)
     return Sums(
         torch.zeros_like(cent).index_add_(0, home, x),
-        torch.bincount(home, minlength=k),
+        torch.bincount(home, minlength=len(cent)),
         low.values,
         x[low.indices],
     )

@@ -136,21 +136,26 @@ def _seeds(
     return km.seeds(shard, sum(lens[:j]), sum(lens), k, seed)
 
 
-def _lloyd_sums(shard: torch.Tensor, cent: torch.Tensor, device: str) -> km.Sums:
+def _lloyd_sums(
+    shard: torch.Tensor, cent: torch.Tensor, device: str, bfloat16: bool | None
+) -> km.Sums:
     """:func:`~dask_cosim.clustered_kmeans.lloyd_sums` on the worker's device, back on the
     CPU."""
     target = partition.resolve_device(device, shard.device)
-    return km.Sums(*(t.cpu() for t in km.lloyd_sums(shard.to(target), cent.to(target))))
+    sums = km.lloyd_sums(shard.to(target), cent.to(target), bfloat16=bfloat16)
+    return km.Sums(*(t.cpu() for t in sums))
 
 
 def _kmeans(
-    call: Any, shards: list[Any], lens: list[Any], k: int, iters: int, seed: int, device: str
-) -> Any:
+    call: Any, shards: list[Any], lens: list[Any], k: int, iters: int, seed: int, device: str,
+    bfloat16: bool | None,
+) -> Any:  # fmt: skip
     """The centroids of the sample's ``shards`` (a graph of ``iters`` steps when lazy)."""
     seeded = [call(_seeds)(s, lens, j, k, seed) for j, s in enumerate(shards)]
     cent = call(km.first_centroids)(*seeded)
     for _ in range(iters):
-        cent = call(km.lloyd_step)(cent, *[call(_lloyd_sums)(s, cent, device) for s in shards])
+        sums = [call(_lloyd_sums)(s, cent, device, bfloat16) for s in shards]
+        cent = call(km.lloyd_step)(cent, *sums)
     return cent
 
 
@@ -235,7 +240,7 @@ def plan(
     shards = [call(_sample)(*[drawn[i] for i in g]) for g in groups]
     lens = [call(len)(s) for s in shards]
     # Two computations, so that no partition waits in memory for k-means to finish.
-    centroids = _kmeans(call, shards, lens, k, iters, seed, device)
+    centroids = _kmeans(call, shards, lens, k, iters, seed, device, low)
     probe_sample = call(_head)(PROBE_SAMPLE, *shards)
     seen = call(sum)(lens)
     started = time.perf_counter()

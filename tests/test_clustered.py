@@ -204,7 +204,7 @@ def test_score_error_bounds_the_float32_scores(rows: str) -> None:
 def force_bfloat16(monkeypatch: pytest.MonkeyPatch) -> None:
     """Centroid scores from bfloat16 products first on any CPU (where it has no bfloat16
     units, they are slow, and the same numbers)."""
-    monkeypatch.setattr(ck, "_use_bfloat16", lambda wanted, d: d.device.type == "cpu")
+    monkeypatch.setattr(ck, "use_bfloat16", lambda wanted, d: d.device.type == "cpu")
 
 
 @pytest.fixture(params=["numba", "torch", "bfloat16"])
@@ -253,8 +253,8 @@ def test_homes_and_radii_hold_where_scores_crowd(
     bfloat16: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Rows whose scores with 40 centroids lie within about 1e-3 of each other (the
-    bfloat16 products err by up to 4e-3 there): every home is within 2 delta of the
-    row's best float64 score, and every radius covers each row whose float64 score
+    bfloat16 products err by up to 4e-3 there): every home (k-means', the radii's, the
+    routing's) is within 2 delta of the row's best float64 score, and every radius covers each row whose float64 score
     with that cluster is within 3 delta of its best (the rows a later pass may make its
     members)."""
     if bfloat16:
@@ -277,6 +277,10 @@ def test_homes_and_radii_hold_where_scores_crowd(
     near = exact >= best[:, None] - 3 * delta
     need = torch.where(near, torch.acos(exact.clamp(max=1.0)), -math.inf).max(dim=0).values
     assert bool((radius >= need - 1e-12).all())
+    score, home = ck.nearest(dirs, cent, 2**18)  # k-means' assignment
+    at = exact[torch.arange(len(x)), home]
+    assert bool((at >= best - 2 * delta).all())
+    assert float((score.double() - at).abs().max()) <= delta
     floor = ck.floors(radius, 0.999, 64, delta)
     for n_probe in (None, 2):
         home, _, _ = ck.route(dirs, cent, floor, 0.999, delta, n_probe, 2**18)

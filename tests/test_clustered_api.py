@@ -38,7 +38,7 @@ def test_accessor_clustered_equals_exact(
     """The same pairs as exact search, with the centroid scores of the plan and the
     routing in float32 or from bfloat16 products first (as on CPUs with bfloat16 units)."""
     if centroid_scores == "bfloat16":
-        monkeypatch.setattr(ck, "_use_bfloat16", lambda wanted, d: d.device.type == "cpu")
+        monkeypatch.setattr(ck, "use_bfloat16", lambda wanted, d: d.device.type == "cpu")
     ddf = to_dask(pdf, 3)
     with dask.config.set(scheduler="sync"):
         for frame in (pdf, ddf):
