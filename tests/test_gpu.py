@@ -335,3 +335,28 @@ def test_local_cluster_respects_cuda_visible_devices_and_leaves_the_client_witho
     assert n == "1" and rest.startswith("['0']") and rest.endswith("False")
     if "no rmm" not in rest:
         assert "PoolMemoryResource" in rest  # one pool, shared with torch
+
+
+def test_clustered_on_cuda_equals_exact() -> None:
+    """The clustered search on the GPU (k-means, the radii, the routing in torch on CUDA,
+    the blocks by the GPU search): the provable mode finds exactly the pairs of the exact
+    method, and n_probe=2 never reports a pair the exact method lacks."""
+    from dask_cosim.datasets import make_embeddings
+    from tests.helpers import to_dask
+
+    pdf, _ = make_embeddings(3000, 64, directions=40, duplicates=0.1, seed=4)
+    ddf = to_dask(pdf, 3)
+    cols = ["left", "right"]
+    with dask.config.set({"cosim.device": "cuda", "scheduler": "sync"}):
+        want = ddf.cosim.neighbors("emb", threshold=0.9).compute()
+        got = ddf.cosim.neighbors("emb", threshold=0.9, method="clustered", clusters=20)
+        near = ddf.cosim.neighbors("emb", threshold=0.9, method="clustered", n_probe=2)
+        got, near = got.compute(), near.compute()
+    assert len(want) > 50
+    pd.testing.assert_frame_equal(
+        got.reset_index(drop=True)[cols], want.reset_index(drop=True)[cols]
+    )
+    np.testing.assert_allclose(got["score"], want["score"], atol=2e-6)
+    assert set(zip(near["left"], near["right"], strict=True)) <= set(
+        zip(want["left"], want["right"], strict=True)
+    )
