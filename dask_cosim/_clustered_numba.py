@@ -143,6 +143,35 @@ def _window(
     return np.nextafter(cut, np.float32(-np.inf)) if np.float64(cut) > x else cut
 
 
+@numba.njit(nogil=True, cache=True, inline="always")
+def _scratch(k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """A row's room for :func:`_scored`: its widened scores (uint32, and as float32), the
+    clusters scored again and their scores."""
+    wide = np.empty(k, dtype=np.uint32)
+    return wide, wide.view(np.float32), np.empty(k, dtype=np.int64), np.empty(k, np.float32)
+
+
+@numba.njit(nogil=True, cache=True, boundscheck=False, inline="always")
+def _scored(
+    bits: np.ndarray, x: np.ndarray, cent: np.ndarray, wide: np.ndarray, v: np.ndarray,
+    a: float, b: float, width: float, cand: np.ndarray, score: np.ndarray,
+) -> tuple[int, int]:  # fmt: skip
+    """Row ``x``'s float32 scores with the clusters that may score within ``width`` of
+    its best (:func:`_window`), into ``cand[:n]`` and ``score[:n]`` in cluster order;
+    returns n and the place of the first highest score."""
+    cut = _window(bits, wide, v, a, b, width)
+    n, at = 0, 0
+    for c in range(len(bits)):
+        if v[c] >= cut:
+            s = _dot(x, cent[c])
+            cand[n] = c
+            score[n] = s
+            if n == 0 or s > score[at]:
+                at = n
+            n += 1
+    return n, at
+
+
 @numba.njit(nogil=True, cache=True, boundscheck=False)
 def home_rows(
     bits: np.ndarray,
@@ -159,20 +188,12 @@ def home_rows(
     2 delta of the best are scored in float32, and the highest float32 score is among
     them."""
     m, k = bits.shape
-    wide = np.empty(k, dtype=np.uint32)
-    v = wide.view(np.float32)
+    wide, v, cand, score = _scratch(k)
     width = 2.0 * delta + 2.0**-20
     for i in range(m):
-        cut = _window(bits[i], wide, v, a, b, width)
-        h = 0
-        top = np.float32(-np.inf)
-        for c in range(k):
-            if v[c] >= cut:
-                s = _dot(d[i], cent[c])
-                if s > top:
-                    top, h = s, c
-        home[i] = h
-        best[i] = top
+        _, at = _scored(bits[i], d[i], cent, wide, v, a, b, width, cand, score)
+        home[i] = cand[at]
+        best[i] = score[at]
 
 
 @numba.njit(nogil=True, cache=True, boundscheck=False)
@@ -194,26 +215,13 @@ def stats_rows(
     score), and ``radius[c]`` (float64) raised to ``arccos(s - delta)`` for each score
     ``s >= best - 5 delta``."""
     m, k = bits.shape
-    wide = np.empty(k, dtype=np.uint32)
-    v = wide.view(np.float32)
-    cand = np.empty(k, dtype=np.int64)
-    score = np.empty(k, dtype=np.float32)
+    wide, v, cand, score = _scratch(k)
     width = 7.0 * delta + 2.0**-20
     edge = np.float32(5.0 * delta)
     for i in range(m):
-        cut = _window(bits[i], wide, v, a, b, width)
-        n, h = 0, 0
-        best = np.float32(-np.inf)
-        for c in range(k):
-            if v[c] >= cut:
-                s = _dot(d[i], cent[c])
-                cand[n] = c
-                score[n] = s
-                n += 1
-                if s > best:
-                    best, h = s, c
-        counts[h] += 1
-        floor = best - edge
+        n, at = _scored(bits[i], d[i], cent, wide, v, a, b, width, cand, score)
+        counts[cand[at]] += 1
+        floor = score[at] - edge
         for t in range(n):
             if score[t] >= floor:
                 far = math.acos(max(np.float64(score[t]) - delta, -1.0))
@@ -243,8 +251,7 @@ def window_rows(
     only clusters above the home).  The test runs in float32 without branches (it
     vectorises); 2**-16 covers its rounding, a few operations on values below 8."""
     m, k = bits.shape
-    wide = np.empty(k, dtype=np.uint32)
-    v = wide.view(np.float32)
+    wide, v, cand, score = _scratch(k)
     need = np.empty(k, dtype=np.bool_)
     width = 7.0 * delta + 2.0**-20
     ruled = np.float32(RULED_OUT)
@@ -254,17 +261,12 @@ def window_rows(
     two = np.float32(2.0 + 2.0 * delta)
     minus_two, zero = np.float32(-2.0), np.float32(0.0)
     for i in range(m):
-        cut = _window(bits[i], wide, v, a, b, width)
+        n, at = _scored(bits[i], d[i], cent, wide, v, a, b, width, cand, score)
         row = out[i]
-        h = 0
-        best = np.float32(-np.inf)
-        for c in range(k):
-            row[c] = ruled
-            if v[c] >= cut:
-                s = _dot(d[i], cent[c])
-                row[c] = s
-                if s > best:
-                    best, h = s, c
+        row[:] = ruled
+        for t in range(n):
+            row[cand[t]] = score[t]
+        h, best = cand[at], score[at]
         g = gram[h]
         low = h + 1 if n_probe < 0 else 0
         for c in range(k):
