@@ -41,8 +41,8 @@ scores differ by at most ``2delta``), the radius covers it.
 
 from __future__ import annotations
 
-import functools
 import math
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -134,35 +134,21 @@ def nearest(
     home = torch.empty(len(x), dtype=torch.int64, device=x.device)
     step = _chunk_rows(len(centroids), chunk_bytes)
     if fast is not None:
-        _nearest_bfloat16(fast, x, centroids, step, score.numpy(), home.numpy())
+        exact, delta = centroids.contiguous().numpy(), product_error(x.shape[1])
+        for r0, rows, bits, a, b in _bfloat16_chunks(x, centroids, delta, step):
+            h, top = home[r0 : r0 + len(rows)].numpy(), score[r0 : r0 + len(rows)].numpy()
+
+            def block(p: int, q: int, rows: np.ndarray = rows, bits: np.ndarray = bits,
+                      a: float = a, b: float = b, h: np.ndarray = h,
+                      top: np.ndarray = top) -> None:  # fmt: skip
+                fast.home_rows(bits[p:q], rows[p:q], exact, a, b, delta, h[p:q], top[p:q])
+
+            by_rows(len(rows), rows.size * 8, block)
         return score, home
     for r0 in range(0, len(x), step):
         s = x[r0 : r0 + step] @ centroids.T
         torch.max(s, dim=1, out=(score[r0 : r0 + step], home[r0 : r0 + step]))
     return score, home
-
-
-def _nearest_bfloat16(
-    fast: Any, x: torch.Tensor, centroids: torch.Tensor, step: int, score: np.ndarray,
-    home: np.ndarray,
-) -> None:  # fmt: skip
-    cent = _bfloat16_rows(centroids)
-    exact = centroids.contiguous().numpy()
-    delta = product_error(x.shape[1])
-    for r0 in range(0, len(x), step):
-        rows = x[r0 : r0 + step].contiguous()
-        bits, a, b = bfloat16_scores(rows, cent, delta)
-        r, h, top = rows.numpy(), home[r0 : r0 + step], score[r0 : r0 + step]
-        by_rows(len(r), r.size * 8, functools.partial(
-            _home_rows, fast.home_rows, bits, r, exact, a, b, delta, h, top
-        ))  # fmt: skip
-
-
-def _home_rows(
-    kernel: Any, bits: np.ndarray, r: np.ndarray, exact: np.ndarray, a: float, b: float,
-    delta: float, h: np.ndarray, top: np.ndarray, p: int, q: int,
-) -> None:  # fmt: skip
-    kernel(bits[p:q], r[p:q], exact, a, b, delta, h[p:q], top[p:q])
 
 
 def cluster_stats(
@@ -305,48 +291,42 @@ def _clustered_fast() -> Any:
     return sk.numba_kernels("_clustered_numba")
 
 
-def _bfloat16_rows(x: torch.Tensor) -> tuple[torch.Tensor, float]:
-    """Float32 CPU rows ``x`` rounded to bfloat16 as torch rounds, and the largest
-    distance of a row from its copy, rounded up."""
-    fast = sk.numba_kernels()
-    assert fast is not None  # use_bfloat16 says so
-    bits = torch.empty(x.shape, dtype=torch.int16)
-    rows, out = x.contiguous().numpy(), bits.numpy().view(np.uint16)
-    valid = np.ones(len(rows), dtype=bool)
-    worst = by_rows(len(rows), rows.size, lambda a, b: fast.to_bfloat16(
-        rows[a:b], valid[a:b], out[a:b]
-    ))  # fmt: skip
-    return bits.view(torch.bfloat16), max(worst, default=0.0) * (1.0 + 2.0**-30)
-
-
 def bfloat16_scores(
     x: torch.Tensor, cent: tuple[torch.Tensor, float], delta: float
 ) -> tuple[np.ndarray, float, float]:
     """The bfloat16 product of CPU rows ``x`` with the centroids' bfloat16 copy and its
-    distance ``cent`` (:func:`_bfloat16_rows`), as uint16 bits (m, k), and (a, b): each
-    score ``s`` is within ``a + b |s|`` of the cosine of the exact directions
-    (:func:`dask_cosim.search_kernels.bfloat16_bound`, with the rows' and centroids'
-    own distances from their directions bounded by ``delta``).  Where a CPU multiplies
-    bfloat16 natively this product costs about 1/2.6 of the float32 one."""
-    xb, err_x = _bfloat16_rows(x)
+    distance ``cent`` (:func:`~dask_cosim.search_kernels.bfloat16_rows`), as uint16 bits
+    (m, k), and (a, b): each score ``s`` is within ``a + b |s|`` of the cosine of the
+    exact directions (:func:`dask_cosim.search_kernels.bfloat16_bound`, with the rows' and
+    centroids' own distances from their directions bounded by ``delta``).  Where a CPU
+    multiplies bfloat16 natively this product costs about 1/2.6 of the float32 one."""
+    xb, err_x = sk.bfloat16_rows(x)
     a, b = sk.bfloat16_bound(x.shape[1], err_x + delta, cent[1] + delta)
     bits = torch.mm(xb, cent[0].T).view(torch.int16).numpy().view(np.uint16)
     return bits, a, b
+
+
+def _bfloat16_chunks(
+    d: torch.Tensor, centroids: torch.Tensor, delta: float, step: int
+) -> Iterator[tuple[int, np.ndarray, np.ndarray, float, float]]:
+    """Per chunk of ``step`` CPU rows of ``d``: where it starts, its rows (numpy) and their
+    scores with the centroids as :func:`bfloat16_scores` gives them (bits, a, b); the
+    centroids' bfloat16 copy made once."""
+    cent = sk.bfloat16_rows(centroids)
+    for r0 in range(0, len(d), step):
+        x = d[r0 : r0 + step].contiguous()
+        bits, a, b = bfloat16_scores(x, cent, delta)
+        yield r0, x.numpy(), bits, a, b
 
 
 def _stats_bfloat16(
     fast: Any, d: torch.Tensor, centroids: torch.Tensor, delta: float, chunk_bytes: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     k = len(centroids)
-    cent = _bfloat16_rows(centroids)
     exact = centroids.contiguous().numpy()
     counts = np.zeros(k, dtype=np.int64)
     radius = np.full(k, -math.inf)
-    step = _chunk_rows(k, chunk_bytes)
-    for r0 in range(0, len(d), step):
-        x = d[r0 : r0 + step].contiguous()
-        bits, a, b = bfloat16_scores(x, cent, delta)
-        rows = x.numpy()
+    for _, rows, bits, a, b in _bfloat16_chunks(d, centroids, delta, _chunk_rows(k, chunk_bytes)):
 
         def part(p: int, q: int, bits: np.ndarray = bits, rows: np.ndarray = rows,
                  a: float = a, b: float = b) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
@@ -401,12 +381,8 @@ def _route_numba(
     home = np.empty(len(d), dtype=np.int64)
     rows_out, clusters_out = [], []
     step = _chunk_rows(k, chunk_bytes)
-    cent = _bfloat16_rows(centroids) if bfloat16 else None
-    exact = centroids.contiguous().numpy()
-    for r0 in range(0, len(d), step):
-        x = d[r0 : r0 + step].contiguous()
-        s = _window_scores(fast, x, cent, exact, bars, gram, far, delta, probe) if cent else None
-        s = (x @ centroids.T).numpy() if s is None else s
+    scores = _route_scores(fast, d, centroids, step, bfloat16, bars, gram, far, delta, probe)
+    for r0, s in scores:
         m, at = len(s), home[r0 : r0 + step]
         probes = np.empty((m, cap), dtype=np.int32)
         counts = np.empty(m, dtype=np.int64)
@@ -425,14 +401,25 @@ def _route_numba(
     return torch.from_numpy(home), torch.from_numpy(rows), torch.from_numpy(clusters)
 
 
-def _window_scores(
-    fast: Any, x: torch.Tensor, cent: tuple[torch.Tensor, float], exact: np.ndarray,
+def _route_scores(
+    fast: Any, d: torch.Tensor, centroids: torch.Tensor, step: int, bfloat16: bool,
     bars: np.ndarray, gram: np.ndarray, far: float, delta: float, probe: int,
-) -> np.ndarray:  # fmt: skip
-    bits, a, b = bfloat16_scores(x, cent, delta)
-    rows = x.numpy()
-    out = np.empty(bits.shape, dtype=np.float32)
-    by_rows(len(rows), rows.size * 8, lambda p, q: fast.window_rows(
-        bits[p:q], rows[p:q], exact, a, b, delta, bars, gram, far, probe, out[p:q]
-    ))  # fmt: skip
-    return out
+) -> Iterator[tuple[int, np.ndarray]]:  # fmt: skip
+    """Per chunk of ``step`` rows: where it starts, and the float32 scores route_rows
+    decides on: torch's product, or with ``bfloat16`` those ``window_rows`` finds."""
+    if not bfloat16:
+        for r0 in range(0, len(d), step):
+            yield r0, (d[r0 : r0 + step] @ centroids.T).numpy()
+        return
+    exact = centroids.contiguous().numpy()
+    for r0, rows, bits, a, b in _bfloat16_chunks(d, centroids, delta, step):
+        out = np.empty(bits.shape, dtype=np.float32)
+
+        def block(p: int, q: int, rows: np.ndarray = rows, bits: np.ndarray = bits,
+                  a: float = a, b: float = b, out: np.ndarray = out) -> None:  # fmt: skip
+            fast.window_rows(
+                bits[p:q], rows[p:q], exact, a, b, delta, bars, gram, far, probe, out[p:q]
+            )
+
+        by_rows(len(rows), rows.size * 8, block)
+        yield r0, out

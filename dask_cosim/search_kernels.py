@@ -74,6 +74,7 @@ __all__ = [
     "Prepared",
     "TopK",
     "bfloat16_bound",
+    "bfloat16_rows",
     "from_norms",
     "margin",
     "prepare",
@@ -119,15 +120,21 @@ def bfloat16_bound(dim: int, err_q: float, err_r: float) -> tuple[float, float]:
     return a, (1 + 2.0**-20) / 255
 
 
-def _bfloat16(fast: Any, p: Prepared) -> tuple[torch.Tensor, float]:
-    """``p``'s unit rows as bfloat16, and their largest distance from exact (the float64
-    sum of squares, reassociated, errs by far less than the 2^-30 added)."""
-    bits = torch.empty(p.unit.shape, dtype=torch.int16)
-    unit, valid, out = p.unit.numpy(), p.valid.numpy(), bits.numpy().view("uint16")
+def bfloat16_rows(
+    unit: torch.Tensor, valid: torch.Tensor | None = None
+) -> tuple[torch.Tensor, float]:
+    """Float32 CPU rows ``unit`` rounded to nearest bfloat16 as torch rounds (numba), and
+    the largest distance of a ``valid`` row (default: every row) from its copy, rounded up
+    (the float64 sum of squares, reassociated, errs by far less than the 2^-30 added)."""
+    fast = numba_kernels()
+    assert fast is not None, "bfloat16 copies are made by numba"
+    bits = torch.empty(unit.shape, dtype=torch.int16)
+    rows, out = unit.contiguous().numpy(), bits.numpy().view("uint16")
+    ok = (torch.ones(len(rows), dtype=torch.bool) if valid is None else valid).numpy()
     worst = by_rows(
-        len(p), unit.size, lambda a, b: fast.to_bfloat16(unit[a:b], valid[a:b], out[a:b])
+        len(rows), rows.size, lambda a, b: fast.to_bfloat16(rows[a:b], ok[a:b], out[a:b])
     )
-    return bits.view(torch.bfloat16), max(worst) * (1 + 2.0**-30) + p.err
+    return bits.view(torch.bfloat16), max(worst) * (1 + 2.0**-30)
 
 
 def _low_sides(
@@ -142,9 +149,9 @@ def _low_sides(
         or not (cpu_bfloat16() if bfloat16 is None else bfloat16)
     ):
         return q.unit, r.unit, None
-    qa, err_q = _bfloat16(fast, q)
-    ra, err_r = (qa, err_q) if r is q else _bfloat16(fast, r)
-    return qa, ra, bfloat16_bound(q.dim, err_q, err_r)
+    qa, err_q = bfloat16_rows(q.unit, q.valid)
+    ra, err_r = (qa, err_q) if r is q else bfloat16_rows(r.unit, r.valid)
+    return qa, ra, bfloat16_bound(q.dim, err_q + q.err, err_r + r.err)
 
 
 def _window(ci: torch.Tensor, s32: torch.Tensor, k: int, a: float, b: float) -> torch.Tensor:

@@ -472,8 +472,8 @@ def test_bfloat16_tiles_stay_within_their_bound(d: int) -> None:
     rng = np.random.default_rng(d)
     x = bound_rows(rng, d)
     p = prep(x)
-    fast = _search_tiles.numba_kernels()
-    low, err = sk._bfloat16(fast, p)
+    low, err = sk.bfloat16_rows(p.unit, p.valid)
+    err += p.err
     assert low.dtype == torch.bfloat16
     a, b = sk.bfloat16_bound(d, err, err)
     tile = _search_tiles.Tile(len(x), len(x), p.unit.device, low=True)
