@@ -10,7 +10,6 @@ does not wait for torch, pandas and distributed.
 from __future__ import annotations
 
 import importlib
-import sys
 from typing import TYPE_CHECKING, Any
 
 import wrapt
@@ -73,27 +72,40 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_LAZY))
 
 
-_dask_dataframe_imported = False
+class _Forward(type):
+    # pd.DataFrame.cosim.topk (help(), docs tools) finds the real accessor's members.
+    def __getattr__(cls, name: str) -> Any:
+        from dask_cosim.accessor import CosimAccessor
+
+        return getattr(CosimAccessor, name)
+
+
+class _Deferred(metaclass=_Forward):
+    """What ``.cosim`` is registered as: on first use on a frame it makes the real
+    :class:`~dask_cosim.accessor.CosimAccessor` (which pandas and dask then cache on the
+    frame).  Registering the real class would import the accessor, and with it every
+    search module, the moment pandas is imported: when that import is made by one of
+    our own modules (a worker unpickling a task of ``dask_cosim.search_partition``), that
+    module is still half loaded, and the accessor's imports fail on it."""
+
+    def __new__(cls, obj: Any) -> Any:
+        from dask_cosim.accessor import CosimAccessor
+
+        return CosimAccessor(obj)
 
 
 def _on_dask_dataframe(_module: Any) -> None:
-    global _dask_dataframe_imported
-    _dask_dataframe_imported = True
-    importlib.import_module("dask_cosim.accessor")  # registers on pandas and dask frames
+    from dask.dataframe.extensions import register_dataframe_accessor
+
+    register_dataframe_accessor("cosim")(_Deferred)
 
 
-def _on_pandas(_module: Any) -> None:
-    if "dask.dataframe" in sys.modules and not _dask_dataframe_imported:
-        # pandas finished importing inside dask.dataframe's own import: the accessor
-        # module needs dask.dataframe whole, so its hook registers both when it is done.
-        return
-    importlib.import_module("dask_cosim.accessor")
+def _on_pandas(module: Any) -> None:
+    module.api.extensions.register_dataframe_accessor("cosim")(_Deferred)
 
 
 def _on_cudf(module: Any) -> None:
-    from dask_cosim.accessor import register_cudf_accessor
-
-    register_cudf_accessor(module)
+    module.api.extensions.register_dataframe_accessor("cosim")(_Deferred)
 
 
 # Each runs now if its module is already imported, else right after the user imports it:

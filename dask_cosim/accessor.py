@@ -11,13 +11,11 @@ from collections.abc import Hashable
 from typing import Any
 
 import dask
-import pandas as pd
 import torch
-from dask.dataframe.extensions import register_dataframe_accessor as register_dask_accessor
 
 from dask_cosim import backends, errors, options, partition, search
 
-__all__ = ["CosimAccessor", "register_cudf_accessor"]
+__all__ = ["CosimAccessor"]
 
 
 class CosimAccessor:
@@ -333,16 +331,3 @@ class CosimAccessor:
         million pairs need about 4 GB in that task.
         """
         return search.groups(self._obj, on, threshold, name=name)
-
-
-def register_cudf_accessor(cudf_module: Any = None) -> None:
-    """Register ``.cosim`` on cudf.DataFrame (run when cudf is imported)."""
-    if cudf_module is None:
-        import cudf
-
-        cudf_module = cudf
-    cudf_module.api.extensions.register_dataframe_accessor("cosim")(CosimAccessor)
-
-
-register_dask_accessor("cosim")(CosimAccessor)
-pd.api.extensions.register_dataframe_accessor("cosim")(CosimAccessor)

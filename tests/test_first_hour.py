@@ -314,6 +314,10 @@ def test_import_and_cli_help_load_no_heavy_module() -> None:
         "import dask_cosim; import dask.dataframe as dd; import pandas as pd",
         "import dask.dataframe as dd; import dask_cosim; import pandas as pd",
         "import pandas as pd; import dask_cosim; import dask.dataframe as dd",
+        # pandas first imported by a module of ours, half loaded meanwhile (as a worker
+        # unpickling a task imports it): the accessor must not import it back.
+        "import dask_cosim.search_partition; import pandas as pd; import dask.dataframe as dd",
+        "import dask_cosim.clustered_partition; import dask.dataframe as dd; import pandas as pd",
     ],
 )
 def test_accessor_registered_whatever_the_import_order(imports: str) -> None:
