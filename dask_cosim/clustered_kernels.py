@@ -31,12 +31,14 @@ Rounding, derived rather than guessed (u = 2**-24, float32's unit roundoff):
 
 so a computed score ``s`` is within ``delta = gamma_D (1 + e_d)(1 + c_u) + e_d (1 + c_u) + c_u``
 of ``cos(x, z)`` (:func:`product_error`).  Bounds then use ``arccos(s + delta) <= angle <=
-arccos(s - delta)``, float64 arccos (an ulp or two, covered by ``ANGLE_SLACK``), and ``alpha`` is at
-``t - 2*eps64``, where ``eps64`` (:func:`score_error`) bounds how far the float64 re-score
-that decides a pair lies from the exact score.  No summation order is assumed equal
-between two computations: a row counts towards the radius of every cluster whose score is
-within ``4delta`` of its best one, so whichever of them a later pass picks as its home (the
-scores differ by at most ``2delta``), the radius covers it.
+arccos(s - delta)``, float64 arccos (an ulp or two, covered by ``ANGLE_SLACK``), and
+``alpha`` is at ``t - 2*eps64``, where ``eps64``
+(:func:`~dask_cosim.search_prepare.rescore_error`) bounds how far the float64 re-score
+that decides a pair lies from the exact score (a score within it of 1 counts as 1).  No
+summation order is assumed equal between two computations: a row counts towards the
+radius of every cluster whose score is within ``4delta`` of its best one, so whichever of
+them a later pass picks as its home (the scores differ by at most ``2delta``), the radius
+covers it.
 """
 
 from __future__ import annotations
@@ -61,7 +63,6 @@ __all__ = [
     "nearest",
     "product_error",
     "route",
-    "score_error",
     "use_bfloat16",
 ]
 
@@ -87,13 +88,6 @@ def product_error(dim: int, err: float = 8.0 * U32) -> float:
     c_u = U32 + 2.0 * (dim + 4) * U64  # the centroid's distance from its direction
     bound = gamma * (1.0 + err) * (1.0 + c_u) + err * (1.0 + c_u) + c_u
     return bound * (1.0 + 2.0**-40)
-
-
-def score_error(dim: int) -> float:
-    """eps64: a bound on the difference between the float64 re-score of a pair
-    (:func:`dask_cosim.search_kernels.rescore`) and its exact score: D float64 products
-    and sums of values at most 1, and three scalings."""
-    return (dim + 16) * U64 * 2.0
 
 
 def directions(prep: sk.Prepared) -> tuple[torch.Tensor, torch.Tensor, float]:
@@ -183,8 +177,9 @@ def cluster_stats(
 
 
 def _low(threshold: float, dim: int) -> float:
-    """The threshold less the re-score's error: a pair reported has exact cos above it."""
-    return threshold - 2.0 * score_error(dim)
+    """The threshold less twice the re-score's error: a pair reported has exact cos above
+    it (its float64 score is at least the threshold, or within the error of 1)."""
+    return threshold - 2.0 * sk.rescore_error(dim)
 
 
 def floors(radius: torch.Tensor, threshold: float, dim: int, delta: float) -> torch.Tensor:

@@ -66,9 +66,11 @@ from dask_cosim.search_prepare import (
     margin,
     prepare,
     rescore,
+    rescore_error,
 )
 
-# Prepared, from_norms, margin, prepare, rescore: re-exported from dask_cosim.search_prepare.
+# Prepared, from_norms, margin, prepare, rescore, rescore_error: re-exported from
+# dask_cosim.search_prepare.
 __all__ = [
     "RAW_UNIT_TOLERANCE",
     "Prepared",
@@ -79,6 +81,7 @@ __all__ = [
     "margin",
     "prepare",
     "rescore",
+    "rescore_error",
     "threshold_pairs",
     "top_of_pairs",
     "topk",

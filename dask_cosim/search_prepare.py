@@ -21,9 +21,18 @@ from dask_cosim import staging
 from dask_cosim._search_sweep import by_rows
 from dask_cosim._search_tiles import numba_kernels
 
-__all__ = ["RAW_UNIT_TOLERANCE", "Prepared", "from_norms", "margin", "prepare", "rescore"]
+__all__ = [
+    "RAW_UNIT_TOLERANCE",
+    "Prepared",
+    "from_norms",
+    "margin",
+    "prepare",
+    "rescore",
+    "rescore_error",
+]
 
 _U = 2.0**-24  # float32's unit roundoff
+_U64 = 2.0**-53
 # 16-bit rows are widened to float32 for their norms in chunks of about this many bytes.
 _WIDEN_BYTES = 64 * 2**20
 _NUMBA_DTYPES = (torch.float32, torch.float64)
@@ -110,11 +119,25 @@ def margin(dim: int, err_q: float = 2.0**-23, err_r: float = 2.0**-23) -> float:
     |fl32(a . b) - cos| <= e_q (1 + e_r) + e_r + g_D (1 + e_q)(1 + e_r) with
     g_D = D u / (1 - D u), u = 2**-24 (Higham's bound for a dot product summed in any
     order, with or without FMA); rounded up, and never below ``(dim + 8) * 2**-24``,
-    which is what it is for rows normalised in float32 (``err`` of one or two roundings).
+    which is what it is for rows normalised in float32 (``err`` of one or two roundings);
+    plus twice :func:`rescore_error`, as the decisions are on float64 scores.
     """
     g = dim * _U / (1 - dim * _U)
     bound = err_q * (1 + err_r) + err_r + g * (1 + err_q) * (1 + err_r)
-    return max((dim + 8) * _U, bound * (1 + 2.0**-20))
+    return max((dim + 8) * _U, bound * (1 + 2.0**-20)) + 2 * rescore_error(dim)
+
+
+def rescore_error(dim: int) -> float:
+    """e: a bound on the difference between the float64 score :func:`rescore` computes
+    for a pair of rows of ``dim`` values and their exact cosine (D float64 products and
+    sums of values at most 1, and three scalings).
+
+    Every answer is decided on those scores, not on exact cosines, and :func:`rescore`
+    reports a score within e of 1 (or -1) as 1 (-1): so a first pass's bound on the
+    distance of its score from the exact cosine must be widened by 2e before it can say
+    which pairs may reach a float64 bar (:func:`margin` is; the low-precision bounds'
+    TAU, 2**-20, exceeds 2e for any D below 2**24)."""
+    return (dim + 16) * _U64 * 2.0
 
 
 # Rows whose norm is this close to 1 serve as unit rows without a normalised copy.
@@ -292,7 +315,11 @@ def _prepare_torch(
 def rescore(
     q: Prepared, i: torch.Tensor, r: Prepared, j: torch.Tensor, *, chunk: int = 65536
 ) -> torch.Tensor:
-    """float64 cos(q[i[t]], r[j[t]]) for each t, clamped to [-1, 1]."""
+    """float64 cos(q[i[t]], r[j[t]]) for each t, clamped to [-1, 1], and a score within
+    :func:`rescore_error` of 1 (or -1) reported as exactly 1 (-1): parallel rows
+    (duplicates, scaled copies, rows of one value) score 1 whatever the rounding of
+    their products, so that ``threshold=1.0`` finds them and their ties go by frame
+    order."""
     out = torch.empty(len(i), dtype=torch.float64, device=q.unit.device)
     fast = numba_kernels() if out.device.type == "cpu" else None
     if fast is not None and q.raw.dtype in _NUMBA_DTYPES and r.raw.dtype in _NUMBA_DTYPES:
@@ -302,10 +329,13 @@ def rescore(
             xq, q.inv.numpy(), q.scale.numpy(), qi[a:b],
             xr, r.inv.numpy(), r.scale.numpy(), ri[a:b], o[a:b],
         ))  # fmt: skip
-        return out
-    for s in range(0, len(i), chunk):
-        ii, jj = i[s : s + chunk], j[s : s + chunk]
-        a = q.raw[ii].to(torch.float64) * q.inv[ii, None]
-        b = r.raw[jj].to(torch.float64) * r.inv[jj, None]
-        out[s : s + chunk] = (a * b).sum(dim=1) * q.scale[ii] * r.scale[jj]
-    return out.clamp_(-1.0, 1.0)
+    else:
+        for s in range(0, len(i), chunk):
+            ii, jj = i[s : s + chunk], j[s : s + chunk]
+            a = q.raw[ii].to(torch.float64) * q.inv[ii, None]
+            b = r.raw[jj].to(torch.float64) * r.inv[jj, None]
+            out[s : s + chunk] = (a * b).sum(dim=1) * q.scale[ii] * r.scale[jj]
+    near = 1.0 - rescore_error(q.dim)
+    out.clamp_(-1.0, 1.0)
+    out.masked_fill_(out >= near, 1.0)
+    return out.masked_fill_(out <= -near, -1.0)

@@ -216,6 +216,45 @@ def test_dedup_drops_every_row_with_an_earlier_match(npartitions: int) -> None:
     pd.testing.assert_frame_equal(pdf.cosim.dedup("emb", 0.95), pdf[keep])
 
 
+@pytest.mark.parametrize("dtype", [np.float64, np.float32, np.float16])
+@pytest.mark.parametrize("npartitions", [1, 3])
+def test_parallel_rows_score_exactly_one(dtype: type, npartitions: int) -> None:
+    """Exact copies and copies scaled by a power of two have cos = 1 exactly: threshold
+    1.0 finds every pair of them, dedup(1.0) keeps the first of each, and their ties go
+    by frame order.  Without the snap to 1, about half the pairs score 1 - 2**-52 or so
+    (the rounding of their float64 products) and are missed."""
+    x = np.random.default_rng(0).standard_normal((30, 300)).astype(dtype)
+    rows = np.concatenate([x, 4 * x, x])  # row i, its scaled copy i + 30, its copy i + 60
+    pdf, ddf = frame(rows), to_dask(frame(rows), npartitions)
+    pairs = ddf.cosim.neighbors("emb", threshold=1.0).compute()
+    pos = lambda labels: (np.asarray(labels) - 3) // 10  # noqa: E731  (frame's index)
+    want = {(i, i + 30) for i in range(30)} | {(i, i + 60) for i in range(30)}
+    want |= {(i + 30, i + 60) for i in range(30)}
+    assert set(zip(pos(pairs["left"]), pos(pairs["right"]))) == want
+    assert (pairs["score"] == 1.0).all()
+    kept = ddf.cosim.dedup("emb", 1.0).compute()
+    pd.testing.assert_frame_equal(kept, pdf.iloc[:30])
+    kept = ddf.cosim.dedup("emb", 1.0, method="clustered", clusters=4).compute()
+    pd.testing.assert_frame_equal(kept, pdf.iloc[:30])
+    best = ddf.cosim.neighbors("emb", k=2).compute()
+    best["right"] = pos(best["right"])
+    assert best.groupby("left", sort=True)["right"].agg(list).tolist() == (
+        [[i + 30, i + 60] for i in range(30)]
+        + [[i, i + 60] for i in range(30)]
+        + [[i, i + 30] for i in range(30)]
+    )
+
+
+def test_rows_of_one_value_score_their_sign() -> None:
+    """D = 1: every pair of positive rows has cos = 1, so dedup names the first row as
+    the match of every later one (the tie rule), and threshold 1.0 finds every pair."""
+    v = np.array([[1.5965988636016846], [0.4360102713108063], [1.9081202745437622]], np.float32)
+    pdf = frame(v)
+    assert len(pdf.cosim.neighbors("emb", threshold=1.0)) == 3
+    kept, removed = pdf.cosim.dedup("emb", 0.5, return_removed=True)
+    assert removed["left"].tolist() == [3, 3] and (removed["score"] == 1.0).all()  # row 0
+
+
 # --------------------------------------------------------------------------- errors, empties
 
 
