@@ -50,7 +50,7 @@ __all__ = [
     "with_carried",
 ]
 
-POS_BITS = 40
+POS_BITS = sp.POS_BITS  # a row's key: its partition above its position, as the search's
 VEC = "_vec"  # the vector column of routed frames (no user column name can clash)
 KEY = "_key"  # frame-order keys (row_keys)
 

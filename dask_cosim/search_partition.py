@@ -41,9 +41,9 @@ __all__ = [
     "unusable_queries",
 ]
 
-# Partition numbers sit above the position bits of a row's ordering key.
-_POS_BITS = 40
-POS_BITS = _POS_BITS  # for search_dedup, which decodes keys
+# Partition numbers sit above the position bits of a row's ordering key (search_dedup
+# and the clustered search decode and make keys the same way).
+POS_BITS = 40
 
 
 @dataclass
@@ -268,7 +268,7 @@ def _pairs_frame(
     out = pd.DataFrame(
         {
             "_l": i_np.astype(np.int64),
-            "_key": (np.int64(r.part) << _POS_BITS) + j_np.astype(np.int64),
+            "_key": (np.int64(r.part) << POS_BITS) + j_np.astype(np.int64),
             "left": backends.take_to_pandas(q.labels, i_np),
             "right": backends.take_to_pandas(r.labels, j_np),
             "score": s.cpu().numpy(),
