@@ -30,7 +30,7 @@ import torch
 from dask_cosim import clustered_kernels as ck
 from dask_cosim import clustered_kmeans as km
 from dask_cosim import clustered_partition as cp
-from dask_cosim import options, partition, search
+from dask_cosim import errors, options, partition, search
 
 __all__ = ["EXACT_COPIES_WARNING", "PROBE_SAMPLE", "Plan", "default_clusters", "plan"]
 
@@ -101,8 +101,25 @@ def _tree(call: Any, fn: Any, items: list[Any], every: int = 32) -> Any:
     return items[0]
 
 
-def _sample(*parts: torch.Tensor) -> torch.Tensor:
-    return torch.cat(parts)
+def _dim(rows: torch.Tensor) -> int:
+    return rows.shape[1]
+
+
+def _same_dim(column: str, *dims: int) -> int:
+    """The one D of every partition's sample, or the error naming two partitions (a
+    partition's own rows are checked when it is read, not against the others).  An
+    empty partition's list column says 0."""
+    first = next((p for p, dim in enumerate(dims) if dim), 0)
+    for part, dim in enumerate(dims):
+        if dim and dim != dims[first]:
+            raise errors.ragged_partitions(column, first, dims[first], part, dim)
+    return dims[first]
+
+
+def _sample(dim: int, *parts: torch.Tensor) -> torch.Tensor:
+    """One shard: the samples of its partitions, which :func:`_same_dim` checked (an
+    empty partition's sample may be (0, 0): it takes its place as (0, ``dim``))."""
+    return torch.cat([p if p.shape[1] == dim else p.reshape(0, dim) for p in parts])
 
 
 def _head(rows: int, *shards: torch.Tensor) -> torch.Tensor:
@@ -237,7 +254,8 @@ def plan(
         for i, p in enumerate(parts)
     ]
     groups = np.array_split(np.arange(len(parts)), _shards(lazy, len(parts)))
-    shards = [call(_sample)(*[drawn[i] for i in g]) for g in groups]
+    dim = call(_same_dim)(on, *[call(_dim)(d) for d in drawn])
+    shards = [call(_sample)(dim, *[drawn[i] for i in g]) for g in groups]
     lens = [call(len)(s) for s in shards]
     # Two computations, so that no partition waits in memory for k-means to finish.
     centroids = _kmeans(call, shards, lens, k, iters, seed, device, low)

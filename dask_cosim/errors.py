@@ -85,6 +85,17 @@ def ragged(column: str, label: Any, length: int, first_label: Any, dim: int) -> 
     )
 
 
+def ragged_partitions(column: str, part_a: int, dim_a: int, part_b: int, dim_b: int) -> ValueError:
+    """One column with vectors of different lengths in two partitions (each partition is
+    checked on its own when it is read)."""
+    return ValueError(
+        f"column {column!r} holds vectors of {dim_a} values in partition {part_a} and of "
+        f"{dim_b} in partition {part_b}; every row of an embedding column needs the same "
+        f"length: fix those rows, or keep one length first (for an Arrow list column, "
+        f"df[df[{column!r}].list.len() == {dim_a}])"
+    )
+
+
 class StringColumnError(TypeError):
     """Strings where vectors were expected; ``sample`` (a cell, or None when none was
     looked at) tells text from vectors that became text."""

@@ -44,6 +44,7 @@ __all__ = [
 # Partition numbers sit above the position bits of a row's ordering key (search_dedup
 # and the clustered search decode and make keys the same way).
 POS_BITS = 40
+QUERIES = "queries"  # the column name of a query side (for errors)
 
 
 @dataclass
@@ -203,7 +204,7 @@ def query_side(queries: Any, eps: float) -> Side:
         labels = pd.RangeIndex(len(x))
     null_t = torch.as_tensor(np.asarray(null)) if null is not None else None
     prep = sk.prepare(x, null_t, eps=eps, device="cpu")
-    return Side(prep, pd.Index(labels), 0, "queries", None)
+    return Side(prep, pd.Index(labels), 0, QUERIES, None)
 
 
 def unusable_queries(side: Side) -> tuple[list[Any], list[Any]]:
@@ -256,9 +257,17 @@ def _aligned(q: Side, r: Side) -> tuple[sk.Prepared, sk.Prepared] | None:
     qp, rp = q.prep, r.prep
     if not bool(qp.valid.any()) or not bool(rp.valid.any()):
         return None
+    if qp.dim != rp.dim and q.column == r.column and q.column != QUERIES:
+        raise errors.ragged_partitions(q.column, q.part, qp.dim, r.part, rp.dim)
     if qp.dim != rp.dim:
-        raise errors.dims_differ(f"column {q.column!r}", qp.dim, f"column {r.column!r}", rp.dim)
+        raise errors.dims_differ(_what(q), qp.dim, _what(r), rp.dim)
     return qp.to(rp.unit.device), rp
+
+
+def _what(side: Side) -> str:
+    if side.column == QUERIES:
+        return "argument 'queries'"
+    return f"column {side.column!r} (partition {side.part})"
 
 
 def _pairs_frame(

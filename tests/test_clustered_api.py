@@ -86,6 +86,40 @@ def test_clustered_removed_rows_equal_exact(pdf: pd.DataFrame) -> None:
             np.testing.assert_allclose(removed["score"], expected["score"], rtol=1e-12, atol=0)
 
 
+def test_clustered_list_column_with_empty_partitions(pdf: pd.DataFrame) -> None:
+    """A filter that empties partitions of an Arrow list column (whose empty partition
+    has no D) leaves the clustered answer the exact one."""
+    x = np.stack(pdf["emb"].to_numpy())
+    listed = pd.DataFrame({"emb": as_column(x, "list")}, index=pdf.index)
+    ddf = to_dask(listed, 5)
+    empty = set(ddf.index.to_series().map_partitions(lambda s: s.iloc[:1]).compute().iloc[[0, 2]])
+    cut = ddf.map_partitions(lambda p: p.iloc[:0] if p.index[0] in empty else p, meta=ddf._meta)
+    for run in (lambda **kw: cut.cosim.neighbors("emb", threshold=0.9, **kw),
+                lambda **kw: cut.cosim.dedup("emb", 0.9, **kw)):  # fmt: skip
+        pd.testing.assert_frame_equal(
+            run(method="clustered").compute(), run(method="exact").compute()
+        )
+
+
+def test_rows_of_two_lengths_in_two_partitions_are_named() -> None:
+    """Each partition is checked when read; two partitions of different D are named by
+    the plan (clustered) and by the pair task (exact), with the fix."""
+    x = np.random.default_rng(0).standard_normal((40, 3)).astype(np.float32)
+    rows = [list(r) for r in x[:20]] + [list(r[:2]) for r in x[20:]]
+    ddf = to_dask(
+        pd.DataFrame({"emb": pd.Series(rows, dtype=pd.ArrowDtype(pa.list_(pa.float32())))}), 4
+    )
+    named = r"column 'emb' holds vectors of 3 values in partition [01] and of 2 in partition [23]; .* df\[df\['emb'\]\.list\.len\(\) == 3\]"
+    for method in ("clustered", "exact"):
+        with pytest.raises(ValueError, match=named):
+            ddf.cosim.dedup("emb", 0.5, method=method).compute()
+    with pytest.raises(
+        ValueError,
+        match=r"argument 'queries' holds vectors of 3 values and column 'emb' \(partition [23]\) of 2",
+    ):
+        ddf.cosim.topk(np.ones((1, 3)), "emb", k=2).compute()
+
+
 def test_clustered_errors(pdf: pd.DataFrame) -> None:
     df = pdf.cosim
     with pytest.raises(ValueError, match=r"method='approx'; use 'exact'"):
