@@ -23,6 +23,8 @@ pytest.importorskip("ipykernel")
 from nbclient.exceptions import CellExecutionError  # noqa: E402
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+# Every notebook in notebooks/: the tests below run each, refresh() rewrites them all.
+NAMES = ("quickstart.ipynb", "sentence_pairs.ipynb", "search.ipynb")
 # Seconds. On the quiet 2-core development machine they take ~20 s and ~13 s (about
 # twice that while other jobs share its cores).
 CELL_TIMEOUT = 90
@@ -125,7 +127,8 @@ def test_search(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_committed_notebooks_are_small_and_clean() -> None:
     """Outputs are committed (to read on a code host): keep them small and path-free."""
-    for name in ("quickstart.ipynb", "sentence_pairs.ipynb", "search.ipynb"):
+    assert sorted(p.name for p in NOTEBOOKS.glob("*.ipynb")) == sorted(NAMES)
+    for name in NAMES:
         path = NOTEBOOKS / name
         assert path.stat().st_size < 300_000, f"{name} is {path.stat().st_size:,} bytes"
         nb = nbformat.read(path, as_version=4)
@@ -142,9 +145,10 @@ def test_committed_notebooks_are_small_and_clean() -> None:
 def refresh(names: list[str]) -> None:
     """Execute notebooks/<name> in place, to commit their outputs (not used by the tests).
 
-    ``.venv/bin/python -m tests.test_notebooks quickstart.ipynb sentence_pairs.ipynb``, from
-    the repository root, on a quiet machine (the quickstart prints timings) whose port 8787
-    is free (else a warning with a path lands in the outputs and the check below fails).
+    ``.venv/bin/python -m tests.test_notebooks`` (all of :data:`NAMES`) or
+    ``... search.ipynb`` (those named), from the repository root, on a quiet machine (the
+    quickstart prints timings) whose port 8787 is free (else a warning with a path lands
+    in the outputs and the check below fails).
     """
     os.environ["HF_HUB_OFFLINE"] = "1"
     os.environ["TRANSFORMERS_OFFLINE"] = "1"
@@ -159,4 +163,4 @@ def refresh(names: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    refresh(sys.argv[1:] or ["quickstart.ipynb", "sentence_pairs.ipynb"])
+    refresh(sys.argv[1:] or list(NAMES))
