@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib.resources
+import re
+from pathlib import Path
 from typing import Any
 
 import dask
@@ -12,7 +14,7 @@ import pytest
 import torch
 import yaml
 
-import dask_cosim  # noqa: F401  (loads the defaults)
+import dask_cosim  # loads the defaults
 from dask_cosim import options
 
 
@@ -172,6 +174,13 @@ def test_cosim_yaml_follows_its_schema() -> None:
     # Every default is described, and every described key has a default.
     assert _config_keys(defaults) == _schema_keys(_SCHEMA)
     assert {"cosim.dtype", "cosim.search.tile-bytes.cuda"} <= _config_keys(defaults)
+
+
+def test_the_docs_table_names_every_option() -> None:
+    """docs/configuration.md (the README's "the cosim options") has a row per key."""
+    docs = Path(dask_cosim.__file__).parents[1] / "docs" / "configuration.md"
+    rows = re.findall(r"^\| `(cosim\.[\w.-]+)` \|", docs.read_text(), re.MULTILINE)
+    assert sorted(rows) == sorted(_config_keys(_package_yaml("cosim.yaml")))
 
 
 @pytest.mark.parametrize(
