@@ -69,42 +69,54 @@ def _given(value: Any, key: str) -> Any:
     return dask.config.get(f"cosim.{key}") if value is None else value
 
 
+def _source(value: Any, key: str, argument: str) -> tuple[Any, str]:
+    """The value to check and its name in errors: ``argument`` (the Python name) when the
+    caller gave it, ``cosim.<key>`` when it comes from the config."""
+    if value is None:
+        return dask.config.get(f"cosim.{key}"), f"cosim.{key}"
+    return value, argument
+
+
 def eps(value: Any = None) -> float:
-    """``eps`` (config ``cosim.eps``): a finite number >= 0, as a float."""
-    value = _given(value, "eps")
+    """``eps`` (config ``cosim.eps``): a finite number >= 0, as a float.  A bad value is
+    named ``eps`` when given, ``cosim.eps`` when read from the config."""
+    value, name = _source(value, "eps", "eps")
     try:
         number = float(value)
     except (TypeError, ValueError):
         number = math.nan
     if not (math.isfinite(number) and number >= 0):
-        raise ValueError(f"eps={value!r} must be a finite number >= 0 (default 1e-8)")
+        raise ValueError(f"{name}={value!r} must be a finite number >= 0 (default 1e-8)")
     return number
 
 
 def device(value: Any = None) -> str:
-    """``device`` (config ``cosim.device``): "auto", "cpu", "cuda" or "cuda:N".
+    """``device`` (config ``cosim.device``): "auto", "cpu", "cuda" or "cuda:N"; a bad
+    value is named as :func:`eps` names it.
 
     Only the spelling is checked: probing CUDA here would create a CUDA context in the
     client process, before the workers own their GPUs.
     """
-    value = _given(value, "device")
+    value, name = _source(value, "device", "device")
     text = str(value)
     if text in ("auto", "cpu", "cuda") or (text.startswith("cuda:") and text[5:].isdigit()):
         return text
-    raise ValueError(f"device={value!r} is not a device; {DEVICE_HELP}")
+    raise ValueError(f"{name}={value!r} is not a device; {DEVICE_HELP}")
 
 
 def torch_dtype(value: Any = None, *, from_config: bool = True) -> torch.dtype | None:
     """``dtype`` (config ``cosim.dtype``): None, "float32"/"float64", numpy or torch dtype
-    -> torch dtype, or None (the result dtype follows the inputs).
+    -> torch dtype, or None (the result dtype follows the inputs); a bad value is named
+    as :func:`eps` names it.
 
     ``from_config=False`` checks ``value`` alone (None stays None).
     """
     import numpy as np
     import torch
 
+    name = "dtype"
     if from_config:
-        value = _given(value, "dtype")
+        value, name = _source(value, "dtype", "dtype")
     if value is None:
         return None
     if isinstance(value, torch.dtype):
@@ -115,7 +127,7 @@ def torch_dtype(value: Any = None, *, from_config: bool = True) -> torch.dtype |
         except TypeError:
             key = str(value)
     if key not in _DTYPES:
-        raise ValueError(f"dtype={value!r} is not supported; use 'float32' or 'float64'")
+        raise ValueError(f"{name}={value!r} is not supported; use 'float32' or 'float64'")
     dtype: torch.dtype = getattr(torch, key)
     return dtype
 
@@ -124,7 +136,8 @@ def chunk_bytes(value: Any = None) -> dict[str, int]:
     """``chunk_bytes`` (config ``cosim.chunk-bytes``) -> ``{"cpu": bytes, "cuda": bytes}``.
 
     ``value`` may be one size for both kinds of device (``"1MiB"``, ``1048576``) or a
-    mapping by device kind; kinds it leaves out keep their configured size.
+    mapping by device kind; kinds it leaves out keep their configured size.  A bad size
+    is named ``chunk_bytes['cpu']`` when given, ``cosim.chunk-bytes.cpu`` when configured.
     """
     return _device_sizes(value, "chunk-bytes", "chunk_bytes")
 
@@ -199,20 +212,30 @@ def clustered() -> Clustered:
 
 
 def _device_sizes(value: Any, key: str, label: str) -> dict[str, int]:
-    """A size per device kind from one size or a mapping, the config filling the gaps."""
+    """A size per device kind from one size or a mapping, the config filling the gaps.
+
+    Errors name a size from ``value`` ``label['cpu']``, one from the config by its key
+    (``cosim.<key>.cpu``, or ``cosim.<key>`` where the config holds one size for both).
+    """
     configured = dask.config.get(f"cosim.{key}")
-    if not isinstance(configured, Mapping):
+    if isinstance(configured, Mapping):
+        names = {kind: f"cosim.{key}.{kind}" for kind in _DEVICE_KINDS}
+    else:
         configured = dict.fromkeys(_DEVICE_KINDS, configured)
-    if value is None:
-        value = configured
-    if not isinstance(value, Mapping):
-        value = dict.fromkeys(_DEVICE_KINDS, value)
-    unknown = sorted(set(value) - set(_DEVICE_KINDS))
-    if unknown:
-        raise ValueError(f"{label} has unknown device kinds {unknown!r}; use keys 'cpu' and 'cuda'")
-    merged = {**configured, **value}
+        names = dict.fromkeys(_DEVICE_KINDS, f"cosim.{key}")
+    given = {} if value is None else value
+    if not isinstance(given, Mapping):
+        given = dict.fromkeys(_DEVICE_KINDS, given)
+    for where, sizes in ((f"cosim.{key}", configured), (label, given)):
+        unknown = sorted(set(sizes) - set(_DEVICE_KINDS))
+        if unknown:
+            raise ValueError(
+                f"{where} has unknown device kinds {unknown!r}; use keys 'cpu' and 'cuda'"
+            )
+    names.update({kind: f"{label}[{kind!r}]" for kind in given})
+    merged = {**configured, **given}
     return {
-        kind: _positive_size(merged[kind], f"{label}[{kind!r}]", "'512KiB' or 1048576")
+        kind: _positive_size(merged[kind], names[kind], "'512KiB' or 1048576")
         for kind in _DEVICE_KINDS
     }
 

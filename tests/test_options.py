@@ -126,6 +126,54 @@ def test_bad_config_is_reported_where_it_is_used() -> None:
         options.eps()
 
 
+@pytest.mark.parametrize(
+    ("config", "check", "message"),
+    [
+        ({"cosim.eps": "abc"}, options.eps, "cosim.eps='abc' must be a finite number"),
+        ({"cosim.device": "gpu"}, options.device, "cosim.device='gpu' is not a device"),
+        ({"cosim.dtype": "int8"}, options.torch_dtype, "cosim.dtype='int8' is not supported"),
+        ({"cosim.chunk-bytes.cpu": "lots"}, options.chunk_bytes, "cosim.chunk-bytes.cpu='lots'"),
+        ({"cosim.chunk-bytes": 0}, options.chunk_bytes, "cosim.chunk-bytes=0 must be a positive"),
+        ({"cosim.chunk-bytes.tpu": 1}, options.chunk_bytes, "cosim.chunk-bytes has unknown"),
+        (
+            {"cosim.search.tile-bytes.cuda": 0},
+            options.search_tile_bytes,
+            "cosim.search.tile-bytes.cuda=0",
+        ),
+    ],
+)
+def test_a_bad_config_value_is_named_by_its_key(
+    config: dict[str, Any], check: Any, message: str
+) -> None:
+    """A value from the config is named by its key (what DASK_COSIM__EPS=abc or a YAML
+    file set); test_each_option_has_one_error: a value given as an argument, by the
+    argument's name."""
+    with dask.config.set(config), pytest.raises(ValueError, match=f"^{re.escape(message)}"):
+        check()
+
+
+def test_an_argument_is_named_as_given_beside_the_config() -> None:
+    """chunk_bytes(): the kind given is named as the argument, the other by its key."""
+    with dask.config.set({"cosim.chunk-bytes.cuda": "none"}):
+        with pytest.raises(ValueError, match=r"^cosim\.chunk-bytes\.cuda='none'"):
+            options.chunk_bytes({"cpu": 4096})
+        with pytest.raises(ValueError, match=r"^chunk_bytes\['cuda'\]=0 must"):
+            options.chunk_bytes({"cuda": 0})
+    with dask.config.set({"cosim.eps": "abc"}), pytest.raises(ValueError, match=r"^eps=-1 "):
+        options.eps(-1)
+
+
+def test_pairwise_names_the_config_key() -> None:
+    """DASK_COSIM__EPS=abc reaches pairwise as cosim.eps: the error names that key."""
+    import pandas as pd
+
+    pdf = pd.DataFrame({"a": [np.ones(3, np.float32)]})
+    with dask.config.set({"cosim.eps": "abc"}), pytest.raises(ValueError, match=r"^cosim\.eps="):
+        pdf.cosim.pairwise("a", "a")
+    with pytest.raises(ValueError, match=r"^eps='abc'"):
+        pdf.cosim.pairwise("a", "a", eps="abc")
+
+
 def test_search_options() -> None:
     assert options.search_tile_bytes() == {"cpu": 32 * 2**20, "cuda": 512 * 2**20}
     assert options.search_split_every() == 8
