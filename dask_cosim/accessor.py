@@ -139,7 +139,7 @@ class CosimAccessor:
         on: str,
         k: int = 10,
         *,
-        columns: list[Hashable] | None = None,
+        columns: Hashable | list[Hashable] | None = None,
     ) -> Any:
         """The ``k`` rows of the frame most similar to each query (exact, eager).
 
@@ -152,8 +152,8 @@ class CosimAccessor:
             The frame's embedding column.
         k : int, default 10
             Matches per query (fewer when the frame has fewer valid rows).
-        columns : list, optional
-            Columns of the matched rows to copy into the result.
+        columns : str or list, optional
+            Columns of the matched rows to copy into the result (a string names one).
 
         Returns
         -------
@@ -181,8 +181,8 @@ class CosimAccessor:
         right_on: str | None = None,
         k: int | None = None,
         threshold: float | None = None,
-        columns: list[Hashable] | None = None,
-        right_columns: list[Hashable] | None = None,
+        columns: Hashable | list[Hashable] | None = None,
+        right_columns: Hashable | list[Hashable] | None = None,
     ) -> Any:
         """Similarity join: for each row its ``k`` best rows of ``right``, or every pair
         scoring at least ``threshold`` (both: the ``k`` best among those).
@@ -199,11 +199,11 @@ class CosimAccessor:
             Matches kept per left row, >= 1.
         threshold : float, optional
             Lowest score kept, in [-1, 1].
-        columns : list, optional
+        columns : str or list, optional
             Columns of this frame to carry into the result as ``left_<column>`` (an id
             column names the rows whatever their index labels), and of ``right`` as
-            ``right_<column>`` unless ``right_columns`` is given.
-        right_columns : list, optional
+            ``right_<column>`` unless ``right_columns`` is given; a string names one.
+        right_columns : str or list, optional
             Columns of ``right`` to carry as ``right_<column>`` (default: ``columns``).
 
         Returns
@@ -239,7 +239,7 @@ class CosimAccessor:
         *,
         k: int | None = None,
         threshold: float | None = None,
-        columns: list[Hashable] | None = None,
+        columns: Hashable | list[Hashable] | None = None,
         method: str = "exact",
         n_probe: int | None = None,
         clusters: int | None = None,
@@ -247,7 +247,8 @@ class CosimAccessor:
         """The self-join: :meth:`join` of the frame with itself, never pairing a row with
         itself.  With ``threshold`` alone each unordered pair appears once, the earlier
         row (frame order) as ``left``; with ``k`` every row gets its own ``k`` best.
-        ``columns`` are carried from both rows of each pair (``left_<c>``, ``right_<c>``).
+        ``columns`` (a column name or a list of them) are carried from both rows of each
+        pair (``left_<c>``, ``right_<c>``).
 
         ``method="clustered"`` (``threshold`` in (0, 1], no ``k``) clusters the rows first
         and searches within clusters, for frames of millions of rows: the same result,
@@ -262,7 +263,7 @@ class CosimAccessor:
         threshold: float,
         *,
         return_removed: bool = False,
-        columns: list[Hashable] | None = None,
+        columns: Hashable | list[Hashable] | None = None,
         method: str = "exact",
         n_probe: int | None = None,
         clusters: int | None = None,
@@ -289,9 +290,9 @@ class CosimAccessor:
             and following ``left`` from row to row ends at a kept row.  As NeMo
             Curator's ``id, max_id, cosine_sim_score``: ``columns=["id"]``, then
             ``right_id``, ``left_id``, ``score``.
-        columns : list, optional
+        columns : str or list, optional
             Columns to carry into the removed rows (an id column names the rows whatever
-            their index labels).
+            their index labels); a string names one.
         method : {"exact", "clustered"}, default "exact"
             "exact" scores all pairs (rows x rows / 2: up to a few hundred thousand rows
             on a CPU).  "clustered" runs spherical k-means on a sample, then the exact

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import functools
 import warnings
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -143,9 +143,13 @@ def _combine(k: int | None) -> Callable[..., Any]:
     return sr.concat_pairs if k is None else functools.partial(sr.merge_topk, k)
 
 
-def _carried(frame: Any, columns: Sequence[Hashable] | None, argument: str) -> list[Any]:
-    """``columns`` of ``frame`` to carry into a result, checked: each is a column, once."""
-    columns = [] if columns is None else list(columns)
+def _carried(frame: Any, columns: Hashable | Sequence[Hashable] | None, argument: str) -> list[Any]:
+    """``columns`` of ``frame`` to carry into a result, checked: each is a column, once.
+    A string (or other non-iterable label) is one column, as pandas takes it."""
+    if isinstance(columns, Iterable) and not isinstance(columns, str):
+        columns = list(columns)
+    else:
+        columns = [] if columns is None else [columns]
     available = _meta_of(frame).columns
     missing = [c for c in columns if c not in available]
     if missing:
@@ -190,8 +194,8 @@ def join(
     right_on: str | None = None,
     k: int | None = None,
     threshold: float | None = None,
-    columns: Sequence[Hashable] | None = None,
-    right_columns: Sequence[Hashable] | None = None,
+    columns: Hashable | Sequence[Hashable] | None = None,
+    right_columns: Hashable | Sequence[Hashable] | None = None,
 ) -> Any:
     """See :meth:`dask_cosim.CosimAccessor.join`."""
     k, threshold = options.k_or_threshold(k, threshold)
@@ -237,7 +241,7 @@ def neighbors(
     *,
     k: int | None = None,
     threshold: float | None = None,
-    columns: Sequence[Hashable] | None = None,
+    columns: Hashable | Sequence[Hashable] | None = None,
     method: str = "exact",
     n_probe: int | None = None,
     clusters: int | None = None,
@@ -290,7 +294,7 @@ def dedup(
     threshold: float,
     *,
     return_removed: bool = False,
-    columns: Sequence[Hashable] | None = None,
+    columns: Hashable | Sequence[Hashable] | None = None,
     method: str = "exact",
     n_probe: int | None = None,
     clusters: int | None = None,
@@ -403,7 +407,7 @@ def topk(
     on: str,
     k: int = 10,
     *,
-    columns: Sequence[Hashable] | None = None,
+    columns: Hashable | Sequence[Hashable] | None = None,
 ) -> Any:
     """See :meth:`dask_cosim.CosimAccessor.topk`."""
     k_value = options.search_k(k, required=True)

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from typing import Any
 
 import dask
 import dask.dataframe as dd
@@ -288,6 +289,28 @@ def test_errors_at_graph_time() -> None:
             pl.cosim.neighbors("text", k=1)
         with pytest.raises(KeyError, match=r"columns: column 'idd' not found; did you mean 'id'"):
             pl.cosim.topk(np.ones((1, D)), "emb", columns=["idd"])
+
+
+def test_columns_may_name_one_column_as_a_string() -> None:
+    """columns="id" is the column "id" (as pandas takes one label), not "i" and "d"."""
+    x = vectors(40)
+    pdf = frame(x)
+    q = x[:2]
+    runs: list[Any] = [
+        lambda df, c: df.cosim.topk(q, "emb", k=3, columns=c),
+        lambda df, c: df.cosim.join(df, "emb", k=2, columns=c),
+        lambda df, c: df.cosim.join(df, "emb", k=2, columns=["text"], right_columns=c),
+        lambda df, c: df.cosim.neighbors("emb", threshold=0.3, columns=c),
+        lambda df, c: df.cosim.dedup("emb", 0.3, return_removed=True, columns=c)[1],
+    ]
+    for df in (pdf, dask_cosim.from_pandas(pdf, npartitions=3)):
+        for run in runs:
+            got, want = dask.compute(run(df, "id"), run(df, ["id"]))
+            pd.testing.assert_frame_equal(got, want)
+    hits = pdf.cosim.topk(q, "emb", k=3, columns="id")
+    assert list(hits.columns) == ["query", "rank", "match", "score", "id"]
+    with pytest.raises(KeyError, match=r"columns: column 'ids' not found; did you mean 'id'"):
+        pdf.cosim.topk(q, "emb", columns="ids")
 
 
 def test_ragged_object_columns_of_different_lengths_fail_at_compute() -> None:
