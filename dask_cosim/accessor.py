@@ -85,7 +85,8 @@ class CosimAccessor:
 
         for column in (a, b):
             if column not in meta.columns:
-                raise errors.column_not_found(column, meta.columns)
+                vectors = backends.vector_columns(meta)
+                raise errors.column_not_found(column, meta.columns, vectors=vectors)
         spec_a = backends.column_spec(obj, a)
         spec_b = backends.column_spec(obj, b)
         if spec_a.dim is not None and spec_b.dim is not None and spec_a.dim != spec_b.dim:

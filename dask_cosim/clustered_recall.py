@@ -96,7 +96,8 @@ def sample_truth(
     (computes now, on the active scheduler)."""
     meta = df._meta if dask.is_dask_collection(df) else df
     if on not in meta.columns:
-        raise errors.column_not_found(on, meta.columns, "on: column")
+        vectors = backends.vector_columns(meta)
+        raise errors.column_not_found(on, meta.columns, "on: column", vectors=vectors)
     if isinstance(sample_rows, bool) or not isinstance(sample_rows, int) or sample_rows < 1:
         raise ValueError(f"sample_rows={sample_rows!r} must be an integer >= 1, e.g. 10_000")
     threshold = float(threshold)

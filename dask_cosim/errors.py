@@ -49,16 +49,27 @@ def did_you_mean(name: Any, candidates: Iterable[Any]) -> str:
 
 
 def column_not_found(
-    column: Any, available: Iterable[Any], what: str = "column", *, where: Any = None
+    column: Any,
+    available: Iterable[Any],
+    what: str = "column",
+    *,
+    where: Any = None,
+    vectors: Iterable[Any] = (),
 ) -> KeyError:
     """KeyError("column 'embed_b' not found; did you mean 'embeds_b'? available: [...]").
 
     ``column`` may be a list of the missing columns (the hint is for the first);
-    ``where`` names the file or frame looked in.
+    ``where`` names the file or frame looked in.  ``vectors``, the columns that hold
+    vectors (for a lookup of an embedding column), are suggested when no name is close:
+    "did you mean 'emb', the only vector column?" or "the vector columns are [...]".
     """
-    available = list(available)
+    available, vectors = list(available), list(vectors)
     first = column[0] if isinstance(column, list) and column else column
     hint = did_you_mean(first, available)
+    if not hint and len(vectors) == 1:
+        hint = f"; did you mean {vectors[0]!r}, the only vector column?"
+    elif not hint and vectors:
+        hint = f"; the vector columns are {vectors!r};"
     place = "" if where is None else f" in {where!r}"
     return KeyError(f"{what} {column!r} not found{place}{hint or ';'} available: {available!r}")
 

@@ -57,11 +57,12 @@ def _options() -> _Options:
 def check_column(frame: Any, column: Any, argument: str = "on") -> backends.VectorSpec:
     """What ``column`` of ``frame`` (dask, pandas or cudf: its metadata; the first rows
     only for a column of strings, to tell text from vectors written as text) holds, or
-    the error to show: a KeyError naming ``argument`` with the closest column, or a
-    TypeError saying why the column holds no vectors."""
+    the error to show: a KeyError naming ``argument`` with the closest column (else the
+    frame's vector columns), or a TypeError saying why the column holds no vectors."""
     meta = _meta_of(frame)
     if column not in meta.columns:
-        raise errors.column_not_found(column, meta.columns, f"{argument}: column")
+        vectors = backends.vector_columns(meta)
+        raise errors.column_not_found(column, meta.columns, f"{argument}: column", vectors=vectors)
     return backends.column_spec(frame, column)
 
 

@@ -113,6 +113,13 @@ def test_errors_at_graph_build_time(lazy: bool) -> None:
         match=r"column 'embeds_c' not found; did you mean 'embeds_b'\? available: \['embeds_a', 'embeds_b', 'id', 'text', 'score', 'five'\]",
     ):
         acc.pairwise("embeds_a", "embeds_c")
+    # No close name: the vector columns (by dtype) are the suggestion.
+    with pytest.raises(
+        KeyError,
+        match=r"column 'embedding' not found; the vector columns are \['embeds_a', 'embeds_b', "
+        r"'five'\]; available: \[",
+    ):
+        acc.pairwise("embedding", "embeds_b")
     with pytest.raises(
         TypeError,
         match="column 'id' has dtype int64, which is not a column of vectors; expected Arrow",

@@ -538,7 +538,11 @@ CASES = [
     Case(
         "missing column",
         lambda: frame(fixed(A), fixed(B)),
-        lambda: Raises(KeyError, r"column 'c' not found; available: \['a', 'b', 'id'\]", "graph"),
+        lambda: Raises(
+            KeyError,
+            r"column 'c' not found; the vector columns are \['a', 'b'\]; available: \['a', 'b', 'id'\]",
+            "graph",
+        ),
         b="c",
     ),
     Case(

@@ -69,7 +69,7 @@ def test_pairwise_writes_result_and_summary(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["-a", "embeds_a", "-b", "nope"], "column 'nope' not found; available:"),
+        (["-a", "embeds_a", "-b", "nope"], "column 'nope' not found; the vector columns are"),
         (["-a", "id", "-b", "embeds_b"], "column 'id' has dtype int64, which is not a column"),
         (["-a", "embeds_a", "-b", "embeds_b", "--keep", "x"], "--keep column 'x' not found; available:"),
         (["-a", "embeds_a", "-b", "embeds_b", "--scheduler", "tcp://127.0.0.1:1", "--workers",

@@ -313,6 +313,26 @@ def test_columns_may_name_one_column_as_a_string() -> None:
         pdf.cosim.topk(q, "emb", columns="ids")
 
 
+def test_an_embedding_column_not_found_suggests_the_vector_columns() -> None:
+    """No column name is close to "embedding": the frame's vector columns are suggested
+    (the CLI's --on says the same); a close name still comes first."""
+    pdf = frame(vectors(5))
+    for df in (pdf, dask_cosim.from_pandas(pdf, npartitions=2)):
+        with pytest.raises(
+            KeyError,
+            match=r"^\"on: column 'embedding' not found; did you mean 'emb', the only vector "
+            r"column\? available: \['emb', 'id', 'text'\]",
+        ):
+            df.cosim.neighbors("embedding", k=1)
+        with pytest.raises(KeyError, match=r"right_on: .* the vector columns are \['emb', 'v'\];"):
+            df.cosim.join(df.assign(v=df["emb"]), "emb", right_on="vector", k=1)
+        with pytest.raises(KeyError, match=r"column 'embs' not found; did you mean 'emb'\? "):
+            df.cosim.dedup("embs", 0.9)
+        # Carried columns need not hold vectors: no such suggestion.
+        with pytest.raises(KeyError, match=r"columns: column 'embedding' not found; available"):
+            df.cosim.topk(vectors(1), "emb", columns=["embedding"])
+
+
 def test_ragged_object_columns_of_different_lengths_fail_at_compute() -> None:
     left = frame(vectors(5), "object_numpy")
     right = frame(vectors(5, d=4), "object_numpy")
