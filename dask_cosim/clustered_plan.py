@@ -294,7 +294,7 @@ def plan(
         centroids, stats, threshold, n_probe, probes * scale, seen, block_bytes,
         df.npartitions if lazy else 1, low,
     )  # fmt: skip
-    logger.info("clustered: planned in %.1f s: about %.1f copies per row, %d output "
+    logger.info("clustered: planned in %.1f s: about %.1f copies per row, %d shuffle "
                 "partitions; the search is lazy from here", time.perf_counter() - started,
                 1 + probes.sum() * scale / max(stats.rows, 1), found.partitions)  # fmt: skip
     return found

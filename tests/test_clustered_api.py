@@ -310,7 +310,9 @@ def test_plan_reports_its_steps(pdf: pd.DataFrame, capsys: pytest.CaptureFixture
         clustered.plan(to_dask(pdf, 2), "emb", 0.9, clusters=10)
     assert capsys.readouterr().err == ""
     with log_steps(True):
-        clustered.plan(to_dask(pdf, 2), "emb", 0.9, clusters=10)
+        found = clustered.plan(to_dask(pdf, 2), "emb", 0.9, clusters=10)
     err = capsys.readouterr().err
     assert "clustered: k-means on a sample of about 1500 of 1500 rows, 10 clusters" in err
     assert "copies per row" in err and "the search is lazy from here" in err
+    # The routing shuffle's partitions, named so (the result's partitions are others).
+    assert f"copies per row, {found.partitions} shuffle partitions;" in err
