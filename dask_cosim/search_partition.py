@@ -257,9 +257,7 @@ def _aligned(q: Side, r: Side) -> tuple[sk.Prepared, sk.Prepared] | None:
     qp, rp = q.prep, r.prep
     if not bool(qp.valid.any()) or not bool(rp.valid.any()):
         return None
-    if qp.dim != rp.dim and q.column == r.column and q.column != QUERIES:
-        raise errors.ragged_partitions(q.column, q.part, qp.dim, r.part, rp.dim)
-    if qp.dim != rp.dim:
+    if qp.dim != rp.dim:  # two frames, or two partitions of one (each checked alone)
         raise errors.dims_differ(_what(q), qp.dim, _what(r), rp.dim)
     return qp.to(rp.unit.device), rp
 

@@ -253,6 +253,7 @@ def test_rows_of_one_value_score_their_sign() -> None:
     pdf = frame(v)
     assert len(pdf.cosim.neighbors("emb", threshold=1.0)) == 3
     kept, removed = pdf.cosim.dedup("emb", 0.5, return_removed=True)
+    assert len(kept) == 1 and kept.index.tolist() == [3]
     assert removed["left"].tolist() == [3, 3] and (removed["score"] == 1.0).all()  # row 0
 
 
@@ -337,7 +338,9 @@ def test_ragged_object_columns_of_different_lengths_fail_at_compute() -> None:
     left = frame(vectors(5), "object_numpy")
     right = frame(vectors(5, d=4), "object_numpy")
     with pytest.raises(
-        ValueError, match="column 'emb' holds vectors of 12 values and column 'emb' of 4"
+        ValueError,
+        match=r"column 'emb' \(partition 0\) holds vectors of 12 values and column 'emb' "
+        r"\(partition 0\) of 4",
     ):
         left.cosim.join(right, "emb", k=1)
 
