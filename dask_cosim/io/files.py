@@ -1,5 +1,5 @@
-"""Where Parquet data lives: filesystems, listing files and globs, the folder manifest, and
-the hidden staging folders writes go to first."""
+"""Where Parquet data lives: filesystems, listing files and globs, the folder manifest, the
+hidden staging folders writes go to first, and naming a listed file that is not Parquet."""
 
 from __future__ import annotations
 
@@ -10,11 +10,15 @@ import re
 import shutil
 import socket
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.fs as pafs
 from dask.utils import natural_sort_key
+
+from dask_cosim import errors
 
 # The folder's description, next to the part files (readers skip names starting with "_").
 MANIFEST = "_dask_cosim.json"
@@ -83,6 +87,26 @@ def _folder_files(
     if not infos:
         raise FileNotFoundError(f"no Parquet files in {root!r}")
     return fs, [e.path for e in infos], [e.size or 0 for e in infos], None
+
+
+@contextmanager
+def naming_non_parquet(file: str) -> Iterator[None]:
+    """Within it, pyarrow's error for a file that is not Parquet ("Parquet magic bytes not
+    found in footer", which names no file) is raised as :func:`errors.not_parquet`, naming
+    ``file`` and how to convert it; other errors pass unchanged."""
+    try:
+        yield
+    except pa.ArrowInvalid as err:
+        if "magic bytes" not in str(err):
+            raise
+        raise errors.not_parquet(
+            file,
+            str(err),
+            "read_parquet reads Parquet files or folders holding only Parquet files",
+            "`dask-cosim convert` turns pandas pickles and .npy/.npz files into Parquet; CSV "
+            "needs its vector cells parsed into numbers first (pandas), then "
+            "dask_cosim.to_parquet",
+        ) from None
 
 
 def filesystem(path: Any) -> tuple[pafs.FileSystem, str]:

@@ -19,6 +19,8 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from dask_cosim.io.files import naming_non_parquet
+
 __all__ = ["POSITION", "Numbering", "label_rows", "numbered_pieces", "numbering", "with_positions"]
 
 # The column that carries row positions through a filter, then becomes the index.
@@ -74,7 +76,7 @@ def _piece_rows(fs: pafs.FileSystem, pieces: list[tuple[Any, ...]]) -> list[int]
     # A piece may carry a third item (its files' ranges, cudf_parquet.manifest_ranges).
     files = sorted({f for file, *_ in pieces for f in ([file] if isinstance(file, str) else file)})
     with ThreadPoolExecutor(min(_FOOTER_THREADS, len(files))) as pool:
-        footers = dict(zip(files, pool.map(lambda f: pq.read_metadata(f, filesystem=fs), files)))
+        footers = dict(zip(files, pool.map(lambda f: _footer(fs, f), files)))
     rows = []
     for file, row_groups, *_ in pieces:
         if not isinstance(file, str):
@@ -84,6 +86,13 @@ def _piece_rows(fs: pafs.FileSystem, pieces: list[tuple[Any, ...]]) -> list[int]
         else:
             rows.append(sum(footers[file].row_group(g).num_rows for g in row_groups))
     return rows
+
+
+def _footer(fs: pafs.FileSystem, file: str) -> pq.FileMetaData:
+    # A folder with no manifest may hold a stray file (a CSV, a CSV named .parquet):
+    # named, not pyarrow's bare "magic bytes" error.
+    with naming_non_parquet(file):
+        return pq.read_metadata(file, filesystem=fs)
 
 
 def with_positions(table: pa.Table, first: Numbering) -> pa.Table:

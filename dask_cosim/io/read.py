@@ -18,7 +18,7 @@ from dask_cosim import backends, errors, options
 from dask_cosim.backends import arrow_vector_types
 from dask_cosim.io import cudf_parquet, positions
 from dask_cosim.io.convert import TARGET_PARTITION_BYTES
-from dask_cosim.io.files import parquet_files
+from dask_cosim.io.files import naming_non_parquet, parquet_files
 from dask_cosim.io.layouts import binary_layout, binary_vectors, restore_vectors
 
 
@@ -94,7 +94,7 @@ def describe_parquet(path: Any) -> dict[str, Any]:
     if manifest is not None:
         rows = int(manifest["rows"])
     else:
-        opened = {f: pq.ParquetFile(f, filesystem=fs) for f in files}
+        opened = {f: _open(f, fs) for f in files}
         rows = sum(p.metadata.num_rows for p in opened.values())
     schema = _read_schema(files[0], fs)
     columns: dict[str, dict[str, Any]] = {}
@@ -177,21 +177,14 @@ def _read_files(
 
 
 def _read_schema(file: str, fs: pafs.FileSystem) -> pa.Schema:
-    """The file's schema; a file that is not Parquet is named (pyarrow's own message
-    says only "Parquet magic bytes not found in footer")."""
-    try:
+    """The file's schema; a file that is not Parquet is named (:func:`naming_non_parquet`)."""
+    with naming_non_parquet(file):
         return pq.read_schema(file, filesystem=fs)
-    except pa.ArrowInvalid as err:
-        if "magic bytes" not in str(err):
-            raise
-        raise errors.not_parquet(
-            file,
-            str(err),
-            "read_parquet reads Parquet files or folders holding only Parquet files",
-            "`dask-cosim convert` turns pandas pickles and .npy/.npz files into Parquet; CSV "
-            "needs its vector cells parsed into numbers first (pandas), then "
-            "dask_cosim.to_parquet",
-        ) from None
+
+
+def _open(file: str, fs: pafs.FileSystem) -> pq.ParquetFile:
+    with naming_non_parquet(file):
+        return pq.ParquetFile(file, filesystem=fs)
 
 
 def _gpu_pieces(
@@ -360,7 +353,9 @@ def _read_batches(
     allocated once each and become chunks, which the backends turn into one tensor block
     each, without concatenating.
     """
-    parquet = pq.ParquetFile(file, buffer_size=_READ_BUFFER, pre_buffer=False, **where)
+    # Folders of others' files are read this way: a stray file is named, as in their footers.
+    with naming_non_parquet(file):
+        parquet = pq.ParquetFile(file, buffer_size=_READ_BUFFER, pre_buffer=False, **where)
     batches = list(
         parquet.iter_batches(
             batch_size=_batch_rows(parquet.metadata),
