@@ -257,7 +257,7 @@ def _search(
 
     runs.check_output(out.output, out.overwrite)
     if removed is not None:
-        runs.check_output(removed, out.overwrite)
+        runs.check_removed(removed, out.output, out.overwrite)
 
     def jobs_of(result: Any) -> list[tuple[Any, str, bool]]:
         # Search results are numbered per partition: their index says nothing, so it is

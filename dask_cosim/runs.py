@@ -8,6 +8,7 @@ scheduler is active and writes the output atomically (:func:`dask_cosim.to_parqu
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ __all__ = [
     "Written",
     "check_columns",
     "check_output",
+    "check_removed",
     "pairwise",
     "read_inputs",
     "read_queries",
@@ -64,6 +66,25 @@ def check_columns(df: Any, columns: Sequence[str], what: str) -> None:
 def check_output(output: str, overwrite: bool) -> None:
     if Path(output).exists() and not overwrite:
         raise FileExistsError(f"{output!r} exists; pass --overwrite to replace it")
+
+
+def check_removed(removed: str, output: str, overwrite: bool) -> None:
+    """dedup's ``--removed`` folder: not ``--output``, not inside it and not holding it (the
+    two are committed one after the other, so one would replace or land in the other after
+    the whole run), and not existing unless ``overwrite``."""
+
+    def where(path: str) -> str:
+        return path.rstrip("/") if "://" in path else os.path.realpath(path)
+
+    kept, gone = where(output), where(removed)
+    how = f"give --removed a folder of its own, e.g. {output.rstrip('/') + '-removed'!r}"
+    if kept == gone:
+        raise ValueError(f"--removed {removed!r} is the --output folder {output!r}; {how}")
+    if gone.startswith(kept + "/"):
+        raise ValueError(f"--removed {removed!r} is inside --output {output!r}; {how}")
+    if kept.startswith(gone + "/"):
+        raise ValueError(f"--output {output!r} is inside --removed {removed!r}; {how}")
+    check_output(removed, overwrite)
 
 
 def write(

@@ -119,3 +119,27 @@ def test_input_errors_exit_2_before_a_cluster_starts(
     assert "cluster" not in proc.stderr
     assert not (tmp_path / "out").exists()
     assert len(pd.read_parquet(folder)) == 300
+
+
+@pytest.mark.parametrize(
+    ("output", "removed", "message"),
+    [
+        ("same", "same/", "--removed '{removed}' is the --output folder '{output}'"),
+        ("out", "out/removed", "--removed '{removed}' is inside --output '{output}'"),
+        ("both/out", "both", "--output '{output}' is inside --removed '{removed}'"),
+    ],
+)
+def test_dedup_removed_apart_from_output_before_a_cluster_starts(
+    tmp_path: Path, data: tuple[Path, np.ndarray], output: str, removed: str, message: str
+) -> None:
+    # The two folders are committed one after the other: overlapping, the second found the
+    # first there after the whole run, failed, and left it holding the removed rows.
+    folder, _ = data
+    output, removed = str(tmp_path / output), str(tmp_path / removed)
+    proc = cli("dedup", str(folder), "--on", "emb", "--threshold", "0.95", "-o", output,
+               "--removed", removed, "--overwrite")  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith("Error: " + message.format(output=output, removed=removed))
+    assert "give --removed a folder of its own" in proc.stderr
+    assert "cluster" not in proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rows"]
