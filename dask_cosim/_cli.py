@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import re
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -31,6 +32,7 @@ __all__ = [
     "Cluster",
     "InputError",
     "Output",
+    "cli_spelling",
     "cluster_options",
     "count",
     "failure_message",
@@ -73,11 +75,39 @@ def one_line_errors(command: F) -> F:
             raise
         except _INPUT_ERRORS as err:
             text = err.args[0] if isinstance(err, KeyError) and err.args else str(err)
-            raise InputError(str(text)) from None
+            raise InputError(cli_spelling(str(text))) from None
         except Exception as err:
             raise click.ClickException(failure_message(err)) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+# The library's messages name its arguments as Python spells them; a command's options
+# are spelt as typed.  Only the arguments the commands take as options are translated,
+# and not inside a call (``to_parquet(df, path, layout='list')`` stays Python).
+_OPTIONS = {"k": "-k", "threshold": "--threshold", "method": "--method",
+            "n_probe": "--n-probe", "clusters": "--clusters"}  # fmt: skip
+_SPELLINGS: list[tuple[re.Pattern[str], Any]] = [
+    (re.compile(r"\boverwrite=True\b"), "--overwrite"),
+    (
+        re.compile(
+            r"(?<![\w(.,-])(?<!, )(k|threshold|method|n_probe|clusters)=(?:'([^']*)'|([^\s,;:)]+))"
+        ),
+        lambda m: f"{_OPTIONS[m[1]]} {m[2] if m[2] is not None else m[3]}",
+    ),
+    # Bare names: "n_probe is an option of method='clustered': ... or drop n_probe".
+    (re.compile(r"(?<![\w-])n_probe\b"), "--n-probe"),
+    (re.compile(r"\bclusters(?= is an option)|(?<=\bdrop )clusters\b"), "--clusters"),
+]
+
+
+def cli_spelling(text: str) -> str:
+    """``text`` (a library message) with ``overwrite=True``, ``method='exact'``,
+    ``n_probe=2``, ``k=3``, ``threshold=0.9``, ``clusters=N`` spelt as the command line's
+    options: ``--overwrite``, ``--method exact``, ``--n-probe 2``, ``-k 3``, ..."""
+    for pattern, spelling in _SPELLINGS:
+        text = pattern.sub(spelling, text)
+    return text
 
 
 def failure_message(err: BaseException) -> str:

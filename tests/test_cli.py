@@ -19,6 +19,7 @@ import torch
 
 import dask_cosim
 from dask_cosim import io
+from dask_cosim._cli import InputError, one_line_errors
 from tests.helpers import random_pairs, reference
 
 
@@ -278,3 +279,15 @@ def test_every_command_that_writes_vectors_takes_the_library_layouts() -> None:
     for command in ("pairwise", "convert", "topk", "join", "neighbors", "dedup"):
         option = next(p for p in main.commands[command].params if p.name == "layout")
         assert option.default == default, command
+
+
+def test_library_errors_in_cli_spellings() -> None:
+    # A race (another process writes OUTPUT while the run computes) reaches the library's
+    # own check, which names its argument, not the option.
+    @one_line_errors
+    def command() -> None:
+        raise FileExistsError("'out' appeared while writing; pass overwrite=True")
+
+    with pytest.raises(InputError) as raised:
+        command()
+    assert raised.value.message == "'out' appeared while writing; pass --overwrite"

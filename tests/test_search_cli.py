@@ -98,7 +98,16 @@ def test_topk_join_dedup_commands(tmp_path: Path, data: tuple[Path, np.ndarray])
             ["dedup", "--on", "embs", "--threshold", "0.9"],
             "on: column 'embs' not found; did you mean 'emb'? available: ['id', 'emb']",
         ),
-        (["dedup", "--on", "emb", "--threshold", "2"], "threshold=2.0 must be a number in [-1, 1]"),
+        (
+            ["dedup", "--on", "emb", "--threshold", "2"],
+            "--threshold 2.0 must be a number in [-1, 1] (a cosine similarity), e.g. "
+            "--threshold 0.9",
+        ),
+        (
+            ["neighbors", "--on", "emb", "--threshold", "0.9", "--n-probe", "2"],
+            "--n-probe is an option of --method clustered: add --method clustered or drop "
+            "--n-probe",
+        ),
         (["join", "--on", "emb"], "give k (the best matches of each row), threshold"),
         (["join", "--on", "emb", "-k", "0"], "Invalid value for '-k'"),
         (
@@ -116,7 +125,7 @@ def test_input_errors_exit_2_before_a_cluster_starts(
     proc = cli(command, *inputs, *rest, "-o", str(tmp_path / "out"))
     assert proc.returncode == 2, proc.stderr
     assert message in proc.stderr
-    assert "cluster" not in proc.stderr
+    assert "cluster     " not in proc.stderr  # the line describing a cluster started
     assert not (tmp_path / "out").exists()
     assert len(pd.read_parquet(folder)) == 300
 
@@ -143,3 +152,13 @@ def test_dedup_removed_apart_from_output_before_a_cluster_starts(
     assert "give --removed a folder of its own" in proc.stderr
     assert "cluster" not in proc.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["rows"]
+
+
+@pytest.mark.slow
+def test_clustered_errors_in_cli_spellings(tmp_path: Path, data: tuple[Path, np.ndarray]) -> None:
+    folder, _ = data
+    base = ["neighbors", str(folder), "--on", "emb", "--method", "clustered", "--workers", "1"]
+    proc = cli(*base, "-k", "3", "-o", str(tmp_path / "k"))
+    assert proc.returncode == 2, proc.stderr
+    assert "Error: -k 3 with --method clustered: " in proc.stderr
+    assert proc.stderr.rstrip().endswith("for each row's k best use --method exact")
