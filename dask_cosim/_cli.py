@@ -13,6 +13,7 @@ import functools
 import logging
 import re
 import sys
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -65,12 +66,15 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def one_line_errors(command: F) -> F:
-    """Input errors -> exit 2, other failures -> exit 1; one line each, no traceback."""
+    """Input errors -> exit 2, other failures -> exit 1; one line each, no traceback.
+    Warnings are printed as one line too: ``Warning: ...`` on stderr."""
 
     @functools.wraps(command)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
-            return command(*args, **kwargs)
+            with warnings.catch_warnings():  # restores showwarning afterwards
+                warnings.showwarning = _show_warning
+                return command(*args, **kwargs)
         except click.ClickException:
             raise
         except _INPUT_ERRORS as err:
@@ -108,6 +112,12 @@ def cli_spelling(text: str) -> str:
     for pattern, spelling in _SPELLINGS:
         text = pattern.sub(spelling, text)
     return text
+
+
+def _show_warning(message: Warning | str, *args: Any, **kwargs: Any) -> None:
+    # Python's format adds the file, line and source line of the library's call, which
+    # say nothing to someone running a command.
+    click.echo(f"Warning: {cli_spelling(' '.join(str(message).split()))}", err=True)
 
 
 def failure_message(err: BaseException) -> str:

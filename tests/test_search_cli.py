@@ -155,10 +155,23 @@ def test_dedup_removed_apart_from_output_before_a_cluster_starts(
 
 
 @pytest.mark.slow
-def test_clustered_errors_in_cli_spellings(tmp_path: Path, data: tuple[Path, np.ndarray]) -> None:
+def test_clustered_errors_and_warnings_in_cli_spellings(
+    tmp_path: Path, data: tuple[Path, np.ndarray]
+) -> None:
     folder, _ = data
     base = ["neighbors", str(folder), "--on", "emb", "--method", "clustered", "--workers", "1"]
     proc = cli(*base, "-k", "3", "-o", str(tmp_path / "k"))
     assert proc.returncode == 2, proc.stderr
     assert "Error: -k 3 with --method clustered: " in proc.stderr
     assert proc.stderr.rstrip().endswith("for each row's k best use --method exact")
+    # Few clusters ruled out at a low threshold: the plan warns, in one line (no file,
+    # line and source line of the library's call).
+    proc = cli(*base, "--threshold", "0.1", "--clusters", "30", "-o", str(tmp_path / "t"),
+               "--quiet")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    warned = [line for line in proc.stderr.splitlines() if "skip rule" in line]
+    assert len(warned) == 1, proc.stderr
+    assert warned[0].startswith("Warning: --method clustered at --threshold 0.1: "), warned
+    assert warned[0].endswith("--n-probe 2 bounds it (measure the recall with "
+                              "dask_cosim.clustered_recall)")  # fmt: skip
+    assert "UserWarning" not in proc.stderr and "warnings.warn(" not in proc.stderr
