@@ -1,10 +1,12 @@
-"""What every command of :mod:`dask_cosim.cli` shares: errors in one line, the cluster
-options (--scheduler, --workers, --gpus, --memory-limit, with the one check that a running
-scheduler and a local cluster are not both asked for) and the output options (-o,
+"""What every command of :mod:`dask_cosim.cli` shares: errors and warnings in one line, in
+the options' spellings; the cluster options (--scheduler, --workers, --gpus,
+--memory-limit, with the checks that a running scheduler and a local cluster are not both
+asked for and that --scheduler is a dask scheduler's address) and the output options (-o,
 --overwrite, --layout, --quiet), each group handed to a command as one argument; and the
 options several commands take alone (--layout, --columns).
 
-Only click is imported with this module, as with the command line itself.
+Of the packages outside the standard library, only click is imported with this module, as
+with the command line itself.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 import click
 
@@ -33,6 +36,7 @@ __all__ = [
     "Cluster",
     "InputError",
     "Output",
+    "check_scheduler",
     "cli_spelling",
     "cluster_options",
     "count",
@@ -158,18 +162,30 @@ class Cluster:
                 "--scheduler connects to a running cluster; --workers/--gpus/--memory-limit "
                 "start a local one: give one or the other"
             )
+        # Refused at once, before the inputs are read: no scheduler has a web address.
+        if self.scheduler is not None and re.match(r"https?://", self.scheduler, re.IGNORECASE):
+            raise InputError(
+                f"--scheduler {self.scheduler!r} is a web address (the dashboard's, perhaps), "
+                f"not a scheduler's; {_scheduler_hint(self.scheduler)}"
+            )
 
     @contextmanager
     def client(self) -> Iterator[Any]:
-        """A Client, connected or on a local cluster started (and shut) here; the cluster
-        is described on stderr."""
+        """A Client, connected (once :func:`check_scheduler` has had a scheduler's answer,
+        within ``distributed.comm.timeouts.connect``) or on a local cluster started (and
+        shut) here; the cluster is described on stderr."""
         from distributed import Client
 
         from dask_cosim.cluster import describe
 
         if self.scheduler is not None:
+            import dask.config
+            from dask.utils import parse_timedelta
+
+            timeout = parse_timedelta(dask.config.get("distributed.comm.timeouts.connect"))
+            check_scheduler(self.scheduler, timeout)
             try:
-                client = Client(self.scheduler, timeout="10s")
+                client = Client(self.scheduler, timeout=timeout)
             except (OSError, TimeoutError) as err:
                 raise InputError(f"cannot connect to scheduler {self.scheduler!r}: {err}") from None
         else:
@@ -184,6 +200,59 @@ class Cluster:
         with client:  # closes a local cluster too
             click.echo(f"cluster     {describe(client)}", err=True)
             yield client
+
+
+def check_scheduler(address: str, timeout: float) -> None:
+    """Return once a dask scheduler at ``address`` has answered the handshake; else raise
+    InputError: nothing reached within ``timeout`` seconds ("cannot connect"), or something
+    that did not answer as a scheduler within as long again (not a dask scheduler: the
+    dashboard's port, an HTTP server).
+
+    distributed's Client bounds reaching the address, not the handshake after it: an HTTP
+    server kept it waiting for ever, or its reply was decoded as frames (a MemoryError).
+    """
+    import asyncio
+
+    from distributed.comm import connect
+    from distributed.comm.addressing import parse_address
+    from distributed.comm.registry import get_backend
+    from distributed.security import Security
+
+    try:
+        get_backend(parse_address(address)[0])
+    except ValueError as err:
+        raise InputError(f"--scheduler {address!r}: {err}") from None
+
+    async def handshake() -> None:
+        comm = await connect(address, timeout=timeout, **Security().get_connection_args("client"))
+        await comm.close()
+
+    try:
+        # connect() gives up reaching the address after `timeout`; the rest is handshake.
+        asyncio.run(asyncio.wait_for(handshake(), 2 * timeout))
+    except asyncio.TimeoutError:  # before OSError, its base class
+        why = f"no reply in dask's protocol within {2 * timeout:g} s"
+    except OSError as err:
+        if str(err).startswith("Timed out trying to connect"):  # nothing answered
+            raise InputError(f"cannot connect to scheduler {address!r}: {err}") from None
+        why = f"the connection ended before a scheduler's handshake ({type(err).__name__})"
+    except Exception as err:  # a reply decoded as dask's frames: a MemoryError, say
+        why = f"its reply is not dask's protocol ({type(err).__name__} decoding it)"
+    else:
+        return
+    raise InputError(
+        f"--scheduler {address!r}: something answered there, but not a dask scheduler: {why}; "
+        + _scheduler_hint(address)
+    )
+
+
+def _scheduler_hint(address: str) -> str:
+    host = urlsplit(address if "://" in address else f"tcp://{address}").hostname or "HOST"
+    host = f"[{host}]" if ":" in host else host
+    return (
+        "the dashboard is usually port 8787, the scheduler port 8786: "
+        f"e.g. --scheduler tcp://{host}:8786"
+    )
 
 
 @dataclass(frozen=True)

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import http.server
 import os
 import signal
 import socket
+import socketserver
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -23,13 +26,20 @@ from dask_cosim._cli import InputError, one_line_errors
 from tests.helpers import random_pairs, reference
 
 
-def cli(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+def cli(
+    *args: str, timeout: float = 180, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "dask_cosim", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
+        env={**os.environ, **(env or {})},
     )
+
+
+# --scheduler gives up after distributed.comm.timeouts.connect (30 s by default).
+QUICK_CONNECT = {"DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT": "2s"}
 
 
 def write_pairs(folder: Path, a: np.ndarray, b: np.ndarray, files: int = 3) -> Path:
@@ -189,8 +199,57 @@ def test_pairwise_on_a_running_cluster(tmp_path: Path) -> None:
         for p in procs:
             p.wait(timeout=30)
     bad = cli("pairwise", str(pairs), "-a", "embeds_a", "-b", "embeds_b", "-o",
-              str(tmp_path / "o2"), "--scheduler", "tcp://127.0.0.1:9")  # fmt: skip
+              str(tmp_path / "o2"), "--scheduler", "tcp://127.0.0.1:9", env=QUICK_CONNECT)  # fmt: skip
     assert bad.returncode == 2 and "cannot connect to scheduler" in bad.stderr
+
+
+class _Garbage(socketserver.BaseRequestHandler):
+    """Answers anything with an HTTP error, which dask would decode as frames."""
+
+    def handle(self) -> None:
+        self.request.recv(65536)
+        self.request.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+
+
+@pytest.mark.parametrize("server", ["http", "garbage"])
+def test_scheduler_address_that_is_not_a_scheduler(tmp_path: Path, server: str) -> None:
+    # A dashboard's port (an HTTP server) kept the CLI waiting for ever: distributed
+    # bounds reaching the address, not the handshake after it.  Another server's reply
+    # was decoded as frames (a MemoryError).
+    a, b = random_pairs(10, 4)
+    pairs = write_pairs(tmp_path / "pairs", a, b, files=1)
+    handler = http.server.SimpleHTTPRequestHandler if server == "http" else _Garbage
+    with socketserver.ThreadingTCPServer(("127.0.0.1", 0), handler) as httpd:
+        threading.Thread(target=httpd.serve_forever, daemon=True).start()
+        port = httpd.server_address[1]
+        start = time.monotonic()
+        proc = cli("pairwise", str(pairs), "-a", "embeds_a", "-b", "embeds_b", "-o",
+                   str(tmp_path / "out"), "--scheduler", f"tcp://127.0.0.1:{port}",
+                   timeout=60, env=QUICK_CONNECT)  # fmt: skip
+        httpd.shutdown()
+    assert proc.returncode == 2, proc.stderr
+    assert time.monotonic() - start < 30
+    assert proc.stderr.startswith(
+        f"Error: --scheduler 'tcp://127.0.0.1:{port}': something answered there, but not a "
+        "dask scheduler: "
+    ), proc.stderr
+    assert proc.stderr.rstrip().endswith(
+        "the dashboard is usually port 8787, the scheduler port 8786: e.g. --scheduler "
+        "tcp://127.0.0.1:8786"
+    )
+    assert len(proc.stderr.splitlines()) == 1
+    assert not (tmp_path / "out").exists()
+
+
+def test_scheduler_given_the_dashboard_url(tmp_path: Path) -> None:
+    proc = cli("pairwise", str(tmp_path), "-a", "a", "-b", "b", "-o", str(tmp_path / "out"),
+               "--scheduler", "http://10.0.0.5:8787/status")  # fmt: skip
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == (
+        "Error: --scheduler 'http://10.0.0.5:8787/status' is a web address (the dashboard's, "
+        "perhaps), not a scheduler's; the dashboard is usually port 8787, the scheduler port "
+        "8786: e.g. --scheduler tcp://10.0.0.5:8786"
+    )
 
 
 def test_convert_info_and_pickle_refusal(tmp_path: Path) -> None:
