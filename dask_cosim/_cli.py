@@ -103,6 +103,8 @@ _SPELLINGS: list[tuple[re.Pattern[str], Any]] = [
         ),
         lambda m: f"{_OPTIONS[m[1]]} {m[2] if m[2] is not None else m[3]}",
     ),
+    # Which argument named a missing column: "on: column 'embs' not found; ...".
+    (re.compile(r"^(on|right_on)(?=: column )"), lambda m: "--" + m[1].replace("_", "-")),
     # Bare names: "n_probe is an option of method='clustered': ... or drop n_probe".
     (re.compile(r"(?<![\w-])n_probe\b"), "--n-probe"),
     (re.compile(r"\bclusters(?= is an option)|(?<=\bdrop )clusters\b"), "--clusters"),

@@ -96,7 +96,7 @@ def test_topk_join_dedup_commands(tmp_path: Path, data: tuple[Path, np.ndarray])
     [
         (
             ["dedup", "--on", "embs", "--threshold", "0.9"],
-            "on: column 'embs' not found; did you mean 'emb'? available: ['id', 'emb']",
+            "--on: column 'embs' not found; did you mean 'emb'? available: ['id', 'emb']",
         ),
         (
             ["dedup", "--on", "emb", "--threshold", "2"],
