@@ -272,6 +272,16 @@ class Output:
         return not self.quiet and sys.stderr.isatty()
 
 
+def clustered(method: str, **given: Any) -> bool:
+    """Whether a search command runs ``method="clustered"`` (its plan computes, so the
+    search is built on the cluster), once ``method`` and the ``given`` options that go
+    with it are checked together, before a cluster starts."""
+    from dask_cosim import options
+
+    options.search_method(method, **given)
+    return method == "clustered"
+
+
 @contextmanager
 def log_steps(enabled: bool) -> Iterator[None]:
     """While it lasts, the library's INFO messages (the steps a clustered search plans

@@ -39,6 +39,7 @@ from dask_cosim._cli import (
     InputError,
     Output,
     cluster_options,
+    clustered,
     count,
     log_steps,
     one_line_errors,
@@ -405,7 +406,8 @@ def neighbors(
     df = runs.read_inputs(inputs, _READS)
     _search(lambda: df.cosim.neighbors(on, k=k, threshold=threshold, columns=list(columns),
                                        method=method, n_probe=n_probe, clusters=clusters),
-            out, cluster, on_cluster=method == "clustered")  # fmt: skip
+            out, cluster, on_cluster=clustered(method, k=k, threshold=threshold,
+                                               n_probe=n_probe, clusters=clusters))  # fmt: skip
 
 
 @main.command()
@@ -438,8 +440,8 @@ def dedup(
     _search(lambda: df.cosim.dedup(on, threshold, return_removed=removed is not None,
                                    columns=list(columns), method=method, n_probe=n_probe,
                                    clusters=clusters),
-            out, cluster, rows_of_input=True, removed=removed,
-            on_cluster=method == "clustered")  # fmt: skip
+            out, cluster, rows_of_input=True, removed=removed, on_cluster=clustered(
+                method, threshold=threshold, n_probe=n_probe, clusters=clusters))  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -164,6 +164,7 @@ def test_clustered_errors_and_warnings_in_cli_spellings(
     assert proc.returncode == 2, proc.stderr
     assert "Error: -k 3 with --method clustered: " in proc.stderr
     assert proc.stderr.rstrip().endswith("for each row's k best use --method exact")
+    assert "cluster     " not in proc.stderr  # refused before a cluster started
     # Few clusters ruled out at a low threshold: the plan warns, in one line (no file,
     # line and source line of the library's call).
     proc = cli(*base, "--threshold", "0.1", "--clusters", "30", "-o", str(tmp_path / "t"),
