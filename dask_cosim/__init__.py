@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING, Any
 
 import wrapt
 
-from dask_cosim import options
+from dask_cosim import config_keys
 
-options.load_defaults()
+config_keys.load_defaults()
 
 __version__ = "0.1.0"
 

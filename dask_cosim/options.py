@@ -1,6 +1,7 @@
 """The ``cosim`` options and the arguments users give: one check (and one error text) each.
 
-The defaults are in ``cosim.yaml`` alone (described by ``cosim-schema.yaml``).  Every
+The defaults are in ``cosim.yaml`` alone (described by ``cosim-schema.yaml``; loaded, and
+misspelt keys warned about, by :mod:`dask_cosim.config_keys`).  Every
 option is read through ``dask.config`` under the ``cosim`` namespace, so it can be set per
 block (``with dask.config.set({"cosim.eps": 1e-6}): ...``), in a YAML file in
 ``~/.config/dask/`` or through ``DASK_COSIM__EPS``-style environment variables.  The
@@ -14,14 +15,13 @@ from __future__ import annotations
 
 import math
 import numbers
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import dask.config
-import yaml
 from dask.utils import parse_bytes, parse_timedelta
+
+from dask_cosim import config_keys
 
 if TYPE_CHECKING:
     import torch
@@ -36,7 +36,6 @@ __all__ = [
     "eps",
     "gpu_partition_bytes",
     "k_or_threshold",
-    "load_defaults",
     "memory_map",
     "memory_size",
     "placement_rates",
@@ -59,21 +58,15 @@ _DTYPES = ("float32", "float64")
 _DEVICE_KINDS = ("cpu", "cuda")
 
 
-def load_defaults() -> None:
-    """Register ``cosim.yaml`` as dask.config defaults (user settings keep priority)."""
-    with open(os.path.join(os.path.dirname(__file__), "cosim.yaml")) as f:
-        dask.config.update_defaults(yaml.safe_load(f))
-
-
 def _given(value: Any, key: str) -> Any:
-    return dask.config.get(f"cosim.{key}") if value is None else value
+    return config_keys.get(f"cosim.{key}") if value is None else value
 
 
 def _source(value: Any, key: str, argument: str) -> tuple[Any, str]:
     """The value to check and its name in errors: ``argument`` (the Python name) when the
     caller gave it, ``cosim.<key>`` when it comes from the config."""
     if value is None:
-        return dask.config.get(f"cosim.{key}"), f"cosim.{key}"
+        return config_keys.get(f"cosim.{key}"), f"cosim.{key}"
     return value, argument
 
 
@@ -197,12 +190,12 @@ def clustered() -> Clustered:
     # (environment variables give the second), a lookup in the section's dict does not.
     counts = {}
     for name, low in (("iterations", 0), ("sample-per-cluster", 1), ("min-sample", 1)):
-        value = dask.config.get(f"{key}.{name}")
+        value = config_keys.get(f"{key}.{name}")
         if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
             raise ValueError(f"{key}.{name}={value!r} must be an integer >= {low}")
         counts[name] = int(value)
     sizes = {
-        name: _positive_size(dask.config.get(f"{key}.{name}"), f"{key}.{name}", "'256MiB'")
+        name: _positive_size(config_keys.get(f"{key}.{name}"), f"{key}.{name}", "'256MiB'")
         for name in ("block-bytes", "route-bytes")
     }
     return Clustered(
@@ -217,7 +210,7 @@ def _device_sizes(value: Any, key: str, label: str) -> dict[str, int]:
     Errors name a size from ``value`` ``label['cpu']``, one from the config by its key
     (``cosim.<key>.cpu``, or ``cosim.<key>`` where the config holds one size for both).
     """
-    configured = dask.config.get(f"cosim.{key}")
+    configured = config_keys.get(f"cosim.{key}")
     if isinstance(configured, Mapping):
         names = {kind: f"cosim.{key}.{kind}" for kind in _DEVICE_KINDS}
     else:
@@ -277,13 +270,13 @@ def placement_rates() -> Rates:
     rates = {
         key: float(
             _positive_size(
-                dask.config.get(f"cosim.placement.{key}"), f"cosim.placement.{key}",
+                config_keys.get(f"cosim.placement.{key}"), f"cosim.placement.{key}",
                 "'51.4GB' (per second)",
             )
         )
         for key in ("cpu-fused", "cpu-torch", "host-to-gpu")
     }  # fmt: skip
-    fixed = dask.config.get("cosim.placement.gpu-fixed")
+    fixed = config_keys.get("cosim.placement.gpu-fixed")
     try:
         seconds = parse_timedelta(fixed)
     except (TypeError, ValueError, KeyError):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.resources
 import re
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ import torch
 import yaml
 
 import dask_cosim  # loads the defaults
-from dask_cosim import options
+from dask_cosim import config_keys, options
 
 
 def test_defaults_come_from_cosim_yaml() -> None:
@@ -269,3 +270,27 @@ def test_options_from_environment_variables() -> None:
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == [str(2**20), str(256 * 2**20), "0.002"]
+
+
+def test_a_misspelt_key_is_named_with_the_closest_once() -> None:
+    """dask.config ignores a key no default has; reading any option warns about each
+    such key once, with the closest name.  ``_`` and ``-`` count alike (environment
+    variables give ``chunk_bytes``)."""
+    config_keys._WARNED.clear()
+    with dask.config.set({"cosim.chunk-byte.cpu": "1MiB", "cosim.chunk_bytes.cpu": "1MiB",
+                          "cosim.search.clustered.iteration": 3}):  # fmt: skip
+        with pytest.warns(UserWarning) as caught:
+            options.chunk_bytes()
+            options.clustered()
+        messages = sorted(str(w.message) for w in caught)
+        assert messages == [
+            "cosim.chunk-byte is not a dask_cosim option: it is ignored; did you mean "
+            "'chunk-bytes'? (the options: docs/configuration.md)",
+            "cosim.search.clustered.iteration is not a dask_cosim option: it is ignored; "
+            "did you mean 'iterations'? (the options: docs/configuration.md)",
+        ]
+        assert caught[0].filename == __file__  # the caller's line, not ours
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            options.eps()  # once each
+    assert config_keys.unknown_keys() == []

@@ -1,0 +1,73 @@
+"""The ``cosim`` config's keys: the defaults of ``cosim.yaml`` registered with
+dask.config (:func:`load_defaults`), and every read of an option (:func:`get`, what
+:mod:`dask_cosim.options` reads through) preceded by a warning for each key set under
+``cosim`` that no default has: dask.config would ignore a misspelt key, and the default
+would apply, unsaid.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import dask.config
+import yaml
+
+from dask_cosim import errors
+
+__all__ = ["get", "load_defaults", "unknown_keys"]
+
+_DEFAULTS: dict[str, Any] = {}
+_WARNED: set[str] = set()
+# Maps whose other keys dask_cosim.options rejects itself, with an error naming them.
+_CHECKED = ("cosim.chunk-bytes", "cosim.search.tile-bytes")
+
+
+def load_defaults() -> None:
+    """Register ``cosim.yaml`` as dask.config defaults (user settings keep priority)."""
+    with open(os.path.join(os.path.dirname(__file__), "cosim.yaml")) as f:
+        _DEFAULTS.update(yaml.safe_load(f))
+    dask.config.update_defaults(_DEFAULTS)
+
+
+def unknown_keys() -> list[tuple[str, list[str]]]:
+    """Each key set under ``cosim`` that ``cosim.yaml`` does not have (``_`` and ``-``
+    alike, as dask.config reads them), as ``cosim.a.b``, with the keys known there."""
+
+    def walk(given: Any, known: Any, path: str) -> Iterator[tuple[str, list[str]]]:
+        if isinstance(given, Mapping) and isinstance(known, Mapping):
+            for key, value in given.items():
+                name = str(key).replace("_", "-")
+                if name in known:
+                    yield from walk(value, known[name], f"{path}.{name}")
+                elif path not in _CHECKED:
+                    yield f"{path}.{name}", list(known)
+
+    return list(walk(dask.config.config.get("cosim"), _DEFAULTS.get("cosim"), "cosim"))
+
+
+def get(key: str) -> Any:
+    """``dask.config.get(key)``, once each misspelt ``cosim`` key has been warned about
+    (dask.config ignores it: the default would apply, unsaid)."""
+    for name, known in unknown_keys():
+        if name not in _WARNED:
+            _WARNED.add(name)
+            hint = errors.did_you_mean(name.rpartition(".")[2], known)
+            warnings.warn(
+                f"{name} is not a dask_cosim option: it is ignored{hint} (the options: "
+                "docs/configuration.md)",
+                UserWarning,
+                stacklevel=_caller_level(),
+            )
+    return dask.config.get(key)
+
+
+def _caller_level() -> int:
+    """The stacklevel of the first frame outside dask_cosim and dask (the user's call)."""
+    frame, level = sys._getframe(2), 2
+    while frame.f_back and frame.f_globals.get("__name__", "").startswith(("dask_cosim", "dask.")):
+        frame, level = frame.f_back, level + 1
+    return level
