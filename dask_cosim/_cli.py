@@ -94,13 +94,12 @@ def one_line_errors(command: F) -> F:
 # are spelt as typed.  Only the arguments the commands take as options are translated,
 # and not inside a call (``to_parquet(df, path, layout='list')`` stays Python).
 _OPTIONS = {"k": "-k", "threshold": "--threshold", "method": "--method",
-            "n_probe": "--n-probe", "clusters": "--clusters"}  # fmt: skip
+            "n_probe": "--n-probe", "clusters": "--clusters", "device": "--device",
+            "eps": "--eps", "dtype": "--dtype", "layout": "--layout"}  # fmt: skip
 _SPELLINGS: list[tuple[re.Pattern[str], Any]] = [
     (re.compile(r"\boverwrite=True\b"), "--overwrite"),
     (
-        re.compile(
-            r"(?<![\w(.,-])(?<!, )(k|threshold|method|n_probe|clusters)=(?:'([^']*)'|([^\s,;:)]+))"
-        ),
+        re.compile(r"(?<![\w(.,-])(?<!, )(" + "|".join(_OPTIONS) + r")=(?:'([^']*)'|([^\s,;:)]+))"),
         lambda m: f"{_OPTIONS[m[1]]} {m[2] if m[2] is not None else m[3]}",
     ),
     # Which argument named a missing column: "on: column 'embs' not found; ...".

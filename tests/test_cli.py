@@ -22,7 +22,7 @@ import torch
 
 import dask_cosim
 from dask_cosim import io
-from dask_cosim._cli import InputError, one_line_errors
+from dask_cosim._cli import InputError, cli_spelling, one_line_errors
 from tests.helpers import random_pairs, reference
 
 
@@ -89,6 +89,10 @@ def test_pairwise_writes_result_and_summary(tmp_path: Path) -> None:
         (["-a", "embeds_a", "-b", "embeds_b", "--memory-limit", "lots"],
          "Invalid value for '--memory-limit': 'lots' is not a size; give e.g. 4GiB"),
         (["-a", "embeds_a"], "Missing option '-b'"),
+        (["-a", "embeds_a", "-b", "embeds_b", "--device", "tpu"],
+         "Error: --device tpu is not a device; use 'auto', 'cpu'"),
+        (["-a", "embeds_a", "-b", "embeds_b", "--eps", "-1"],
+         "Error: --eps -1.0 must be a finite number >= 0"),
     ],
 )  # fmt: skip
 def test_pairwise_usage_errors_exit_2(tmp_path: Path, args: list[str], message: str) -> None:
@@ -350,3 +354,5 @@ def test_library_errors_in_cli_spellings() -> None:
     with pytest.raises(InputError) as raised:
         command()
     assert raised.value.message == "'out' appeared while writing; pass --overwrite"
+    text = "write it with to_parquet(df, path, layout='list')"  # a Python call stays Python
+    assert cli_spelling(text) == text
