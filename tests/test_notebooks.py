@@ -25,8 +25,8 @@ from nbclient.exceptions import CellExecutionError  # noqa: E402
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 # Every notebook in notebooks/: the tests below run each, refresh() rewrites them all.
 NAMES = ("quickstart.ipynb", "sentence_pairs.ipynb", "search.ipynb")
-# Seconds. On the quiet 2-core development machine they take ~20 s and ~13 s (about
-# twice that while other jobs share its cores).
+# Seconds. On the 2-core development machine they take ~22, ~19 and ~14 s in the order
+# above (load average 0.9; about twice that while other jobs share its cores).
 CELL_TIMEOUT = 90
 NOTEBOOK_TIMEOUT = 120
 
