@@ -360,9 +360,19 @@ def test_read_parquet_names_a_file_that_is_not_parquet(tmp_path: Path) -> None:
     assert "`dask-cosim convert` turns pandas pickles and .npy/.npz files into Parquet" in text
 
 
-@pytest.mark.parametrize("stray", ["x.csv", "x.parquet"])
+@pytest.mark.parametrize(
+    ("stray", "text", "why"),
+    [
+        ("x.csv", 'id,embeds_a\n0,"[1, 2]"\n', "Parquet magic bytes not found"),
+        ("x.parquet", 'id,embeds_a\n0,"[1, 2]"\n', "Parquet magic bytes not found"),
+        ("README", "", "Parquet file size is 0 bytes"),
+        ("x.txt", "ab\n", "smaller than the minimum file footer"),
+    ],
+)
 @pytest.mark.parametrize("index", [False, True])
-def test_plain_folder_with_a_stray_file_names_it(tmp_path: Path, stray: str, index: bool) -> None:
+def test_plain_folder_with_a_stray_file_names_it(
+    tmp_path: Path, stray: str, text: str, why: str, index: bool
+) -> None:
     # A folder with no manifest: the stray file after a good one is met in the footers
     # (files that store no index are numbered from them) or, with a stored index, when
     # its partition is read; both name it, as `info` and `pairwise` do.
@@ -371,9 +381,9 @@ def test_plain_folder_with_a_stray_file_names_it(tmp_path: Path, stray: str, ind
     a, b = random_pairs(6, 3)
     pdf = pd.DataFrame({"id": [5, 3, 9, 1, 7, 2], "embeds_a": list(a), "embeds_b": list(b)})
     pdf.set_index("id").to_parquet(folder / "a.parquet", index=index)
-    (folder / stray).write_text('id,embeds_a\n0,"[1, 2]"\n')
-    named = f"{str(folder / stray)!r} is not a Parquet file (Parquet magic bytes not found"
-    with pytest.raises(ValueError, match=re.escape(named)):
+    (folder / stray).write_text(text)
+    named = f"{str(folder / stray)!r} is not a Parquet file ("
+    with pytest.raises(ValueError, match=re.escape(named) + ".*" + why):
         dask_cosim.read_parquet(folder).compute()
     out = str(tmp_path / "out")
     for args in (["info"], ["pairwise", "-a", "embeds_a", "-b", "embeds_b", "-o", out]):

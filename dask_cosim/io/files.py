@@ -89,15 +89,25 @@ def _folder_files(
     return fs, [e.path for e in infos], [e.size or 0 for e in infos], None
 
 
+_NOT_PARQUET = ("magic bytes", "file size is 0 bytes", "smaller than the minimum file footer")
+
+
 @contextmanager
 def naming_non_parquet(file: str) -> Iterator[None]:
-    """Within it, pyarrow's error for a file that is not Parquet ("Parquet magic bytes not
-    found in footer", which names no file) is raised as :func:`errors.not_parquet`, naming
-    ``file`` and how to convert it; other errors pass unchanged."""
+    """Within it, pyarrow's errors for a file that is not Parquet ("Parquet magic bytes not
+    found in footer", "file size is 0 bytes", "smaller than the minimum file footer":
+    none names the file) are raised as :func:`errors.not_parquet`, naming ``file`` and
+    how to convert it; a file gone (its folder replaced by an overwrite since it was
+    listed) says so; other errors pass unchanged."""
     try:
         yield
+    except FileNotFoundError as err:
+        raise FileNotFoundError(
+            f"{file!r} is gone: its folder was replaced (an overwrite) after its files were "
+            "listed; read the folder again"
+        ) from err
     except pa.ArrowInvalid as err:
-        if "magic bytes" not in str(err):
+        if not any(why in str(err) for why in _NOT_PARQUET):
             raise
         raise errors.not_parquet(
             file,

@@ -296,17 +296,18 @@ def _read_piece(
     where: dict[str, Any] = {"filesystem": fs}
     if isinstance(fs, pafs.LocalFileSystem):
         where = {"memory_map": memory_map}
-    if in_batches:
-        table = _read_batches(file, row_groups, columns, where)
-    elif row_groups is None:
-        # Our binary layout: pyarrow decodes the columns in parallel, and decoding is a
-        # copy per column, so the whole-table read is faster than batches and peaks no
-        # higher (benchmarks/NOTES.md, section 6).
-        table = pq.read_table(file, columns=columns, use_pandas_metadata=True, **where)
-    else:
-        table = pq.ParquetFile(file, **where).read_row_groups(
-            row_groups, columns=columns, use_pandas_metadata=True
-        )
+    with naming_non_parquet(file):  # (stray files: as in their footers; a file gone)
+        if in_batches:
+            table = _read_batches(file, row_groups, columns, where)
+        elif row_groups is None:
+            # Our binary layout: pyarrow decodes the columns in parallel, and decoding is
+            # a copy per column, so the whole-table read is faster than batches and peaks
+            # no higher (benchmarks/NOTES.md, section 6).
+            table = pq.read_table(file, columns=columns, use_pandas_metadata=True, **where)
+        else:
+            table = pq.ParquetFile(file, **where).read_row_groups(
+                row_groups, columns=columns, use_pandas_metadata=True
+            )
     if filters is not None:
         if first is not None:
             table = positions.with_positions(table, first)
@@ -353,9 +354,7 @@ def _read_batches(
     allocated once each and become chunks, which the backends turn into one tensor block
     each, without concatenating.
     """
-    # Folders of others' files are read this way: a stray file is named, as in their footers.
-    with naming_non_parquet(file):
-        parquet = pq.ParquetFile(file, buffer_size=_READ_BUFFER, pre_buffer=False, **where)
+    parquet = pq.ParquetFile(file, buffer_size=_READ_BUFFER, pre_buffer=False, **where)
     batches = list(
         parquet.iter_batches(
             batch_size=_batch_rows(parquet.metadata),

@@ -82,8 +82,10 @@ def to_parquet(
 
     The files go to a hidden folder next to ``path``, which is renamed to ``path`` only
     after every partition is written (a failed or interrupted run leaves ``path`` as it
-    was).  The folder holds ``part.00000.parquet``... files (zero-padded, so every reader
-    lists them in order) and a manifest, ``_dask_cosim.json``
+    was).  The folder holds ``part.00000.<write>.parquet``... files (zero-padded, so
+    every reader lists them in order; ``<write>`` differs from write to write, so that a
+    reader of the folder an overwrite replaced fails rather than mixing the two) and a
+    manifest, ``_dask_cosim.json``
     (layout, each vector column's D and dtype, rows and index range per file), which
     :func:`read_parquet` uses to read the folder back, with divisions when the index was
     sorted.  pandas metadata is written only for the non-vector columns and the index.
@@ -221,7 +223,10 @@ def _write_partition(
     partition_info: dict[str, Any] | None = None,
 ) -> pd.DataFrame:
     number = partition_info["number"] if partition_info else 0
-    name = f"part.{number:05d}.parquet"
+    # Each write's own names (the staging folder's random tail): a reader that listed the
+    # files of the folder an overwrite replaced finds them gone, rather than reading the
+    # new folder's files of the same name mixed with the old ones it had read.
+    name = f"part.{number:05d}.{staging.rsplit('-', 1)[-1]}.parquet"
     if write_index is None:
         write_index = not _default_index(df.index)
     if _writes_on_gpu(df, fs, compression):

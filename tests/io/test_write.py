@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -47,9 +48,11 @@ def test_to_parquet_round_trip(tmp_path: Path, layout: str, dtype: type) -> None
     assert manifest["layout"] == layout and manifest["rows"] == 60
     want = {"dim": 7, "dtype": np.dtype(dtype).name}
     assert manifest["vectors"] == {"embeds_a": want, "embeds_b": want}
-    assert sorted(p.name for p in out.iterdir()) == [io.MANIFEST] + [
-        f"part.{i:05d}.parquet" for i in range(4)
-    ]
+    names = sorted(p.name for p in out.iterdir())
+    assert names[0] == io.MANIFEST and len(names) == 5
+    # part.<number>.<this write>.parquet: the numbers in order, one write's tail.
+    parts = [re.fullmatch(r"part\.(\d{5})\.([0-9a-f]{12})\.parquet", n) for n in names[1:]]
+    assert [int(m[1]) for m in parts] == list(range(4)) and len({m[2] for m in parts}) == 1
     assert [p.name for p in tmp_path.iterdir()] == ["pairs"]  # no staging folder left
 
     back = dask_cosim.read_parquet(out)
@@ -92,7 +95,9 @@ def test_to_parquet_is_atomic(tmp_path: Path) -> None:
     # Partitions that disagree on D fail when the job commits, with the same guarantee.
     short = dask_cosim.from_pandas(pairs_frame(a[:, :2], b[:, :2], "object_numpy"))
     mixed = dd.concat([dask_cosim.from_pandas(pdf), short])
-    with pytest.raises(ValueError, match=r"part\.00001\.parquet holds 2-long float32 vectors but"):
+    with pytest.raises(
+        ValueError, match=r"part\.00001\.[0-9a-f]{12}\.parquet holds 2-long float32 vectors but"
+    ):
         dask_cosim.to_parquet(mixed, out, overwrite=True, vectors=["embeds_a", "embeds_b"])
     assert [p.name for p in tmp_path.iterdir()] == ["p"]
 
@@ -123,7 +128,7 @@ def test_to_parquet_lazy_empty_partitions_and_results(tmp_path: Path) -> None:
     assert not out.exists()
     manifest = job.compute()
     assert manifest["vectors"] == {} and manifest["rows"] == 20
-    assert [f["path"] for f in manifest["files"]] == ["part.00001.parquet", "part.00002.parquet"]
+    assert [f["path"][:11] for f in manifest["files"]] == ["part.00001.", "part.00002."]
     back = dask_cosim.read_parquet(out).compute()
     np.testing.assert_allclose(back["cos"].to_numpy(), reference(a, b)[10:], atol=1e-6)
 
@@ -182,3 +187,24 @@ def test_cudf_writer_takes_binary_vectors_up_to_255_bytes() -> None:
     assert cudf_parquet.writer_takes(narrow)
     assert not cudf_parquet.writer_takes(wide)
     assert cudf_parquet.writer_takes(pa.schema([vector_field("v", pa.float32(), 300, "list")]))
+
+
+def test_a_reader_of_a_replaced_folder_fails_rather_than_mixing(tmp_path: Path) -> None:
+    """read_parquet lists the files when it is called; an overwrite then replaces the
+    folder.  The old files' names are gone with it (each write names its own), so the
+    late read fails, naming the file and the fix, instead of reading the new folder's
+    files of the same names beside the old listing."""
+    a, b = random_pairs(40, 4)
+    out = tmp_path / "p"
+    dask_cosim.to_parquet(
+        dask_cosim.from_pandas(pairs_frame(a, b, "fixed_size_list"), npartitions=4), out
+    )
+    listed = dask_cosim.read_parquet(out)
+    c, d = random_pairs(30, 4, seed=1)
+    dask_cosim.to_parquet(dask_cosim.from_pandas(pairs_frame(c, d, "fixed_size_list"), npartitions=4), out,
+                          overwrite=True)  # fmt: skip
+    with pytest.raises(FileNotFoundError, match=r"part\.0000\d\.[0-9a-f]{12}\.parquet' is gone: "
+                       r"its folder was replaced \(an overwrite\) after its files were listed; "
+                       r"read the folder again"):  # fmt: skip
+        listed.compute()
+    assert len(dask_cosim.read_parquet(out).compute()) == 30
