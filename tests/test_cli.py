@@ -23,7 +23,7 @@ import torch
 import dask_cosim
 from dask_cosim import io
 from dask_cosim._cli import InputError, cli_spelling, one_line_errors
-from tests.helpers import random_pairs, reference
+from tests.helpers import pairs_frame, random_pairs, reference
 
 
 def cli(
@@ -266,6 +266,11 @@ def test_convert_info_and_pickle_refusal(tmp_path: Path) -> None:
         }
     )
     frame.to_pickle(tmp_path / "frame.pkl")
+    # A folder by its file:// URL, as read_parquet and info take it.
+    dask_cosim.to_parquet(pairs_frame(a, b, "fixed_size_list"), tmp_path / "pq")
+    by_url = cli("convert", (tmp_path / "pq").as_uri(), "-o", str(tmp_path / "c0"))
+    assert by_url.returncode == 0, by_url.stderr
+    assert len(dask_cosim.read_parquet(tmp_path / "c0").compute()) == 50
     refused = cli("convert", str(tmp_path / "frame.pkl"), "-o", str(tmp_path / "c1"))
     assert refused.returncode == 2 and "--allow-pickle" in refused.stderr
     assert "runs code" in refused.stderr and not (tmp_path / "c1").exists()

@@ -242,9 +242,9 @@ def source_frame(
     from dask_cosim.io.read import check_parquet_inputs, read_parquet
 
     source = Path(path)
-    if not source.exists():
-        raise FileNotFoundError(f"{str(path)!r} not found")
     suffix = source.suffix.lower()
+    if suffix in (".pkl", ".pickle", ".npy", ".npz") and not source.exists():
+        raise FileNotFoundError(f"{str(path)!r} not found")  # Parquet: any URL, below
     if suffix in (".pkl", ".pickle"):
         return from_pandas(read_pickle(source, allow_pickle))
     if suffix in (".npy", ".npz"):

@@ -149,7 +149,8 @@ def new_staging(fs: pafs.FileSystem, root: str) -> str:
 _HOST = socket.gethostname().replace("/", "_")
 
 
-_STAGING = re.compile(r"\.cosim-(?P<host>.+)-(?P<pid>\d+)-[0-9a-f]{12}$")
+# A staging folder, or (-old) the folder an overwrite was replacing when it stopped.
+_STAGING = re.compile(r"\.cosim-(?P<host>.+)-(?P<pid>\d+)-[0-9a-f]{12}(?P<old>-old)?$")
 
 
 def remove_own_staging(fs: pafs.FileSystem, root: str) -> None:
@@ -164,7 +165,9 @@ def remove_own_staging(fs: pafs.FileSystem, root: str) -> None:
 
 def _remove_abandoned_staging(fs: pafs.FileSystem, parent: str, name: str) -> None:
     """Delete staging folders of earlier writes to ``name`` by processes of this host
-    that no longer exist (killed before they could clean up); others are left alone."""
+    that no longer exist (killed before they could clean up); others are left alone.  An
+    overwrite killed between its two renames left the old folder aside and no ``name``:
+    it is put back first, as the folder was before that write."""
     if not isinstance(fs, pafs.LocalFileSystem):
         return  # no way to tell whether a writer elsewhere is alive
     try:
@@ -177,7 +180,13 @@ def _remove_abandoned_staging(fs: pafs.FileSystem, parent: str, name: str) -> No
         found = _STAGING.search(entry)
         if found is None or found["host"] != _HOST or _alive(int(found["pid"])):
             continue
-        shutil.rmtree(os.path.join(parent, entry), ignore_errors=True)
+        here, root = os.path.join(parent, entry), os.path.join(parent, name)
+        if found["old"] and not os.path.lexists(root):
+            os.rename(here, root)
+        elif os.path.isdir(here) and not os.path.islink(here):
+            shutil.rmtree(here, ignore_errors=True)
+        else:  # the file an overwrite of a file was replacing
+            os.remove(here)
 
 
 def _alive(pid: int) -> bool:

@@ -151,9 +151,10 @@ def to_parquet(
         write_index = True
     # None from here on: one partition, its index stored unless it is the default one.
     fs, root = filesystem(path)
+    staging = new_staging(fs, root)  # first: it puts back what a killed overwrite moved
     if exists(fs, root) and not overwrite:
+        fs.delete_dir(staging)
         raise FileExistsError(f"{str(path)!r} exists; pass overwrite=True to replace it")
-    staging = new_staging(fs, root)
     written = df.map_partitions(
         _write_partition,
         fs,
@@ -407,10 +408,14 @@ def _commit(
     if exists(fs, root):
         if not overwrite:
             raise FileExistsError(f"{root!r} appeared while writing; pass overwrite=True")
+        # Killed between the two moves, the next write to ``root`` puts ``old`` back.
         old = f"{staging}-old"
         fs.move(root, old)
         fs.move(staging, root)
-        fs.delete_dir(old)
+        if fs.get_file_info(old).type == pafs.FileType.Directory:
+            fs.delete_dir(old)
+        else:  # ``root`` was a file
+            fs.delete_file(old)
     else:
         fs.move(staging, root)
     return manifest

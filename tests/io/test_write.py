@@ -208,3 +208,36 @@ def test_a_reader_of_a_replaced_folder_fails_rather_than_mixing(tmp_path: Path) 
                        r"read the folder again"):  # fmt: skip
         listed.compute()
     assert len(dask_cosim.read_parquet(out).compute()) == 30
+
+
+def test_an_overwrite_killed_between_its_moves_is_undone_by_the_next_write(
+    tmp_path: Path,
+) -> None:
+    """Killed after moving the old folder aside and before moving the new one in, an
+    overwrite left no folder at all; the next write to that path puts the old one back
+    (then refuses to replace it without overwrite=True), and drops the dead staging."""
+    import subprocess
+    import sys
+
+    a, b = random_pairs(12, 3)
+    out = tmp_path / "p"
+    dask_cosim.to_parquet(pairs_frame(a, b, "fixed_size_list"), out)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    stem = f".p.cosim-{io.files._HOST}-{int(dead.stdout)}-0123456789ab"
+    (tmp_path / stem).mkdir()  # the new folder, complete or not
+    out.rename(tmp_path / f"{stem}-old")
+    with pytest.raises(FileExistsError, match="exists; pass overwrite=True"):
+        dask_cosim.to_parquet(pairs_frame(b, a, "fixed_size_list"), out)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["p"]
+    back = dask_cosim.read_parquet(out).compute()
+    np.testing.assert_array_equal(np.stack(back["embeds_a"].to_numpy()), a)
+
+
+def test_overwrite_replaces_a_file(tmp_path: Path) -> None:
+    a, b = random_pairs(12, 3)
+    out = tmp_path / "p"
+    out.write_text("an old file")
+    dask_cosim.to_parquet(pairs_frame(a, b, "fixed_size_list"), out, overwrite=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["p"] and out.is_dir()
+    assert len(dask_cosim.read_parquet(out).compute()) == 12
