@@ -66,7 +66,7 @@ def _found(df: Any, on: str, p: Plan, drops: bool, by: str) -> Any:
             routed, p.threshold, p.layout.dtype, p.layout.dim, drops=drops, **search
         )
         return found.set_index(by)
-    layout = dask.delayed(p.layout, name=f"cosim-clustered-layout-{tokenize(p.layout.centroids)}")
+    layout = dask.delayed(p.layout, name=f"cosim-clustered-layout-{tokenize(p.layout)}")
     routed = _pieces(df, on, p).map_partitions(
         cp.route_partition,
         on,
@@ -175,7 +175,8 @@ def _search(df: Any, on: str, p: Plan, cols: list[Any]) -> Any:
         found = _carry(_found(df, on, p, drops=False, by="_rkey"), df, cols, "_p")
         found = _carry(_gather(found.reset_index(), "_lkey", df, True), df, cols, "_q")
     out_meta = backends.frame_like(meta, like)
-    return _per_partition(cp.finish_pairs, found, meta, like, carried, meta=out_meta)
+    # Numbered from 0 in each partition, as the exact method's: no divisions.
+    return _unsorted(_per_partition(cp.finish_pairs, found, meta, like, carried, meta=out_meta))
 
 
 def _dedup(df: Any, on: str, p: Plan, removed: bool, cols: list[Any]) -> Any:
@@ -194,9 +195,14 @@ def _dedup(df: Any, on: str, p: Plan, removed: bool, cols: list[Any]) -> Any:
         best = _carry(_gather(_per_partition(cp.best_earlier, pairs), "_lkey", df), df, cols, "_q")
         best = _carry(_gather(best.reset_index(), "_key", df, True), df, cols, "_p")
     out_meta = backends.frame_like(meta, like)
-    return _drop(df, pairs), _per_partition(
-        cp.removed_rows, best, meta, like, carried, meta=out_meta
+    return _drop(df, pairs), _unsorted(
+        _per_partition(cp.removed_rows, best, meta, like, carried, meta=out_meta)
     )
+
+
+def _unsorted(result: Any) -> Any:
+    """``result`` without the divisions of the keys it was gathered by (dask frames)."""
+    return result.clear_divisions() if dask.is_dask_collection(result) else result
 
 
 def neighbors(

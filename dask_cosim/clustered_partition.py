@@ -60,6 +60,12 @@ def partition_number(partition_info: dict[str, Any] | None) -> int:
     return 0 if partition_info is None else int(partition_info["number"])
 
 
+def key_positions(keys: np.ndarray) -> np.ndarray:
+    """The positions in their partition of the rows ``keys`` name (their low bits): not
+    from dask's partition number, which a selection (``result.partitions[i]``) renumbers."""
+    return np.asarray(keys, dtype=np.int64) & np.int64((1 << POS_BITS) - 1)
+
+
 def row_keys(part: int, n: int) -> np.ndarray:
     return (np.int64(part) << POS_BITS) + np.arange(n, dtype=np.int64)
 
@@ -182,6 +188,12 @@ class Layout:
     dtype: str
     dim: int
     bfloat16: bool | None = False
+
+    def __dask_tokenize__(self) -> tuple[Any, ...]:
+        # dask's token of a torch tensor differs from call to call: the values say it.
+        tensors = [t.detach().cpu().numpy() for t in (self.centroids, self.floor)]
+        rest = (self.threshold, self.delta, self.n_probe, self.dtype, self.dim, self.bfloat16)
+        return (*tensors, self.base, self.members, self.probes, *rest)
 
 
 def blocks_of(members: np.ndarray, probes: np.ndarray) -> np.ndarray:
@@ -398,25 +410,20 @@ def removed_rows(
     return sd.finish_removed(best_earlier(pairs), meta, carried or {}, like)
 
 
-def with_carried(
-    found: pd.DataFrame, payload: Any, prefix: str, partition_info: dict[str, Any] | None = None
-) -> pd.DataFrame:
+def with_carried(found: pd.DataFrame, payload: Any, prefix: str) -> pd.DataFrame:
     """``found``, indexed by keys of rows of one input partition, with those rows'
     carried columns: ``payload`` is that partition's columns to carry (pandas or cudf),
     named "{prefix}0", ... (:func:`dask_cosim.search_partition.carried_rows`)."""
-    part = partition_number(partition_info)
-    rows = found.index.to_numpy(np.int64) - (np.int64(part) << POS_BITS)
+    rows = key_positions(found.index.to_numpy(np.int64))
     extra = sp.carried_rows(payload, rows, prefix).set_axis(found.index, axis=0)
     return pd.concat([found, extra], axis=1)
 
 
-def drop_keys(df: Any, drops: pd.DataFrame, partition_info: dict[str, Any] | None = None) -> Any:
+def drop_keys(df: Any, drops: pd.DataFrame) -> Any:
     """``df`` (one partition of the input) without the rows whose keys are in ``drops``
-    (its index or its "_key" column)."""
-    part = partition_number(partition_info)
+    (its index or its "_key" column: keys of this partition's rows)."""
     keys = drops["_key"].to_numpy() if "_key" in drops else drops.index.to_numpy()
-    pos = keys - (np.int64(part) << POS_BITS)
-    pos = pos[(pos >= 0) & (pos < len(df))]
+    pos = key_positions(keys)
     if len(pos) == 0:
         return df
     keep = np.ones(len(df), dtype=bool)

@@ -125,6 +125,30 @@ def test_rows_of_two_lengths_in_two_partitions_are_named() -> None:
         ddf.cosim.topk(np.ones((1, 3)), "emb", k=2).compute()
 
 
+@pytest.mark.filterwarnings("ignore:method='clustered' at threshold")  # few clusters ruled out
+def test_clustered_partitions_select_as_exact_and_keys_are_deterministic(
+    pdf: pd.DataFrame,
+) -> None:
+    """``result.partitions[i]`` (which dask pushes into the last per-partition step,
+    renumbering it) gives the exact method's partition i: rows are found by their keys,
+    not by dask's partition number.  Pairs have no divisions, as the exact method's.  The
+    same call gives the same graph keys (persisted results are reused); another
+    threshold, others."""
+    ddf = to_dask(pdf, 4)
+    cl = ddf.cosim.neighbors("emb", threshold=0.9, columns=["id"], method="clustered")
+    ex = ddf.cosim.neighbors("emb", threshold=0.9, columns=["id"])
+    assert cl.divisions == ex.divisions == (None,) * 5
+    kept = ddf.cosim.dedup("emb", 0.9, method="clustered")
+    kept_ex = ddf.cosim.dedup("emb", 0.9)
+    for i in range(4):
+        got, want = cl.partitions[i].compute(), ex.partitions[i].compute()
+        pd.testing.assert_frame_equal(got.reset_index(drop=True), want.reset_index(drop=True))
+        pd.testing.assert_frame_equal(kept.partitions[i].compute(), kept_ex.partitions[i].compute())
+    again = ddf.cosim.dedup("emb", 0.9, method="clustered")
+    assert again.__dask_keys__() == kept.__dask_keys__()
+    assert ddf.cosim.dedup("emb", 0.8, method="clustered").__dask_keys__() != kept.__dask_keys__()
+
+
 def test_clustered_errors(pdf: pd.DataFrame) -> None:
     df = pdf.cosim
     with pytest.raises(ValueError, match=r"method='approx'; use 'exact'"):
