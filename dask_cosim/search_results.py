@@ -140,7 +140,9 @@ def finish_topk(merged: pd.DataFrame, like: Any, columns: list[Any], score: np.d
         }
     )
     for n, c in enumerate(columns):
-        out[c] = df[f"_p{n}"].to_numpy() if f"_p{n}" in df else np.array([], dtype=object)
-    if len(out) == 0:
-        out = out.astype({c: like[c].dtype for c in columns})
+        # The carried values as they are (Int64 with nulls, categories, strings): their
+        # own dtype, not numpy's (float64 for Int64, objects for categories).
+        dtype = like[c].dtype if isinstance(like, pd.DataFrame) else None  # (cudf: its own)
+        carried = df[f"_p{n}"] if f"_p{n}" in df else pd.Series([], dtype=dtype or object)
+        out[c] = carried.reset_index(drop=True).astype(dtype or carried.dtype)
     return backends.frame_like(out, like)

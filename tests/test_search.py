@@ -109,6 +109,27 @@ def test_topk_queries_as_series_tensor_and_bad_shapes() -> None:
     assert len(pdf.cosim.topk(np.zeros((0, D)), "emb")) == 0
 
 
+@pytest.mark.parametrize("npartitions", [1, 2])
+def test_topk_carries_columns_in_their_own_dtypes(npartitions: int) -> None:
+    """Int64 with nulls (ids past 2**53 exact), categories, strings and booleans keep
+    their dtypes, as join and neighbors keep them, whether the result is empty or not."""
+    x = np.eye(4, dtype=np.float32)
+    pdf = pd.DataFrame({
+        "emb": as_column(x, "fixed_size_list"),
+        "id": pd.array([2**53 + 1, None, 2**53 + 3, 4], dtype="Int64"),
+        "cat": pd.Categorical(list("abab")),
+        "s": pd.array(list("wxyz"), dtype="string"),
+        "b": pd.array([True, None, False, True], dtype="boolean"),
+    })  # fmt: skip
+    cols = ["id", "cat", "s", "b"]
+    ddf = to_dask(pdf, npartitions)
+    for queries in (x, x[:0]):
+        got = ddf.cosim.topk(queries, "emb", k=2, columns=cols)
+        assert got[cols].dtypes.to_dict() == pdf[cols].dtypes.to_dict()
+    best = ddf.cosim.topk(x, "emb", k=1, columns=cols)
+    pd.testing.assert_frame_equal(best[cols], pdf[cols].reset_index(drop=True))
+
+
 def test_topk_same_for_every_partitioning() -> None:
     x = vectors(300, seed=3)
     x[200:230] = x[17]
