@@ -26,6 +26,7 @@ from typing import Any
 import dask
 import numpy as np
 import torch
+from dask.base import tokenize
 
 from dask_cosim import clustered_kernels as ck
 from dask_cosim import clustered_kmeans as km
@@ -268,12 +269,15 @@ def plan(
         centroids, probe_sample, seen = dask.compute(centroids, probe_sample, seen)
     logger.info("clustered: k-means done in %.1f s; the clusters' radii next",
                 time.perf_counter() - started)  # fmt: skip
+    # One key for the centroids, not a copy of them in every partition's task.
+    token = tokenize(centroids.cpu().numpy())
+    sent = dask.delayed(centroids, name=f"cosim-centroids-{token}") if lazy else centroids
     stats = _tree(
         call,
         cp.merge_stats,
         [
             call(cp.stats_partition)(
-                p, on, centroids, eps=eps, device=device, chunk_bytes=chunk, bfloat16=low
+                p, on, sent, eps=eps, device=device, chunk_bytes=chunk, bfloat16=low
             )
             for p in parts
         ],

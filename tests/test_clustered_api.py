@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import dask
 import numpy as np
@@ -147,6 +148,29 @@ def test_clustered_partitions_select_as_exact_and_keys_are_deterministic(
     again = ddf.cosim.dedup("emb", 0.9, method="clustered")
     assert again.__dask_keys__() == kept.__dask_keys__()
     assert ddf.cosim.dedup("emb", 0.8, method="clustered").__dask_keys__() != kept.__dask_keys__()
+
+
+def test_the_radii_pass_sends_the_centroids_as_one_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each partition's task of the radii pass names the centroids' key: the tensor
+    (here 400 x 64 float32, 102 kB) is in the graph once, not in every task."""
+    import cloudpickle
+
+    from dask_cosim import clustered_plan
+
+    x = np.random.default_rng(0).standard_normal((8000, 64)).astype(np.float32)
+    ddf = to_dask(pd.DataFrame({"emb": as_column(x, "fixed_size_list")}), 8)
+    graphs: list[dict] = []
+    compute = dask.compute
+
+    def keep(*args: Any, **kwargs: Any) -> Any:
+        graphs.extend(dict(a.__dask_graph__()) for a in args if dask.is_dask_collection(a))
+        return compute(*args, **kwargs)
+
+    monkeypatch.setattr(clustered_plan.dask, "compute", keep)
+    ddf.cosim.dedup("emb", 0.95, method="clustered", clusters=400, n_probe=1)
+    tasks = {k: v for g in graphs for k, v in g.items() if key_split(k) == "stats_partition"}
+    assert len(tasks) == 8
+    assert max(len(cloudpickle.dumps(t)) for t in tasks.values()) < 20_000
 
 
 def test_clustered_errors(pdf: pd.DataFrame) -> None:
