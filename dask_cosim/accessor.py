@@ -1,8 +1,10 @@
 """``df.cosim``: the accessor on dask, pandas and cudf DataFrames.
 
 On a dask DataFrame it validates against ``_meta`` (never by computing), derives the result
-meta from the input meta (cudf in, cudf out) and makes exactly one ``map_partitions``
-call.  On an eager frame it runs the same partition function directly.
+meta from the input meta (cudf in, cudf out) and builds the lazy result: ``pairwise`` one
+``map_partitions`` call, the searches their graphs of partition (pair) tasks
+(:mod:`dask_cosim.search`; ``method="clustered"`` computes its plan first,
+:mod:`dask_cosim.clustered`).  On an eager frame it runs the same partition functions.
 """
 
 from __future__ import annotations
@@ -211,7 +213,8 @@ class CosimAccessor:
         -------
         DataFrame
             Lazy dask DataFrame when either side is a dask collection (one partition per
-            left partition, unknown divisions), else pandas.  Columns ``left`` and
+            left block of partitions, at most ``cosim.search.max-blocks``; unknown
+            divisions), else pandas.  Columns ``left`` and
             ``right`` (index labels), ``score``, ``rank`` (0-based) when ``k`` is given,
             then the carried columns.  Sorted by left row, then with ``k`` by rank (score
             descending, ties broken by frame order), else by right row (frame order).
