@@ -7,6 +7,7 @@ would apply, unsaid.
 
 from __future__ import annotations
 
+import copy
 import os
 import sys
 import warnings
@@ -22,6 +23,7 @@ __all__ = ["get", "load_defaults", "unknown_keys"]
 
 _DEFAULTS: dict[str, Any] = {}
 _WARNED: set[str] = set()
+_CHECKED_CONFIG: list[Any] = [None]  # the cosim config last walked (a copy)
 # Maps whose other keys dask_cosim.options rejects itself, with an error naming them.
 _CHECKED = ("cosim.chunk-bytes", "cosim.search.tile-bytes")
 
@@ -51,7 +53,17 @@ def unknown_keys() -> list[tuple[str, list[str]]]:
 
 def get(key: str) -> Any:
     """``dask.config.get(key)``, once each misspelt ``cosim`` key has been warned about
-    (dask.config ignores it: the default would apply, unsaid)."""
+    (dask.config ignores it: the default would apply, unsaid).  The keys are walked only
+    when the ``cosim`` config differs from the one last walked: options are read in
+    every partition's task, where a walk would cost 40 times the read."""
+    given = dask.config.config.get("cosim")
+    if given != _CHECKED_CONFIG[0]:
+        _CHECKED_CONFIG[0] = copy.deepcopy(given)
+        _warn_unknown()
+    return dask.config.get(key)
+
+
+def _warn_unknown() -> None:
     for name, known in unknown_keys():
         if name not in _WARNED:
             _WARNED.add(name)
@@ -62,7 +74,6 @@ def get(key: str) -> Any:
                 UserWarning,
                 stacklevel=_caller_level(),
             )
-    return dask.config.get(key)
 
 
 def _caller_level() -> int:
