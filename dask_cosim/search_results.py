@@ -142,7 +142,8 @@ def finish_topk(merged: pd.DataFrame, like: Any, columns: list[Any], score: np.d
     for n, c in enumerate(columns):
         # The carried values as they are (Int64 with nulls, categories, strings): their
         # own dtype, not numpy's (float64 for Int64, objects for categories).
-        dtype = like[c].dtype if isinstance(like, pd.DataFrame) else None  # (cudf: its own)
-        carried = df[f"_p{n}"] if f"_p{n}" in df else pd.Series([], dtype=dtype or object)
-        out[c] = carried.reset_index(drop=True).astype(dtype or carried.dtype)
+        carried = df[f"_p{n}"] if f"_p{n}" in df else pd.Series([], dtype=object)
+        if isinstance(like, pd.DataFrame):  # (cudf's own dtypes: frame_like's job)
+            carried = carried.astype(like[c].dtype)
+        out[c] = carried.reset_index(drop=True)
     return backends.frame_like(out, like)
