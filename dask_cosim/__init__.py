@@ -100,16 +100,12 @@ def _on_dask_dataframe(_module: Any) -> None:
     register_dataframe_accessor("cosim")(_Deferred)
 
 
-def _on_pandas(module: Any) -> None:
-    module.api.extensions.register_dataframe_accessor("cosim")(_Deferred)
-
-
-def _on_cudf(module: Any) -> None:
+def _on_pandas_or_cudf(module: Any) -> None:
     module.api.extensions.register_dataframe_accessor("cosim")(_Deferred)
 
 
 # Each runs now if its module is already imported, else right after the user imports it:
 # cudf in particular is never imported by us.
 wrapt.register_post_import_hook(_on_dask_dataframe, "dask.dataframe")
-wrapt.register_post_import_hook(_on_pandas, "pandas")
-wrapt.register_post_import_hook(_on_cudf, "cudf")
+wrapt.register_post_import_hook(_on_pandas_or_cudf, "pandas")
+wrapt.register_post_import_hook(_on_pandas_or_cudf, "cudf")
