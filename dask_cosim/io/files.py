@@ -43,7 +43,8 @@ def parquet_files(
     if any(c in t for t in texts for c in "*?["):
         if any("://" in t for t in texts):
             return None
-        texts = sorted((m for t in texts for m in glob.glob(t)), key=natural_sort_key)
+        matches = (m for t in texts for m in glob.glob(t) if not _skipped_name(t, m))
+        texts = sorted(matches, key=natural_sort_key)
         if not texts:
             raise FileNotFoundError(f"no files match {path!r}")
     fs, first = filesystem(texts[0])
@@ -60,6 +61,20 @@ def parquet_files(
     if missing:
         raise FileNotFoundError(f"not files: {missing!r}")
     return fs, located, [i.size for i in infos], None
+
+
+def _skipped_name(pattern: str, match: str) -> bool:
+    """Whether a glob's ``match`` is a name that readers of a folder skip: a component
+    starting with "_" or "." (_SUCCESS, _metadata, _common_metadata, our manifest and
+    staging folders, hidden files) that ``pattern`` matched with a wildcard rather than
+    spelling it out, as pyarrow's dataset discovery and :func:`_folder_files` skip
+    them.  (``glob`` already leaves "." names to patterns that spell the dot.)"""
+    parts = zip(
+        reversed(os.path.normpath(pattern).split(os.sep)),
+        reversed(os.path.normpath(match).split(os.sep)),
+    )
+    skipped = ("_", ".")
+    return any(got.startswith(skipped) and not part.startswith(skipped) for part, got in parts)
 
 
 def _folder_files(

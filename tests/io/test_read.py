@@ -62,6 +62,28 @@ def test_read_parquet_files_globs_and_big_files(tmp_path: Path, monkeypatch: Any
     assert half.compute()["id"].tolist() == list(range(45, 90))
 
 
+def test_globs_skip_the_names_folder_readers_skip(tmp_path: Path) -> None:
+    """A glob over a folder we wrote skips our manifest, as a folder's listing does, and
+    so other "_" and "." names (_SUCCESS, _common_metadata, hidden files and folders);
+    a pattern that spells the "_" still names such a file."""
+    a, b = random_pairs(20, 3)
+    pdf = pairs_frame(a, b, "fixed_size_list")
+    dask_cosim.to_parquet(dask_cosim.from_pandas(pdf, npartitions=2), tmp_path / "ours")
+    (tmp_path / "ours" / "_SUCCESS").write_bytes(b"")
+    (tmp_path / "ours" / "_common_metadata").write_bytes(b"not parquet")
+    (tmp_path / "ours" / ".part.0.parquet.crc").write_bytes(b"not parquet")
+    (tmp_path / "ours" / "_temporary").mkdir()
+    pq.write_table(pa.table({"id": [-1]}), tmp_path / "ours" / "_temporary" / "part.parquet")
+    for pattern in ("ours/*", "ours/*.parquet", "*/*"):
+        got = dask_cosim.read_parquet(str(tmp_path / pattern))
+        assert got.npartitions == 2, pattern
+        pd.testing.assert_frame_equal(got.compute(), pdf, check_index_type=False)
+    with pytest.raises(FileNotFoundError, match="no files match"):
+        dask_cosim.read_parquet(str(tmp_path / "*" / "*" / "*"))  # only in _temporary/
+    with pytest.raises(ValueError, match=r"_dask_cosim\.json' is not a Parquet file"):
+        dask_cosim.read_parquet(str(tmp_path / "ours" / "_*.json"))
+
+
 def test_read_parquet_hive_folders_and_missing_paths(tmp_path: Path) -> None:
     a, b = random_pairs(40, 3)
     pdf = pairs_frame(a, b, "fixed_size_list")
