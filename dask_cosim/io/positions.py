@@ -6,7 +6,8 @@ repeat across partitions, and a search result that names rows by label cannot be
 back to them.  The row counts are in the footers: :func:`numbered_pieces` labels row ``i``
 of the read (files in order, rows in order) ``i``, as ``pandas.read_parquet(folder)``
 does, and gives the divisions, without reading data.  :func:`label_rows` then sets each
-partition's labels when it is read.
+partition's labels when it is read; :func:`label` also gives a stored index that dask
+wrote unnamed its name back (None).
 """
 
 from __future__ import annotations
@@ -21,10 +22,21 @@ import pyarrow.parquet as pq
 
 from dask_cosim.io.files import naming_non_parquet
 
-__all__ = ["POSITION", "Numbering", "label_rows", "numbered_pieces", "numbering", "with_positions"]
+__all__ = [
+    "POSITION",
+    "Numbering",
+    "label",
+    "label_rows",
+    "numbered_pieces",
+    "numbering",
+    "with_positions",
+]
 
 # The column that carries row positions through a filter, then becomes the index.
 POSITION = "__dask_cosim_position__"
+
+# The name dask's to_parquet stores an unnamed index under; its reader gives it back None.
+DASK_UNNAMED_INDEX = "__null_dask_index__"
 
 # (first label, step, name): row p of the read is labelled first + step * p.
 Numbering = tuple[int, int, Any]
@@ -111,4 +123,15 @@ def label_rows(df: Any, first: Numbering) -> Any:
     else:
         df.index = range(start, start + step * len(df), step)
     df.index.name = name
+    return df
+
+
+def label(df: Any, first: Numbering | None) -> Any:
+    """``df`` (pandas or cudf) labelled from ``first`` (:func:`label_rows`), or, with
+    ``first`` None, by its stored index, named None where dask stored it unnamed
+    (:data:`DASK_UNNAMED_INDEX`), as dask's reader names it."""
+    if first is not None:
+        return label_rows(df, first)
+    if df.index.name == DASK_UNNAMED_INDEX:
+        df.index.name = None
     return df

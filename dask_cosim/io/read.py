@@ -40,7 +40,9 @@ def read_parquet(path: Any, columns: list[str] | None = None, **kwargs: Any) -> 
     ``i``, as ``pandas.read_parquet`` labels a folder, with known divisions, from the
     footers alone; rows a filter drops keep their numbers out of the sequence.  One file
     whose pandas metadata holds a RangeIndex keeps it.  (dask's own reader numbers each
-    file from 0, so labels repeat across partitions.)
+    file from 0, so labels repeat across partitions.)  An index that dask's
+    ``to_parquet`` stored unnamed (as "__null_dask_index__") is named None, as dask's
+    reader names it.
 
     Parameters
     ----------
@@ -158,7 +160,7 @@ def _read_files(
     if numbering is not None:
         pieces, numbered, divisions = positions.numbered_pieces(fs, pieces, numbering)
         firsts = list(numbered)
-        meta = positions.label_rows(meta, numbering)
+    meta = positions.label(meta, numbering)
     return dd.from_map(
         _read_piece,
         pieces,
@@ -279,7 +281,8 @@ def _read_piece(
     a third item of the piece, their RangeIndexes from our manifest); other files by
     pyarrow, then copied to the GPU.  ``first``: how the piece's first row
     is labelled, for files that store no index (:mod:`.positions`); rows a filter drops
-    take their labels with them.
+    take their labels with them.  None: the stored index, unnamed where dask stored it
+    unnamed.
     """
     file, row_groups, *ranges = piece
     # Labels that survive a filter need the rows before it: pyarrow's path, then.
@@ -292,7 +295,7 @@ def _read_piece(
             vectors=binary_vectors or {},
             ranges=ranges[0] if ranges else None,
         )
-        return df if first is None else positions.label_rows(df, first)
+        return positions.label(df, first)
     # Local files: memory-mapped or through a 1 MiB buffer (see _memory_map); pyarrow maps
     # only when given no filesystem.
     where: dict[str, Any] = {"filesystem": fs}
@@ -314,8 +317,7 @@ def _read_piece(
         if first is not None:
             table = positions.with_positions(table, first)
         table = table.filter(pq.filters_to_expression(filters))
-    df = backends.frame_from_arrow(restore_vectors(table), backend)
-    return df if first is None else positions.label_rows(df, first)
+    return positions.label(backends.frame_from_arrow(restore_vectors(table), backend), first)
 
 
 def gpu_reads(fs: pafs.FileSystem, filters: Any) -> bool:

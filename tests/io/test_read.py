@@ -285,6 +285,21 @@ def test_a_stored_index_is_read_as_stored(tmp_path: Path) -> None:
     assert ours.known_divisions and ours.compute().index.tolist() == list(range(6))
 
 
+def test_an_index_dask_stored_unnamed_comes_back_unnamed(tmp_path: Path) -> None:
+    """dd.to_parquet stores an unnamed index as "__null_dask_index__"; dask's reader gives
+    it back named None, and so does ours (a named one keeps its name)."""
+    pdf = pd.DataFrame({"id": np.arange(10), "x": np.arange(10.0)}, index=np.arange(10) * 3)
+    dd.from_pandas(pdf, npartitions=3).to_parquet(tmp_path / "dd")
+    df = dask_cosim.read_parquet(tmp_path / "dd")
+    assert df.index.name is None and df._meta.index.name is None
+    pd.testing.assert_frame_equal(df.compute(), dd.read_parquet(tmp_path / "dd").compute())
+    pd.testing.assert_frame_equal(df.compute(), pdf)
+    one = dask_cosim.read_parquet(tmp_path / "dd" / "part.1.parquet", filters=[("id", ">", 4)])
+    assert one.compute().index.name is None and one.compute()["id"].tolist() == [5, 6]
+    dd.from_pandas(pdf.rename_axis("row"), npartitions=2).to_parquet(tmp_path / "named")
+    assert dask_cosim.read_parquet(tmp_path / "named").compute().index.name == "row"
+
+
 @pytest.mark.gpu
 def test_cudf_reader_numbers_files_without_an_index(tmp_path: Path) -> None:
     pytest.importorskip("cudf")
