@@ -9,8 +9,9 @@
 - :func:`read_parquet` (:mod:`.read`): our folders (any layout) zero-copy at pyarrow's
   speed; any other Parquet with list columns kept as Arrow lists (pandas) or cudf list
   columns, and files that store no index numbered across the read (:mod:`.positions`).
-  :func:`describe_parquet` says what a read would give, from the metadata;
-  :func:`check_parquet_inputs` names a local file that is not Parquet and how to convert it.
+  :func:`describe_parquet` says what a read would give, from the metadata.
+  :func:`check_parquet_inputs` (:mod:`.files`) names a local file that is not Parquet and
+  how to convert it.
 - :func:`numpy_frame`, :func:`numpy_vectors`, :func:`read_pickle`, :func:`source_frame`
   (:mod:`.convert`): .npy/.npz arrays and pandas pickles as frames, for ``dask-cosim
   convert`` and the queries of ``dask-cosim topk``.
@@ -28,7 +29,7 @@ from dask_cosim.io.convert import (
     source_frame,
     vector_columns,
 )
-from dask_cosim.io.files import MANIFEST, remove_own_staging
+from dask_cosim.io.files import MANIFEST, check_parquet_inputs, remove_own_staging
 from dask_cosim.io.layouts import (
     LAYOUTS,
     encode_vectors,
@@ -37,7 +38,7 @@ from dask_cosim.io.layouts import (
     stored_vector,
     vectors_to_arrow,
 )
-from dask_cosim.io.read import check_parquet_inputs, describe_parquet, read_parquet
+from dask_cosim.io.read import describe_parquet, read_parquet
 from dask_cosim.io.write import compute_with_progress, frame_to_table, to_parquet
 
 __all__ = [

@@ -239,7 +239,8 @@ def source_frame(
 ) -> dd.DataFrame:
     """What ``dask-cosim convert`` reads, as a dask frame: a pandas pickle (read only with
     ``allow_pickle``), a .npy or .npz array (:func:`numpy_frame`), or Parquet."""
-    from dask_cosim.io.read import check_parquet_inputs, read_parquet
+    from dask_cosim.io.files import check_parquet_inputs
+    from dask_cosim.io.read import read_parquet
 
     source = Path(path)
     suffix = source.suffix.lower()

@@ -1,5 +1,6 @@
 """Where Parquet data lives: filesystems, listing files and globs, the folder manifest, the
-hidden staging folders writes go to first, and naming a listed file that is not Parquet."""
+hidden staging folders writes go to first, and naming a listed or given file that is not
+Parquet."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ import re
 import shutil
 import socket
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -132,6 +134,46 @@ def naming_non_parquet(file: str) -> Iterator[None]:
             "needs its vector cells parsed into numbers first (pandas), then "
             "dask_cosim.to_parquet",
         ) from None
+
+
+_PARQUET_MAGIC = b"PAR1"
+
+
+def check_parquet_inputs(inputs: Sequence[str], reads: str) -> None:
+    """Raise if a local file among ``inputs`` is not Parquet, naming it and the way to
+    convert it (pyarrow's own message says only "Parquet magic bytes not found in
+    footer"); ``reads`` says what the caller reads.  Folders, globs and URLs are left to
+    the reader, which lists and checks them."""
+    for text in inputs:
+        path = Path(text)
+        if not path.is_file():
+            continue
+        with open(path, "rb") as f:
+            head = f.read(4)
+        if head == _PARQUET_MAGIC:
+            continue
+        suffix = path.suffix.lower()
+        out = f"{path.stem}-parquet"
+        if suffix in (".pkl", ".pickle"):
+            how = (
+                f"it looks like a pickle; convert it first: dask-cosim convert {text} -o {out} "
+                "--allow-pickle (only for a pickle you trust: unpickling runs its code)"
+            )
+        elif suffix in (".npy", ".npz"):
+            how = f"convert it first: dask-cosim convert {text} -o {out}"
+        elif suffix in (".csv", ".tsv", ".txt", ".json", ".jsonl"):
+            how = (
+                "vectors stored as text must be parsed: read it with pandas, turn each "
+                "vector cell into a list or array of numbers, and write Parquet with "
+                f"dask_cosim.to_parquet(pdf, {out!r})"
+            )
+        else:
+            how = (
+                "dask-cosim convert turns pandas pickles and .npy/.npz files into Parquet: "
+                f"dask-cosim convert {text} -o {out}"
+            )
+        why = f"it starts with {head!r}, not {_PARQUET_MAGIC!r}"
+        raise errors.not_parquet(text, why, reads, how)
 
 
 def filesystem(path: Any) -> tuple[pafs.FileSystem, str]:
