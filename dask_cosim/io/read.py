@@ -52,7 +52,8 @@ def read_parquet(path: Any, columns: list[str] | None = None, **kwargs: Any) -> 
         Columns to read (the index comes along).  Columns that later steps never use are
         not read either (dask's column projection).
     filters : list or pyarrow expression, optional
-        Row filters, as in ``pyarrow.parquet.read_table``.
+        Row filters, as in ``pyarrow.parquet.read_table``; they may compare columns that
+        ``columns`` (or dask's projection) leaves out.
     **kwargs
         Anything else (and hive-partitioned folders, and globs in URLs) goes to
         ``dask.dataframe.read_parquet``, with list columns still kept as Arrow lists.
@@ -280,7 +281,8 @@ def _read_piece(
     pyarrow, then copied to the GPU.  ``first``: how the piece's first row
     is labelled, for files that store no index (:mod:`.positions`); rows a filter drops
     take their labels with them.  None: the stored index, unnamed where dask stored it
-    unnamed.
+    unnamed.  Columns that ``filters`` compare are read for it, then dropped when not
+    among ``columns``.
     """
     file, row_groups, *ranges = piece
     # Labels that survive a filter need the rows before it: pyarrow's path, then.
@@ -299,23 +301,40 @@ def _read_piece(
     where: dict[str, Any] = {"filesystem": fs}
     if isinstance(fs, pafs.LocalFileSystem):
         where = {"memory_map": memory_map}
+    read = _filtered_columns(columns, filters)
     with naming_non_parquet(file):  # (stray files: as in their footers; a file gone)
         if in_batches:
-            table = _read_batches(file, row_groups, columns, where)
+            table = _read_batches(file, row_groups, read, where)
         elif row_groups is None:
             # Our binary layout: pyarrow decodes the columns in parallel, and decoding is
             # a copy per column, so the whole-table read is faster than batches and peaks
             # no higher (benchmarks/NOTES.md, section 6).
-            table = pq.read_table(file, columns=columns, use_pandas_metadata=True, **where)
+            table = pq.read_table(file, columns=read, use_pandas_metadata=True, **where)
         else:
             table = pq.ParquetFile(file, **where).read_row_groups(
-                row_groups, columns=columns, use_pandas_metadata=True
+                row_groups, columns=read, use_pandas_metadata=True
             )
     if filters is not None:
         if first is not None:
             table = positions.with_positions(table, first)
         table = table.filter(pq.filters_to_expression(filters))
+        if read != columns and columns is not None:
+            kept = [*columns, *_index_columns(table.schema), positions.POSITION]
+            table = table.select([c for c in dict.fromkeys(kept) if c in table.column_names])
     return positions.label(backends.frame_from_arrow(restore_vectors(table), backend), first)
+
+
+def _filtered_columns(columns: list[str] | None, filters: Any) -> list[str] | None:
+    """The columns to read for ``columns`` and ``filters``: with those that filters in
+    list form compare added; all (None) for a pyarrow expression, which names none."""
+    if columns is None or filters is None:
+        return columns
+    if not isinstance(filters, (list, tuple)):
+        return None
+    # As pyarrow reads them: one conjunction of (column, op, value), or a list of them.
+    conjunctions = [filters] if filters and isinstance(filters[0][0], str) else filters
+    compared = [str(term[0]) for conjunction in conjunctions for term in conjunction]
+    return list(dict.fromkeys([*columns, *compared]))
 
 
 def gpu_reads(fs: pafs.FileSystem, filters: Any) -> bool:

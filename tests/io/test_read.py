@@ -268,6 +268,28 @@ def test_files_without_an_index_are_numbered_across_the_read(
     assert (big.compute().index == np.arange(100)).all()
 
 
+def test_filters_compare_columns_that_are_not_read(tmp_path: Path) -> None:
+    """A filter may compare a column that columns= (or dask's projection) leaves out: it
+    is read for the filter, then dropped; rows keep their labels."""
+    import pyarrow.compute as pc
+
+    folder = plain_folder(tmp_path / "plain", [30, 25, 45])
+    for filters in (
+        [("id", ">=", 40), ("id", "<", 60)],
+        [[("id", ">=", 40), ("id", "<", 50)], [("id", ">=", 50), ("id", "<", 60)]],
+        (pc.field("id") >= 40) & (pc.field("id") < 60),
+    ):
+        got = dask_cosim.read_parquet(folder, columns=["v"], filters=filters).compute()
+        assert got.columns.tolist() == ["v"] and got.index.tolist() == list(range(40, 60))
+        projected = dask_cosim.read_parquet(folder, filters=filters)["v"].compute()
+        assert projected.index.tolist() == list(range(40, 60))
+    # A stored index comes along too.
+    pdf = pd.DataFrame({"id": np.arange(6), "x": np.arange(6.0)}, index=pd.Index(list("abcdef")))
+    pdf.to_parquet(tmp_path / "indexed.parquet")
+    got = dask_cosim.read_parquet(tmp_path / "indexed.parquet", filters=[("id", ">", 3)])
+    assert got["x"].compute().to_dict() == {"e": 4.0, "f": 5.0}
+
+
 def test_a_stored_index_is_read_as_stored(tmp_path: Path) -> None:
     pdf = pd.DataFrame({"id": np.arange(6), "x": np.arange(6.0)})
     pdf.set_index(pd.Index([5, 3, 9, 1, 0, 2], name="key")).to_parquet(tmp_path / "cols.parquet")
