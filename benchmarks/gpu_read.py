@@ -71,7 +71,7 @@ def stages(folder: Path) -> list[tuple[str, Callable[[], Any]]]:
 
     found = parquet_files(folder)
     assert found is not None
-    _, files, _, manifest = found
+    files, manifest = found.files, found.manifest
     schema = pq.read_schema(files[0])
     vectors = binary_vectors(schema)
     ranges = cudf_parquet.manifest_ranges(schema, manifest)

@@ -226,8 +226,8 @@ def labels_may_repeat(
         f"repeat across partitions (dd.read_parquet numbers each file from 0), so {names} "
         f"may not name rows uniquely. Carry a column that does: columns=[{example!r}]; or "
         "read the files with dask_cosim.read_parquet, which numbers files that store no "
-        "index across the folder (but for hive-partitioned folders, key=value/, which "
-        "dask's reader numbers file by file)."
+        "index across the folder (hive-partitioned key=value/ folders too, but with the "
+        "cudf backend)."
     )
 
 

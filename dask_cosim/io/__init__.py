@@ -8,7 +8,8 @@
   metadata.
 - :func:`read_parquet` (:mod:`.read`): our folders (any layout) zero-copy at pyarrow's
   speed; any other Parquet with list columns kept as Arrow lists (pandas) or cudf list
-  columns, and files that store no index numbered across the read (:mod:`.positions`).
+  columns, and files that store no index numbered across the read (:mod:`.positions`),
+  those of hive-partitioned folders too, with their keys as columns (:mod:`.hive`).
   :func:`describe_parquet` says what a read would give, from the metadata.
   :func:`check_parquet_inputs` (:mod:`.files`) names a local file that is not Parquet and
   how to convert it.

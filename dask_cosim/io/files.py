@@ -14,13 +14,14 @@ import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pyarrow as pa
 import pyarrow.fs as pafs
 from dask.utils import natural_sort_key
 
 from dask_cosim import errors
+from dask_cosim.io import hive
 
 # The folder's description, next to the part files (readers skip names starting with "_").
 MANIFEST = "_dask_cosim.json"
@@ -33,11 +34,20 @@ def exists(fs: pafs.FileSystem, path: str) -> bool:
     return fs.get_file_info(path).type != pafs.FileType.NotFound
 
 
-def parquet_files(
-    path: Any,
-) -> tuple[pafs.FileSystem, list[str], list[int], dict[str, Any] | None] | None:
-    """(filesystem, files, sizes, our manifest or None) for ``path``; None when it needs
-    dask's reader (hive-partitioned folders, globs in URLs)."""
+class Found(NamedTuple):
+    """What a read of a path reads: its filesystem, the files in order, their sizes (0:
+    not listed), our manifest (None for other folders), and the keys of a hive folder
+    (``key=value/`` subfolders; None for other paths)."""
+
+    fs: pafs.FileSystem
+    files: list[str]
+    sizes: list[int]
+    manifest: dict[str, Any] | None
+    keys: hive.Keys | None = None
+
+
+def parquet_files(path: Any) -> Found | None:
+    """What a read of ``path`` reads; None when it needs dask's reader (globs in URLs)."""
     paths = list(path) if isinstance(path, (list, tuple)) else [path]
     if not paths or not all(isinstance(p, (str, os.PathLike)) for p in paths):
         return None
@@ -56,13 +66,13 @@ def parquet_files(
             raise FileNotFoundError(f"{texts[0]!r} not found")
         if info.type == pafs.FileType.Directory:
             return _folder_files(fs, first)
-        return fs, [first], [info.size], None
+        return Found(fs, [first], [info.size], None)
     located = [filesystem(t)[1] for t in texts]
     infos = fs.get_file_info(located)
     missing = [t for t, i in zip(texts, infos) if i.type != pafs.FileType.File]
     if missing:
         raise FileNotFoundError(f"not files: {missing!r}")
-    return fs, located, [i.size for i in infos], None
+    return Found(fs, located, [i.size for i in infos], None)
 
 
 def _skipped_name(pattern: str, match: str) -> bool:
@@ -79,9 +89,7 @@ def _skipped_name(pattern: str, match: str) -> bool:
     return any(got.startswith(skipped) and not part.startswith(skipped) for part, got in parts)
 
 
-def _folder_files(
-    fs: pafs.FileSystem, root: str
-) -> tuple[pafs.FileSystem, list[str], list[int], dict[str, Any] | None] | None:
+def _folder_files(fs: pafs.FileSystem, root: str) -> Found:
     manifest_path = f"{root}/{MANIFEST}"
     if fs.get_file_info(manifest_path).type == pafs.FileType.File:
         with fs.open_input_stream(manifest_path) as f:
@@ -93,17 +101,18 @@ def _folder_files(
                 "upgrade dask_cosim"
             )
         files = [f"{root}/{part['path']}" for part in manifest["files"]]
-        return fs, files, [0] * len(files), manifest  # our files: one partition each
+        return Found(fs, files, [0] * len(files), manifest)  # ours: one partition each
     entries = fs.get_file_info(pafs.FileSelector(root))
     # Hidden and "_" names are not data (_metadata, _SUCCESS, our staging folders).
     visible = [e for e in entries if not e.base_name.startswith((".", "_"))]
     if any(e.type == pafs.FileType.Directory for e in visible):
-        return None  # hive partitioning (key=value folders): dask's reader knows it
+        files, sizes, keys = hive.discover(fs, root)  # key=value/ subfolders
+        return Found(fs, files, sizes, None, keys)
     infos: list[pafs.FileInfo] = [e for e in visible if e.type == pafs.FileType.File]
     infos.sort(key=lambda e: natural_sort_key(e.path))
     if not infos:
         raise FileNotFoundError(f"no Parquet files in {root!r}")
-    return fs, [e.path for e in infos], [e.size or 0 for e in infos], None
+    return Found(fs, [e.path for e in infos], [e.size or 0 for e in infos], None)
 
 
 _NOT_PARQUET = ("magic bytes", "file size is 0 bytes", "smaller than the minimum file footer")

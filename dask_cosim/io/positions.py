@@ -12,6 +12,7 @@ wrote unnamed its name back (None).
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -65,23 +66,30 @@ def numbering(schema: pa.Schema, files: int, manifest: dict[str, Any] | None) ->
 
 
 def numbered_pieces(
-    fs: pafs.FileSystem, pieces: list[tuple[Any, ...]], numbering: Numbering
-) -> tuple[list[tuple[Any, ...]], list[Numbering], list[int] | None]:
-    """The non-empty ``pieces`` (a file, a tuple of files, or row groups of a file), the
-    numbering of each one's first row, and the divisions; from the footers alone."""
+    fs: pafs.FileSystem,
+    pieces: list[tuple[Any, ...]],
+    numbering: Numbering,
+    keep: Collection[int] | None = None,
+) -> tuple[list[int], list[Numbering], list[int] | None]:
+    """Which ``pieces`` (a file, a tuple of files, or row groups of a file) to read, by
+    index: the non-empty ones among ``keep`` (None: all); the numbering of each one's
+    first row; and the divisions; from the footers alone.  Pieces left out of ``keep``
+    (a filter rules out their files) still take their rows' numbers, as rows a filter
+    drops do."""
     rows = _piece_rows(fs, pieces)
     start, step, name = numbering
-    kept, firsts, divisions = [], [], []
-    position = 0
-    for piece, n in zip(pieces, rows):
-        if n:
-            kept.append(piece)
+    chosen, firsts, divisions = [], [], []
+    position = last = 0
+    for i, n in enumerate(rows):
+        if n and (keep is None or i in keep):
+            chosen.append(i)
             firsts.append((start + step * position, step, name))
             divisions.append(start + step * position)
+            last = position + n - 1
         position += n
-    if not kept:  # nothing to number: one empty partition, as before
-        return pieces[:1], [numbering], None
-    return kept, firsts, [*divisions, start + step * (position - 1)]
+    if not chosen:  # nothing to number: one empty partition, as before
+        return [0], [numbering], None
+    return chosen, firsts, [*divisions, start + step * last]
 
 
 def _piece_rows(fs: pafs.FileSystem, pieces: list[tuple[Any, ...]]) -> list[int]:

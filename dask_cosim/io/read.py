@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 
 from dask_cosim import backends, errors, options
 from dask_cosim.backends import arrow_vector_types
-from dask_cosim.io import cudf_parquet, positions
+from dask_cosim.io import cudf_parquet, hive, positions
 from dask_cosim.io.convert import TARGET_PARTITION_BYTES
 from dask_cosim.io.files import naming_non_parquet, parquet_files
 from dask_cosim.io.layouts import binary_layout, binary_vectors, restore_vectors
@@ -34,13 +34,18 @@ def read_parquet(path: Any, columns: list[str] | None = None, **kwargs: Any) -> 
     a copy, and divisions from its manifest when the index was sorted.
 
     Files that store no index (plain pyarrow, pandas with ``index=False``, Spark, DuckDB)
-    are numbered across the read: row ``i`` (files in order, then rows) is labelled
-    ``i``, as ``pandas.read_parquet`` labels a folder, with known divisions, from the
-    footers alone; rows a filter drops keep their numbers out of the sequence.  One file
-    whose pandas metadata holds a RangeIndex keeps it.  (dask's own reader numbers each
-    file from 0, so labels repeat across partitions.)  An index that dask's
-    ``to_parquet`` stored unnamed (as "__null_dask_index__") is named None, as dask's
-    reader names it.
+    are numbered across the read: row ``i`` (files in the natural order of their paths,
+    then rows) is labelled ``i``, as ``pandas.read_parquet`` labels a folder, with known
+    divisions, from the footers alone; rows a filter drops keep their numbers out of the
+    sequence.  One file whose pandas metadata holds a RangeIndex keeps it.  (dask's own
+    reader numbers each file from 0, so labels repeat across partitions.)  An index that
+    dask's ``to_parquet`` stored unnamed (as "__null_dask_index__") is named None, as
+    dask's reader names it.
+
+    Hive-partitioned folders (``key=value/`` subfolders) are read so too (:mod:`.hive`),
+    each key a categorical column after the files' own, as dask's reader gives it; a
+    filter on keys leaves out whole folders unread.  With the cudf backend they go to
+    dask's reader.
 
     Parameters
     ----------
@@ -55,13 +60,14 @@ def read_parquet(path: Any, columns: list[str] | None = None, **kwargs: Any) -> 
         Row filters, as in ``pyarrow.parquet.read_table``; they may compare columns that
         ``columns`` (or dask's projection) leaves out.
     **kwargs
-        Anything else (and hive-partitioned folders, and globs in URLs) goes to
-        ``dask.dataframe.read_parquet``, with list columns still kept as Arrow lists.
+        Anything else (and globs in URLs) goes to ``dask.dataframe.read_parquet``, with
+        list columns still kept as Arrow lists.
     """
     backend = dask.config.get("dataframe.backend", "pandas")
     if set(kwargs) <= {"filters"}:
         found = parquet_files(path)
-        if found is not None:
+        # cudf: hive folders stay with dask's reader (GPU decoding; keys untried on cudf).
+        if found is not None and not (found.keys is not None and backend == "cudf"):
             return _read_files(
                 *found, columns=columns, filters=kwargs.get("filters"), backend=backend
             )
@@ -83,15 +89,15 @@ def describe_parquet(path: Any) -> dict[str, Any]:
 
     Returns a dict: ``rows``, ``files``, ``partitions``, ``layout`` ("binary"/"list" for
     our folders, else None), ``columns``: name -> {"dtype", "dim", "values"} (dim and
-    values only for vector columns).
+    values only for vector columns; a hive folder's keys are "category" columns).
     """
     found = parquet_files(path)
     if found is None:
         raise ValueError(
-            f"{path!r} is a hive-partitioned folder or a remote glob: read it with "
-            "dask_cosim.read_parquet and look at the result instead"
+            f"{path!r} is a glob in a URL: read it with dask_cosim.read_parquet and look at "
+            "the result instead"
         )
-    fs, files, _, manifest = found
+    fs, files, manifest = found.fs, found.files, found.manifest
     df = _read_files(*found, columns=None, filters=None, backend="pandas")
     opened = {}
     if manifest is not None:
@@ -132,39 +138,50 @@ def _read_files(
     files: list[str],
     sizes: list[int],
     manifest: dict[str, Any] | None,
+    keys: hive.Keys | None = None,
     *,
     columns: list[str] | None,
     filters: Any,
     backend: str,
 ) -> dd.DataFrame:
     schema = _read_schema(files[0], fs)
+    dictionaries = keys.dictionaries if keys is not None else {}
     if columns is not None:
-        missing = [c for c in columns if c not in schema.names]
+        names = [*schema.names, *dictionaries]
+        missing = [c for c in columns if c not in names]
         if missing:
-            raise errors.column_not_found(missing, schema.names, "columns", where=files[0])
+            raise errors.column_not_found(missing, names, "columns", where=files[0])
     # The meta comes from the schema alone: no data is read to build the graph.
-    empty = _projected(schema, columns).empty_table()
+    empty = _projected(schema, hive.file_columns(columns, dictionaries)).empty_table()
+    empty = _in_order(hive.add_keys(empty, dictionaries, {}, columns), columns)
     meta = backends.frame_from_arrow(restore_vectors(empty), backend)
     divisions = manifest.get("divisions") if manifest else None
     binary = binary_vectors(schema)
     pieces: list[tuple[Any, ...]] = []
-    if backend == "cudf" and filters is None and gpu_reads(fs, filters):
+    if backend == "cudf" and filters is None and gpu_reads(fs, filters) and keys is None:
         ranges = cudf_parquet.manifest_ranges(schema, manifest)
         pieces, divisions = _gpu_pieces(fs, files, sizes, divisions, ranges)
     else:
         for file, size in zip(files, sizes):
             pieces += _split(fs, file) if size > _SPLIT_FILE_BYTES else [(file, None)]
+    kept = hive.kept(keys, filters) if keys is not None else None  # by folder names
+    keep = None if kept is None else {i for i, p in enumerate(pieces) if p[0] in kept}
     numbering = positions.numbering(schema, len(files), manifest)
-    firsts: list[positions.Numbering | None] = [None] * len(pieces)
     if numbering is not None:
-        pieces, numbered, divisions = positions.numbered_pieces(fs, pieces, numbering)
-        firsts = list(numbered)
+        chosen, numbered, divisions = positions.numbered_pieces(fs, pieces, numbering, keep)
+        firsts: list[positions.Numbering | None] = list(numbered)
+    else:
+        chosen = list(range(len(pieces))) if keep is None else sorted(keep) or [0]
+        firsts = [None] * len(chosen)
+    pieces = [pieces[i] for i in chosen]
     meta = positions.label(meta, numbering)
     return dd.from_map(
         _read_piece,
         pieces,
         firsts,
+        [None if keys is None else keys.values[p[0]] for p in pieces],
         fs=fs,
+        keys=dictionaries,
         columns=columns,
         filters=filters,
         backend=backend,
@@ -264,7 +281,9 @@ def _split(
 def _read_piece(
     piece: tuple[Any, ...],
     first: positions.Numbering | None,
+    values: dict[str, Any] | None,
     fs: pafs.FileSystem,
+    keys: dict[str, pa.Array],
     columns: list[str] | None = None,
     filters: Any = None,
     backend: str = "pandas",
@@ -282,11 +301,13 @@ def _read_piece(
     is labelled, for files that store no index (:mod:`.positions`); rows a filter drops
     take their labels with them.  None: the stored index, unnamed where dask stored it
     unnamed.  Columns that ``filters`` compare are read for it, then dropped when not
-    among ``columns``.
+    among ``columns``.  ``values``: a hive folder's file's keys, appended as columns
+    over the dictionaries ``keys`` (:func:`.hive.add_keys`); None for other files.
     """
     file, row_groups, *ranges = piece
     # Labels that survive a filter need the rows before it: pyarrow's path, then.
-    if backend == "cudf" and gpu_reads(fs, filters) and (first is None or filters is None):
+    gpu = values is None and (first is None or filters is None)
+    if backend == "cudf" and gpu_reads(fs, filters) and gpu:
         df = cudf_parquet.read_files(
             [file] if isinstance(file, str) else list(file),
             row_groups=row_groups,
@@ -302,25 +323,27 @@ def _read_piece(
     if isinstance(fs, pafs.LocalFileSystem):
         where = {"memory_map": memory_map}
     read = _filtered_columns(columns, filters)
+    stored = hive.file_columns(read, keys)
     with naming_non_parquet(file):  # (stray files: as in their footers; a file gone)
         if in_batches:
-            table = _read_batches(file, row_groups, read, where)
+            table = _read_batches(file, row_groups, stored, where)
         elif row_groups is None:
             # Our binary layout: pyarrow decodes the columns in parallel, and decoding is
             # a copy per column, so the whole-table read is faster than batches and peaks
             # no higher (benchmarks/NOTES.md, section 6).
-            table = pq.read_table(file, columns=read, use_pandas_metadata=True, **where)
+            table = pq.read_table(file, columns=stored, use_pandas_metadata=True, **where)
         else:
             table = pq.ParquetFile(file, **where).read_row_groups(
-                row_groups, columns=read, use_pandas_metadata=True
+                row_groups, columns=stored, use_pandas_metadata=True
             )
+    if values is not None:
+        table = hive.add_keys(table, keys, values, read)
     if filters is not None:
         if first is not None:
             table = positions.with_positions(table, first)
         table = table.filter(pq.filters_to_expression(filters))
-        if read != columns and columns is not None:
-            kept = [*columns, *_index_columns(table.schema), positions.POSITION]
-            table = table.select([c for c in dict.fromkeys(kept) if c in table.column_names])
+    if read != columns or values is not None:
+        table = _in_order(table, columns)
     return positions.label(backends.frame_from_arrow(restore_vectors(table), backend), first)
 
 
@@ -402,6 +425,15 @@ def _projected(schema: pa.Schema, columns: list[str] | None) -> pa.Schema:
         return schema
     names = list(columns) + [c for c in _index_columns(schema) if c not in columns]
     return pa.schema([schema.field(n) for n in names], metadata=schema.metadata)
+
+
+def _in_order(table: pa.Table, columns: list[str] | None) -> pa.Table:
+    """``table``'s ``columns`` (None: all) in that order, then its index columns and row
+    positions (:data:`.positions.POSITION`)."""
+    if columns is None:
+        return table
+    kept = [*columns, *_index_columns(table.schema), positions.POSITION]
+    return table.select([c for c in dict.fromkeys(kept) if c in table.column_names])
 
 
 def _index_columns(schema: pa.Schema) -> list[str]:

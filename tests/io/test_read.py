@@ -89,7 +89,7 @@ def test_read_parquet_hive_folders_and_missing_paths(tmp_path: Path) -> None:
     pdf = pairs_frame(a, b, "fixed_size_list")
     pdf["group"] = np.repeat(["x", "y"], 20)
     pdf.to_parquet(tmp_path / "hive", partition_cols=["group"])
-    df = dask_cosim.read_parquet(tmp_path / "hive")  # dask's reader: it knows key=value
+    df = dask_cosim.read_parquet(tmp_path / "hive")  # key=value/ folders (test_hive.py)
     assert isinstance(df.dtypes["embeds_a"], pd.ArrowDtype)
     got = df.compute().sort_values("id")
     assert got["group"].astype(str).tolist() == pdf["group"].tolist()
@@ -184,7 +184,7 @@ def test_gpu_reads_take_the_files_ranges_from_the_manifest(tmp_path: Path, index
     dask_cosim.to_parquet(dask_cosim.from_pandas(pdf, npartitions=4), tmp_path / "d", layout="list")
     found = parquet_files(tmp_path / "d")
     assert found is not None
-    _, files, sizes, manifest = found  # sizes: none in our manifests (zeros)
+    files, sizes, manifest = found.files, found.sizes, found.manifest  # sizes: zeros (ours)
     assert cudf_parquet.manifest_ranges(pq.read_schema(files[0]), manifest) is None
     if index != "column":  # the layout of folders written before: RangeIndex metadata
         for file in files:
