@@ -36,6 +36,7 @@ from dask.base import tokenize
 
 from dask_cosim import backends, options, search
 from dask_cosim import clustered_partition as cp
+from dask_cosim import search_graph as sg
 from dask_cosim import search_partition as sp
 from dask_cosim.clustered_plan import Plan, plan
 
@@ -45,7 +46,7 @@ __all__ = ["Plan", "dedup", "neighbors", "plan"]
 def _pairs_meta(df: Any, on: str, carried: dict[str, Any] | None = None) -> pd.DataFrame:
     """The pandas meta of the result: that of the exact ``neighbors(threshold=...)``
     (with its ``carried`` columns, {name: dtype})."""
-    like = search._meta_of(df)
+    like = sg.meta_of(df)
     spec = backends.column_spec(df, on)
     return sp.result_meta(like.index, like.index, sp.score_dtype(spec), False, carried)
 
@@ -168,7 +169,7 @@ def _search(df: Any, on: str, p: Plan, cols: list[Any]) -> Any:
     the pairs go to their right row's partition for its columns, then to their left
     row's for its own."""
     dtypes, carried = search._pair_columns(df, cols, df, cols)
-    meta, like = _pairs_meta(df, on, dtypes), search._meta_of(df)
+    meta, like = _pairs_meta(df, on, dtypes), sg.meta_of(df)
     if not cols:
         found = _found(df, on, p, drops=False, by="_lkey")
     else:
@@ -188,7 +189,7 @@ def _dedup(df: Any, on: str, p: Plan, removed: bool, cols: list[Any]) -> Any:
     if not removed:
         return _drop(df, _found(df, on, p, drops=True, by="_key"))
     dtypes, carried = search._pair_columns(df, cols, df, cols)
-    meta, like = _pairs_meta(df, on, dtypes), search._meta_of(df)
+    meta, like = _pairs_meta(df, on, dtypes), sg.meta_of(df)
     pairs = _found(df, on, p, drops=False, by="_rkey")
     best = pairs
     if cols:

@@ -1,11 +1,13 @@
 """Similarity search on dataframes, the graph: top-k, joins, neighbours and dedup.
 
 One task per block of consecutive partitions (a partition, unless there are more than
-``cosim.search.max-blocks``) normalises its vectors once (:func:`_sides`), one task per
-pair of blocks reduces their tiles, and the results of one left block are merged by a
-tree of tasks (``cosim.search.split-every`` at a time), never by a groupby over lists.
-The per-partition functions are in :mod:`dask_cosim.search_partition` (dask-free); on
-eager pandas/cudf frames they run directly, without dask.
+``cosim.search.max-blocks``) normalises its vectors once
+(:func:`~dask_cosim.search_graph.sides`), one task per pair of blocks reduces their tiles,
+and the results of one left block are merged by a tree of tasks
+(``cosim.search.split-every`` at a time), never by a groupby over lists.  The graph's
+building blocks are in :mod:`dask_cosim.search_graph`, the per-partition functions in
+:mod:`dask_cosim.search_partition` (dask-free); on eager pandas/cudf frames they run
+directly, without dask.
 
 Inputs are validated from the metadata before any graph is built, and every key is
 deterministic: an eager frame that joins a dask one, and the queries of :func:`topk`, are
@@ -17,34 +19,22 @@ from __future__ import annotations
 import functools
 import warnings
 from collections.abc import Callable, Hashable, Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import dask
-import dask.dataframe as dd
 import numpy as np
-from dask.base import tokenize
 
 from dask_cosim import backends, errors, options
 from dask_cosim import search_dedup as sd
+from dask_cosim import search_graph as sg
 from dask_cosim import search_partition as sp
 from dask_cosim import search_results as sr
 
 __all__ = ["check_column", "dedup", "groups", "join", "neighbors", "prepare", "topk"]
 
 
-@dataclass(frozen=True)
-class _Options:
-    eps: float
-    device: str
-    tile_bytes: dict[str, int]
-    split_every: int
-    precision: str
-    max_blocks: int
-
-
-def _options() -> _Options:
-    return _Options(
+def _options() -> sg.Options:
+    return sg.Options(
         eps=options.eps(),
         device=options.device(),
         tile_bytes=options.search_tile_bytes(),
@@ -59,7 +49,7 @@ def check_column(frame: Any, column: Any, argument: str = "on") -> backends.Vect
     only for a column of strings, to tell text from vectors written as text) holds, or
     the error to show: a KeyError naming ``argument`` with the closest column (else the
     frame's vector columns), or a TypeError saying why the column holds no vectors."""
-    meta = _meta_of(frame)
+    meta = sg.meta_of(frame)
     if column not in meta.columns:
         vectors = backends.vector_columns(meta)
         raise errors.column_not_found(column, meta.columns, f"{argument}: column", vectors=vectors)
@@ -69,74 +59,6 @@ def check_column(frame: Any, column: Any, argument: str = "on") -> backends.Vect
 def _check_dims(spec_a: backends.VectorSpec, what_a: str, dim_b: int | None, what_b: str) -> None:
     if spec_a.dim is not None and dim_b is not None and spec_a.dim != dim_b:
         raise errors.dims_differ(what_a, spec_a.dim, what_b, dim_b)
-
-
-def _meta_of(obj: Any) -> Any:
-    return obj._meta if dask.is_dask_collection(obj) else obj
-
-
-class _Builder:
-    """Calls a function now (eager frames) or adds it to a graph (dask collections)."""
-
-    def __init__(self, lazy: bool) -> None:
-        self.lazy = lazy
-
-    def __call__(self, fn: Callable[..., Any], nout: int | None = None) -> Callable[..., Any]:
-        if self.lazy:
-            return dask.delayed(fn, pure=True, nout=nout)  # type: ignore[no-any-return]
-        return fn
-
-    def value(self, obj: Any, name: str, token: Callable[[Any], str] = tokenize) -> Any:
-        """``obj`` as one key of the graph (sent once to each worker that needs it),
-        named ``name``-``token(obj)``; itself when eager (and then not hashed)."""
-        return dask.delayed(obj, name=f"{name}-{token(obj)}") if self.lazy else obj
-
-    def partitions(self, obj: Any) -> list[Any]:
-        if dask.is_dask_collection(obj):
-            return list(obj.to_delayed())
-        return [self.value(obj, "cosim-frame", backends.data_token)]
-
-    def tree(self, items: list[Any], combine: Callable[..., Any], split_every: int) -> Any:
-        step = self(combine)
-        while len(items) > 1:
-            items = [step(*items[s : s + split_every]) for s in range(0, len(items), split_every)]
-        return items[0]
-
-    def collect(self, outs: list[Any], meta: Any, divisions: Any = None) -> Any:
-        if not self.lazy:
-            return outs[0]
-        return dd.from_delayed(outs, meta=meta, divisions=divisions, verify_meta=False)
-
-
-def _block_bounds(n: int, max_blocks: int) -> list[tuple[int, int]]:
-    """Consecutive partitions [a, b) searched together: one each, unless there are more
-    than ``max_blocks`` (the pair tasks grow as their square)."""
-    cuts = np.linspace(0, n, min(n, max_blocks) + 1).round().astype(int)
-    return list(zip(cuts[:-1].tolist(), cuts[1:].tolist()))
-
-
-def _sides(
-    build: _Builder, df: Any, on: str, opts: _Options, payload: Sequence[Any] = ()
-) -> list[Any]:
-    """One normalised side per block of ``df[on]`` (carrying the ``payload`` columns)."""
-    prep = build(sp.prepare_side)
-    # A prepared frame's companion columns travel with the vectors (prepare_side reads
-    # them instead of the vectors' norms).
-    ready = [sp.companion(on, w) for w in sp.COMPANIONS]
-    ready = ready if all(c in _meta_of(df).columns for c in ready) else []
-    keep = [on, *ready, *[c for c in payload if c not in (on, *ready)]]
-    parts = build.partitions(df[keep])
-    blocks = [
-        parts[a] if b == a + 1 else build(sr.concat_frames)(*parts[a:b])
-        for a, b in _block_bounds(len(parts), opts.max_blocks)
-    ]
-    return [
-        prep(
-            p, on, i, eps=opts.eps, device=opts.device, payload=list(payload) or None,
-            precision=opts.precision,
-        )
-        for i, p in enumerate(blocks)
-    ]  # fmt: skip
 
 
 def _combine(k: int | None) -> Callable[..., Any]:
@@ -151,7 +73,7 @@ def _carried(frame: Any, columns: Hashable | Sequence[Hashable] | None, argument
         columns = list(columns)
     else:
         columns = [] if columns is None else [columns]
-    available = _meta_of(frame).columns
+    available = sg.meta_of(frame).columns
     missing = [c for c in columns if c not in available]
     if missing:
         raise errors.column_not_found(missing[0], available, f"{argument}: column")
@@ -168,7 +90,7 @@ def _pair_columns(
     dtypes: dict[str, Any] = {}
     inner: dict[str, str] = {}
     for side, frame, cols, prefix in ((0, left, lcols, "_q"), (1, right, rcols, "_p")):
-        meta = backends.to_pandas(_meta_of(frame)[cols].iloc[:0]) if cols else None
+        meta = backends.to_pandas(sg.meta_of(frame)[cols].iloc[:0]) if cols else None
         for n, c in enumerate(cols):
             name = f"{'right' if side else 'left'}_{c}"
             dtypes[name] = meta[c].dtype  # type: ignore[index]
@@ -212,15 +134,15 @@ def join(
     )
     opts = _options()
     score_dtype = sp.score_dtype(spec_l, spec_r)
-    like = _meta_of(left)
+    like = sg.meta_of(left)
     dtypes, carried = _pair_columns(left, lcols, right, rcols)
-    meta = sp.result_meta(like.index, _meta_of(right).index, score_dtype, k is not None, dtypes)
+    meta = sp.result_meta(like.index, sg.meta_of(right).index, score_dtype, k is not None, dtypes)
     # float64 results get float64 scores for every pair; float32 ones keep the tile's.
     exact = score_dtype == np.float64
-    build = _Builder(dask.is_dask_collection(left) or dask.is_dask_collection(right))
-    rsides = _sides(build, right, right_on, opts, rcols)
+    build = sg.Builder(dask.is_dask_collection(left) or dask.is_dask_collection(right))
+    rsides = sg.sides(build, right, right_on, opts, rcols)
     outs = []
-    for lside in _sides(build, left, on, opts, lcols):
+    for lside in sg.sides(build, left, on, opts, lcols):
         if k is not None:
             pair = build(sp.join_pair_topk)
             pieces = [pair(lside, r, k, threshold, opts.tile_bytes, opts.precision) for r in rsides]
@@ -257,12 +179,12 @@ def neighbors(
     if how[0] == "clustered":
         return _clustered("neighbors", df, on, threshold, how, columns=cols)
     opts = _options()
-    like = _meta_of(df)
+    like = sg.meta_of(df)
     dtypes, carried = _pair_columns(df, cols, df, cols)
     meta = sp.result_meta(like.index, like.index, sp.score_dtype(spec), k is not None, dtypes)
     exact = meta["score"].dtype == np.float64
-    build = _Builder(dask.is_dask_collection(df))
-    sides = _sides(build, df, on, opts, cols)
+    build = sg.Builder(dask.is_dask_collection(df))
+    sides = sg.sides(build, df, on, opts, cols)
     n = len(sides)
     pieces: list[list[Any]] = [[] for _ in range(n)]
     for i in range(n):
@@ -311,11 +233,11 @@ def dedup(
         return _clustered("dedup", df, on, threshold_value, how, return_removed=return_removed,
                           columns=cols)  # fmt: skip
     opts = _options()
-    build = _Builder(dask.is_dask_collection(df))
-    sides = _sides(build, df, on, opts, cols)
+    build = sg.Builder(dask.is_dask_collection(df))
+    sides = sg.sides(build, df, on, opts, cols)
     frames = build.partitions(df)
     lengths = [build(len)(f) for f in frames] if len(frames) > len(sides) else None
-    like = _meta_of(df)
+    like = sg.meta_of(df)
     if return_removed:
         dtypes, carried = _pair_columns(df, cols, df, cols)
         meta = sp.result_meta(like.index, like.index, sp.score_dtype(spec), False, dtypes)
@@ -327,7 +249,7 @@ def dedup(
                                  precision=opts.precision)  # fmt: skip
         combine, drop = sr.union_positions, sr.drop_rows
     outs, removed = [], []
-    for j, (a, b) in enumerate(_block_bounds(len(frames), opts.max_blocks)):
+    for j, (a, b) in enumerate(sg.block_bounds(len(frames), opts.max_blocks)):
         # Rows of block j with an earlier row (in block i <= j) scoring enough.
         found = [
             pair(sides[i], sides[j] if i < j else None, threshold_value, opts.tile_bytes)
@@ -363,11 +285,11 @@ def groups(df: Any, on: str, threshold: float, *, name: str = "group") -> Any:
     """See :meth:`dask_cosim.CosimAccessor.groups`."""
     threshold_value = options.search_threshold(threshold, required=True)
     check_column(df, on)
-    if name in _meta_of(df).columns:
+    if name in sg.meta_of(df).columns:
         raise ValueError(f"name={name!r} is a column of the frame already; pick another name")
     opts = _options()
-    build = _Builder(dask.is_dask_collection(df))
-    sides = _sides(build, df, on, opts)
+    build = sg.Builder(dask.is_dask_collection(df))
+    sides = sg.sides(build, df, on, opts)
     frames = build.partitions(df)
     n = len(sides)
     edge = functools.partial(build(sd.earlier_matches), precision=opts.precision, edges=True)
@@ -382,12 +304,12 @@ def groups(df: Any, on: str, threshold: float, *, name: str = "group") -> Any:
     found = build(sd.components, nout=n)(rows, all_edges)
     lengths = [build(len)(f) for f in frames] if len(frames) > n else None
     outs = []
-    for j, (a, b) in enumerate(_block_bounds(len(frames), opts.max_blocks)):
+    for j, (a, b) in enumerate(sg.block_bounds(len(frames), opts.max_blocks)):
         for m in range(a, b):
             # The block's group ids, sliced to partition m's own rows.
             before = lengths[a:m] if lengths is not None else []
             outs.append(build(sd.with_group)(frames[m], found[j], name, *before))
-    meta = _meta_of(df).iloc[:0].assign(**{name: np.zeros(0, dtype=np.int64)})
+    meta = sg.meta_of(df).iloc[:0].assign(**{name: np.zeros(0, dtype=np.int64)})
     divisions = df.divisions if dask.is_dask_collection(df) else None
     return build.collect(outs, meta, divisions)
 
@@ -429,15 +351,15 @@ def topk(
         if labels:
             warnings.warn(errors.queries_unusable(labels, by_position, zero), stacklevel=3)
     score_dtype = sp.score_dtype(spec, backends.VectorSpec(None, _numpy_dtype(query)))
-    build = _Builder(dask.is_dask_collection(df))
+    build = sg.Builder(dask.is_dask_collection(df))
     q = build.value(query, "cosim-queries")
     pair = build(sp.join_pair_topk)
     pieces = [
         pair(q, r, k_value, None, opts.tile_bytes, opts.precision)
-        for r in _sides(build, df, on, opts, columns)
+        for r in sg.sides(build, df, on, opts, columns)
     ]
     merged = build.tree(pieces, _combine(k_value), opts.split_every)
-    result = build(sr.finish_topk)(merged, _meta_of(df), columns, score_dtype)
+    result = build(sr.finish_topk)(merged, sg.meta_of(df), columns, score_dtype)
     return result.compute() if build.lazy else result
 
 

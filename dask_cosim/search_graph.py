@@ -1,0 +1,104 @@
+"""The graph of a search, its building blocks: tasks (calls now, for eager frames), blocks
+of consecutive partitions, and each block's normalised side.
+
+:mod:`dask_cosim.search` builds ``topk``, ``join``, ``neighbors``, ``dedup`` and
+``groups`` from these; the per-partition functions they map are in
+:mod:`dask_cosim.search_partition` (dask-free).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import dask
+import dask.dataframe as dd
+import numpy as np
+from dask.base import tokenize
+
+from dask_cosim import backends
+from dask_cosim import search_partition as sp
+from dask_cosim import search_results as sr
+
+__all__ = ["Builder", "Options", "block_bounds", "meta_of", "sides"]
+
+
+@dataclass(frozen=True)
+class Options:
+    """The options a search's tasks take, read once when its graph is built."""
+
+    eps: float
+    device: str
+    tile_bytes: dict[str, int]
+    split_every: int
+    precision: str
+    max_blocks: int
+
+
+def meta_of(obj: Any) -> Any:
+    return obj._meta if dask.is_dask_collection(obj) else obj
+
+
+class Builder:
+    """Calls a function now (eager frames) or adds it to a graph (dask collections)."""
+
+    def __init__(self, lazy: bool) -> None:
+        self.lazy = lazy
+
+    def __call__(self, fn: Callable[..., Any], nout: int | None = None) -> Callable[..., Any]:
+        if self.lazy:
+            return dask.delayed(fn, pure=True, nout=nout)  # type: ignore[no-any-return]
+        return fn
+
+    def value(self, obj: Any, name: str, token: Callable[[Any], str] = tokenize) -> Any:
+        """``obj`` as one key of the graph (sent once to each worker that needs it),
+        named ``name``-``token(obj)``; itself when eager (and then not hashed)."""
+        return dask.delayed(obj, name=f"{name}-{token(obj)}") if self.lazy else obj
+
+    def partitions(self, obj: Any) -> list[Any]:
+        if dask.is_dask_collection(obj):
+            return list(obj.to_delayed())
+        return [self.value(obj, "cosim-frame", backends.data_token)]
+
+    def tree(self, items: list[Any], combine: Callable[..., Any], split_every: int) -> Any:
+        step = self(combine)
+        while len(items) > 1:
+            items = [step(*items[s : s + split_every]) for s in range(0, len(items), split_every)]
+        return items[0]
+
+    def collect(self, outs: list[Any], meta: Any, divisions: Any = None) -> Any:
+        if not self.lazy:
+            return outs[0]
+        return dd.from_delayed(outs, meta=meta, divisions=divisions, verify_meta=False)
+
+
+def block_bounds(n: int, max_blocks: int) -> list[tuple[int, int]]:
+    """Consecutive partitions [a, b) searched together: one each, unless there are more
+    than ``max_blocks`` (the pair tasks grow as their square)."""
+    cuts = np.linspace(0, n, min(n, max_blocks) + 1).round().astype(int)
+    return list(zip(cuts[:-1].tolist(), cuts[1:].tolist()))
+
+
+def sides(
+    build: Builder, df: Any, on: str, opts: Options, payload: Sequence[Any] = ()
+) -> list[Any]:
+    """One normalised side per block of ``df[on]`` (carrying the ``payload`` columns)."""
+    prep = build(sp.prepare_side)
+    # A prepared frame's companion columns travel with the vectors (prepare_side reads
+    # them instead of the vectors' norms).
+    ready = [sp.companion(on, w) for w in sp.COMPANIONS]
+    ready = ready if all(c in meta_of(df).columns for c in ready) else []
+    keep = [on, *ready, *[c for c in payload if c not in (on, *ready)]]
+    parts = build.partitions(df[keep])
+    blocks = [
+        parts[a] if b == a + 1 else build(sr.concat_frames)(*parts[a:b])
+        for a, b in block_bounds(len(parts), opts.max_blocks)
+    ]
+    return [
+        prep(
+            p, on, i, eps=opts.eps, device=opts.device, payload=list(payload) or None,
+            precision=opts.precision,
+        )
+        for i, p in enumerate(blocks)
+    ]  # fmt: skip
