@@ -234,8 +234,8 @@ def dedup(
                           columns=cols)  # fmt: skip
     opts = _options()
     build = sg.Builder(dask.is_dask_collection(df))
-    sides = sg.sides(build, df, on, opts, cols)
     frames = build.partitions(df)
+    sides = sg.sides(build, df, on, opts, cols, frames)
     lengths = [build(len)(f) for f in frames] if len(frames) > len(sides) else None
     like = sg.meta_of(df)
     if return_removed:
@@ -289,8 +289,8 @@ def groups(df: Any, on: str, threshold: float, *, name: str = "group") -> Any:
         raise ValueError(f"name={name!r} is a column of the frame already; pick another name")
     opts = _options()
     build = sg.Builder(dask.is_dask_collection(df))
-    sides = sg.sides(build, df, on, opts)
     frames = build.partitions(df)
+    sides = sg.sides(build, df, on, opts, frames=frames)
     n = len(sides)
     edge = functools.partial(build(sd.earlier_matches), precision=opts.precision, edges=True)
     edges = [

@@ -8,6 +8,7 @@ of consecutive partitions, and each block's normalised side.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -21,7 +22,7 @@ from dask_cosim import backends
 from dask_cosim import search_partition as sp
 from dask_cosim import search_results as sr
 
-__all__ = ["Builder", "Options", "block_bounds", "meta_of", "sides"]
+__all__ = ["Builder", "Options", "block_bounds", "holds_data", "meta_of", "sides"]
 
 
 @dataclass(frozen=True)
@@ -81,18 +82,34 @@ def block_bounds(n: int, max_blocks: int) -> list[tuple[int, int]]:
 
 
 def sides(
-    build: Builder, df: Any, on: str, opts: Options, payload: Sequence[Any] = ()
+    build: Builder,
+    df: Any,
+    on: str,
+    opts: Options,
+    payload: Sequence[Any] = (),
+    frames: list[Any] | None = None,
 ) -> list[Any]:
-    """One normalised side per block of ``df[on]`` (carrying the ``payload`` columns)."""
+    """One normalised side per block of ``df[on]`` (carrying the ``payload`` columns).
+
+    ``frames``: the partitions of the whole of ``df`` where the caller's graph has them
+    (dedup and groups return whole rows).  The sides are taken from them when ``df`` is
+    eager or its graph holds its data (:func:`holds_data`), so that the graph holds each
+    partition once; else from a projection of ``df``, so that a Parquet read reads
+    only the columns the sides need.
+    """
     prep = build(sp.prepare_side)
     # A prepared frame's companion columns travel with the vectors (prepare_side reads
     # them instead of the vectors' norms).
     ready = [sp.companion(on, w) for w in sp.COMPANIONS]
     ready = ready if all(c in meta_of(df).columns for c in ready) else []
     keep = [on, *ready, *[c for c in payload if c not in (on, *ready)]]
-    parts = build.partitions(df[keep])
+    if frames is not None and (not build.lazy or holds_data(df)):
+        parts, columns = frames, keep
+    else:
+        parts, columns = build.partitions(df[keep]), None
+    concat = functools.partial(sr.concat_frames, columns=columns)
     blocks = [
-        parts[a] if b == a + 1 else build(sr.concat_frames)(*parts[a:b])
+        parts[a] if b == a + 1 else build(concat)(*parts[a:b])
         for a, b in block_bounds(len(parts), opts.max_blocks)
     ]
     return [
@@ -102,3 +119,14 @@ def sides(
         )
         for i, p in enumerate(blocks)
     ]  # fmt: skip
+
+
+def holds_data(df: Any) -> bool:
+    """Whether the graph of the dask frame ``df`` holds the data of its partitions
+    (``dd.from_pandas``, which ``dask_cosim.from_pandas`` calls without a client): a
+    column projection of it is then a second copy of that data in the graph, where one of
+    a Parquet read is a narrower read."""
+    expr = getattr(df, "expr", None)
+    return expr is not None and any(
+        "FromPandas" in (c.__name__ for c in type(e).__mro__) for e in expr.walk()
+    )

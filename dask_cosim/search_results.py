@@ -45,9 +45,10 @@ def drop_rows(df: Any, positions: np.ndarray, *before: int) -> Any:
     return backends.boolean_mask(df, keep)
 
 
-def concat_frames(*parts: Any) -> Any:
-    """Consecutive partitions as one frame (a block of a search)."""
-    return backends.concat_frames(list(parts))
+def concat_frames(*parts: Any, columns: list[Any] | None = None) -> Any:
+    """Consecutive partitions as one frame (a block of a search), only their ``columns``
+    when given."""
+    return backends.concat_frames([p if columns is None else p[columns] for p in parts])
 
 
 def _sorted_pairs(df: pd.DataFrame, by_score: bool = True) -> pd.DataFrame:

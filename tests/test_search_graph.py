@@ -4,7 +4,10 @@ cache the work)."""
 
 from __future__ import annotations
 
+import functools
+import pickle
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import dask
@@ -15,7 +18,8 @@ import pytest
 import torch
 from dask.callbacks import Callback
 
-import dask_cosim  # noqa: F401  (registers the accessor)
+import dask_cosim
+from dask_cosim import io
 from dask_cosim.io import vectors_to_arrow
 
 
@@ -107,3 +111,58 @@ def test_options_change_the_keys(option: dict[str, Any]) -> None:
     before = _graph_keys(call)
     with dask.config.set(option):
         assert _graph_keys(call) != before
+
+
+def _graph_bytes(*collections: Any) -> int:
+    graph: dict[Any, Any] = {}
+    for c in collections:
+        graph.update(c.__dask_graph__())
+    return len(pickle.dumps(graph))
+
+
+# name -> a lazy search of a dask frame (a tuple: several results of one call)
+IN_MEMORY: dict[str, Callable[[dd.DataFrame], Any]] = {
+    "dedup": lambda df: df.cosim.dedup("emb", 0.9),
+    "dedup return_removed": lambda df: df.cosim.dedup("emb", 0.9, return_removed=True),
+    "dedup columns": lambda df: df.cosim.dedup("emb", 0.9, return_removed=True, columns="id"),
+    "groups": lambda df: df.cosim.groups("emb", 0.9),
+    "neighbors": lambda df: df.cosim.neighbors("emb", threshold=0.9, columns="id"),
+    "join": lambda df: df.cosim.join(df, "emb", k=2),
+    "dedup of a filtered frame": lambda df: df[df["id"] % 3 > 0].cosim.dedup("emb", 0.9),
+}
+
+
+@pytest.mark.parametrize("name", list(IN_MEMORY))
+@pytest.mark.parametrize("max_blocks", [64, 2])
+def test_a_frame_in_memory_is_held_once_by_the_graph(name: str, max_blocks: int) -> None:
+    """A ``dd.from_pandas`` frame's graph holds its partitions' data: a search's graph
+    holds it once, not once for the vectors and again for the whole rows (dedup, groups:
+    a projection of such a frame is another copy of the data, not a narrower read)."""
+    df = dd.from_pandas(_frame(n=2000, d=64), npartitions=4)
+    with dask.config.set({"cosim.search.max-blocks": max_blocks}):
+        result = IN_MEMORY[name](df)
+    results = result if isinstance(result, tuple) else (result,)
+    assert _graph_bytes(*results) < 1.2 * _graph_bytes(df)
+
+
+def test_a_parquet_read_still_reads_only_the_vectors_for_the_search(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """dedup and groups of a Parquet read: the search reads the vectors alone, the whole
+    rows are read for the result (a wide column the search does not need is read once)."""
+    pdf = _frame(n=400)
+    pdf["wide"] = vectors_to_arrow(np.zeros((400, 256), dtype=np.float32))
+    dask_cosim.to_parquet(dd.from_pandas(pdf, npartitions=2), tmp_path / "d")
+    asked: list[Any] = []
+    read_piece = io.read._read_piece
+
+    @functools.wraps(read_piece)  # dask reads its signature: `columns` is projected
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        asked.append(kwargs.get("columns"))
+        return read_piece(*args, **kwargs)
+
+    monkeypatch.setattr(io.read, "_read_piece", spy)
+    for call in (lambda df: df.cosim.dedup("emb", 0.9), lambda df: df.cosim.groups("emb", 0.9)):
+        asked.clear()
+        call(dask_cosim.read_parquet(tmp_path / "d")).compute(scheduler="sync")
+        assert sorted(asked, key=str) == [None, None, ["emb"], ["emb"]]
