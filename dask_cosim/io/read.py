@@ -55,7 +55,8 @@ def read_parquet(path: Any, columns: list[str] | None = None, **kwargs: Any) -> 
         ``_metadata``, a manifest, hidden files), as a folder's listing skips them.
     columns : list of str, optional
         Columns to read (the index comes along).  Columns that later steps never use are
-        not read either (dask's column projection).
+        not read either (dask's column projection): ``df[[]].map_partitions(len)`` reads
+        the index alone (``len(df)`` is dask's own, which reads every column).
     filters : list or pyarrow expression, optional
         Row filters, as in ``pyarrow.parquet.read_table``; they may compare columns that
         ``columns`` (or dask's projection) leaves out.
@@ -284,7 +285,7 @@ def _read_piece(
     values: dict[str, Any] | None,
     fs: pafs.FileSystem,
     keys: dict[str, pa.Array],
-    columns: list[str] | None = None,
+    columns: list[str] | None,
     filters: Any = None,
     backend: str = "pandas",
     memory_map: bool = False,
@@ -293,18 +294,24 @@ def _read_piece(
 ) -> Any:
     """One partition: a file (or some of its row groups), vectors restored without a copy.
 
-    ``columns`` is filled in by dask's column projection.  With the cudf backend, local
-    files are decoded on the GPU by cudf's reader, several at a time where the piece is a
-    tuple of files (``binary_vectors``: the columns of our binary layout, as (D, dtype);
-    a third item of the piece, their RangeIndexes from our manifest); other files by
-    pyarrow, then copied to the GPU.  ``first``: how the piece's first row
-    is labelled, for files that store no index (:mod:`.positions`); rows a filter drops
-    take their labels with them.  None: the stored index, unnamed where dask stored it
-    unnamed.  Columns that ``filters`` compare are read for it, then dropped when not
-    among ``columns``.  ``values``: a hive folder's file's keys, appended as columns
-    over the dictionaries ``keys`` (:func:`.hive.add_keys`); None for other files.
+    ``columns`` is filled in by dask's column projection: a parameter without a default,
+    so that dask passes every projection, the empty one (``df[[]]``, the index alone:
+    counting rows) included; every column of the frame when it projects none.  pyarrow's
+    path reads the columns ``filters`` compare besides, and drops them once the rows are
+    filtered; the cudf backend reads every column for an empty projection.
+
+    With the cudf backend, local files are decoded on the GPU by cudf's reader, several at
+    a time where the piece is a tuple of files (``binary_vectors``: the columns of our
+    binary layout, as (D, dtype); a third item of the piece, their RangeIndexes from our
+    manifest); other files by pyarrow, then copied to the GPU.  ``first``: how the
+    piece's first row is labelled, for files that store no index (:mod:`.positions`);
+    rows a filter drops take their labels with them.  None: the stored index, unnamed
+    where dask stored it unnamed.  ``values``: a hive folder's file's keys, appended as
+    columns over the dictionaries ``keys`` (:func:`.hive.add_keys`); None for other files.
     """
     file, row_groups, *ranges = piece
+    if backend == "cudf" and not columns:
+        columns = None  # cudf frames of no column are untried on a GPU: every column
     # Labels that survive a filter need the rows before it: pyarrow's path, then.
     gpu = values is None and (first is None or filters is None)
     if backend == "cudf" and gpu_reads(fs, filters) and gpu:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,43 @@ def test_read_parquet_reads_only_the_columns_used(tmp_path: Path) -> None:
     reads = [e for e in plan if type(e).__name__ == "FromMapProjectable"]
     assert len(reads) == 1 and reads[0].columns == ["embeds_a", "embeds_b"]
     np.testing.assert_allclose(cos.compute().to_numpy(), reference(a, b), atol=1e-6)
+
+
+@pytest.mark.parametrize("layout", ["ours", "plain"])
+def test_an_empty_projection_reads_the_index_alone(
+    tmp_path: Path, monkeypatch: Any, layout: str
+) -> None:
+    """``df[[]]`` (what counting rows projects) reads no column but the index (and those
+    a filter tests), and gives partitions with no column, as its meta says."""
+    a, b = random_pairs(60, 4)
+    pdf = pairs_frame(a, b, "fixed_size_list")
+    if layout == "ours":
+        dask_cosim.to_parquet(dd.from_pandas(pdf, npartitions=2), tmp_path / "d")
+    else:
+        (tmp_path / "d").mkdir()
+        for i in range(2):
+            half = {
+                "embeds_a": io.encode_vectors(a[30 * i : 30 * i + 30]),
+                "id": pdf["id"][30 * i : 30 * i + 30],
+            }
+            pq.write_table(pa.table(half), tmp_path / "d" / f"p{i}.parquet")
+    asked: list[Any] = []
+    read_piece = io.read._read_piece
+
+    @functools.wraps(read_piece)  # dask reads its signature: `columns` is projected
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        asked.append(kwargs.get("columns"))
+        return read_piece(*args, **kwargs)
+
+    monkeypatch.setattr(io.read, "_read_piece", spy)
+    got = dask_cosim.read_parquet(tmp_path / "d")[[]].compute()
+    assert got.columns.tolist() == [] and got.index.tolist() == list(range(60))
+    assert asked == [[], []]
+    asked.clear()
+    filtered = dask_cosim.read_parquet(tmp_path / "d", filters=[("id", ">=", 45)])
+    assert filtered[[]].map_partitions(len).compute().tolist() == [0, 15]
+    assert asked == [[], []]
+    assert filtered[[]].compute().index.tolist() == list(range(45, 60))
 
 
 def test_read_parquet_files_globs_and_big_files(tmp_path: Path, monkeypatch: Any) -> None:
