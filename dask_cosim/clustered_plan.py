@@ -1,6 +1,7 @@
 """The plan of the clustered search: what it computes when the call is made, before the
 lazy search (:mod:`dask_cosim.clustered`) is built.
 
+0. the rows counted, their values unread (the index alone: no vector is read);
 1. a Bernoulli sample of the rows, in one shard per thread of a distributed cluster
    (else one); spherical k-means on it, each Lloyd iteration's product where the shards
    lie (on the workers' devices, :mod:`dask_cosim.clustered_kmeans`); the centroids are
@@ -32,6 +33,7 @@ from dask_cosim import clustered_kernels as ck
 from dask_cosim import clustered_kmeans as km
 from dask_cosim import clustered_partition as cp
 from dask_cosim import errors, options, partition, search
+from dask_cosim import search_graph as sg
 
 __all__ = ["EXACT_COPIES_WARNING", "PROBE_SAMPLE", "Plan", "default_clusters", "plan"]
 
@@ -94,6 +96,17 @@ def _check(df: Any, on: str, threshold: Any, n_probe: Any, clusters: Any) -> flo
     search.check_column(df, on)
     options.search_method("clustered", threshold=threshold, n_probe=n_probe, clusters=clusters)
     return float(threshold)
+
+
+def _rows(df: Any) -> int:
+    """The rows of ``df``, their values unread.  dask's ``len`` knows them for a frame
+    whose graph holds its data (``dd.from_pandas``); elsewhere it hands the count to the
+    input's read, and a ``read_parquet`` read (dask's ``from_map``) then reads every
+    column: the lengths of an empty projection read the index alone (and the columns a
+    filter tests)."""
+    if not dask.is_dask_collection(df) or sg.holds_data(df):
+        return len(df)
+    return int(df[[]].map_partitions(len).sum().compute())
 
 
 def _tree(call: Any, fn: Any, items: list[Any], every: int = 32) -> Any:
@@ -201,8 +214,9 @@ def plan(
     seed: int = 0,
     block_bytes: int | None = None,
 ) -> Plan:
-    """Cluster ``df[on]`` for a clustered search at ``threshold`` (computes now: a sample,
-    k-means, one pass for the clusters' sizes and radii).
+    """Cluster ``df[on]`` for a clustered search at ``threshold`` (computes now: the row
+    count, which reads no vector; a sample and k-means; one pass for the clusters' sizes
+    and radii).
 
     Parameters
     ----------
@@ -241,7 +255,7 @@ def plan(
     # the exact search's tiles (None: each worker asks its CPU).
     low = False if options.search_precision() == "fp32" else None
     chunk = options.search_tile_bytes()["cpu"]
-    rows = len(df)
+    rows = _rows(df)
     k = clusters or default_clusters(rows)
     want = sample_rows or max(config.min_sample, config.sample_per_cluster * k)
     fraction = min(1.0, want / max(rows, 1))

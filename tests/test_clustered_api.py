@@ -173,6 +173,39 @@ def test_the_radii_pass_sends_the_centroids_as_one_key(monkeypatch: pytest.Monke
     assert max(len(cloudpickle.dumps(t)) for t in tasks.values()) < 20_000
 
 
+def test_the_plan_reads_no_column_it_does_not_use(
+    pdf: pd.DataFrame, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The plan's computations on a Parquet read: the row count reads the index alone
+    (and the columns a filter tests), the k-means sample and the radii pass the vectors;
+    a wide column beside them is never read.  A frame in memory is counted from the
+    lengths dask knows."""
+    import functools
+    from collections import Counter
+
+    wide = as_column(np.zeros((len(pdf), 256), np.float32), "fixed_size_list")
+    frame = pdf[["emb"]].assign(lang=np.tile(["en", "fr", "de"], 500), wide=wide)
+    dask_cosim.to_parquet(to_dask(frame, 4), tmp_path / "d")
+    asked: list[frozenset[str]] = []
+    read_piece = dask_cosim.io.read._read_piece
+
+    @functools.wraps(read_piece)  # dask reads its signature: `columns` is projected
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        asked.append(frozenset(kwargs["columns"]))
+        return read_piece(*args, **kwargs)
+
+    monkeypatch.setattr(dask_cosim.io.read, "_read_piece", spy)
+    df = dask_cosim.read_parquet(tmp_path / "d")
+    for data, count in ((df, frozenset()), (df[df["lang"] == "en"], frozenset({"lang"}))):
+        asked.clear()
+        with dask.config.set(scheduler="sync"):
+            clustered.plan(data, "emb", 0.9, clusters=10)
+        assert Counter(asked) == {count: 4, count | {"emb"}: 8}
+    with counting_computes() as calls:
+        clustered.plan(to_dask(frame, 4), "emb", 0.9, clusters=10)
+    assert [key_split(k) for k in calls[0]] == ["literal"] and len(calls) == 3
+
+
 def test_clustered_errors(pdf: pd.DataFrame) -> None:
     df = pdf.cosim
     with pytest.raises(ValueError, match=r"method='approx'; use 'exact'"):
