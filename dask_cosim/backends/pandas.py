@@ -8,6 +8,7 @@ numpy array, torch tensor or list of numbers per row, stacked once.  Registered 
 
 from __future__ import annotations
 
+import json
 import math
 import warnings
 from typing import Any
@@ -324,7 +325,34 @@ def _is_list_type(t: pa.DataType) -> bool:
 
 def frame_from_arrow(table: pa.Table) -> pd.DataFrame:
     """An Arrow table -> a pandas frame whose list columns stay Arrow (zero-copy)."""
-    return table.to_pandas(types_mapper=arrow_vector_types)
+    return _described_columns_only(table).to_pandas(types_mapper=arrow_vector_types)
+
+
+def _described_columns_only(table: pa.Table) -> pa.Table:
+    """``table`` with the dtypes its pandas metadata gives the columns it lacks cleared.
+
+    A read of some columns keeps the file's whole description, and pyarrow parses the
+    dtype string of every column described there, read or not; pandas cannot parse its
+    own for a fixed_size_list column (see :func:`arrow_vector_types`), so a read that
+    left such a column out failed on it.
+    """
+    meta = table.schema.metadata or {}
+    if b"pandas" not in meta:
+        return table
+    described = json.loads(meta[b"pandas"])
+    names = set(table.schema.names)
+    absent = [
+        c
+        for c in described.get("columns", [])
+        if c.get("field_name", c.get("name")) not in names and c.get("numpy_type") != "object"
+    ]
+    if not absent:
+        return table
+    for column in absent:
+        column["numpy_type"] = "object"
+    schema = table.schema.with_metadata({**meta, b"pandas": json.dumps(described).encode()})
+    # Not replace_schema_metadata, which gives a table of no column no rows.
+    return pa.Table.from_batches(table.to_batches(), schema=schema)
 
 
 @boolean_mask.register(pd.DataFrame)

@@ -360,6 +360,21 @@ def test_an_index_dask_stored_unnamed_comes_back_unnamed(tmp_path: Path) -> None
     assert dask_cosim.read_parquet(tmp_path / "named").compute().index.name == "row"
 
 
+def test_a_pandas_file_of_fixed_size_lists_reads_any_projection(tmp_path: Path) -> None:
+    """pandas writes an ArrowDtype column's type as a string into the file's metadata,
+    which it cannot parse back for a fixed_size_list ("type specific parameters"): a
+    projection that left such a column out failed on it, as pandas' own reader fails on
+    every read of the file."""
+    a, b = random_pairs(12, 4)
+    pdf = pairs_frame(a, b, "fixed_size_list")
+    pdf.to_parquet(tmp_path / "p.parquet")
+    df = dask_cosim.read_parquet(tmp_path / "p.parquet")
+    for columns in (["embeds_a"], ["id"], [], ["embeds_b", "id"]):
+        pd.testing.assert_frame_equal(df[columns].compute(), df.compute()[columns])
+    got = df.cosim.topk(a[:2], "embeds_a", k=1)
+    assert got["match"].tolist() == [0, 1]
+
+
 @pytest.mark.gpu
 def test_cudf_reader_numbers_files_without_an_index(tmp_path: Path) -> None:
     pytest.importorskip("cudf")
