@@ -17,8 +17,9 @@
   (:mod:`.convert`): .npy/.npz arrays and pandas pickles as frames, for ``dask-cosim
   convert`` and the queries of ``dask-cosim topk``.
 - :mod:`.layouts`: the two ways a vector column is stored; :mod:`.files`: filesystems,
-  listing, globs, the manifest and staging folders; :mod:`.cudf_parquet`: cudf's GPU
-  reader and writer, which the cudf backend of :mod:`.read` and :mod:`.write` use.
+  listing, globs, the manifest and staging folders; :mod:`.divisions`: each file's index
+  range and the divisions in the manifest; :mod:`.cudf_parquet`: cudf's GPU reader and
+  writer, which the cudf backend of :mod:`.read` and :mod:`.write` use.
 """
 
 from dask_cosim.backends import arrow_vector_types

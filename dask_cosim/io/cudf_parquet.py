@@ -101,11 +101,12 @@ def manifest_ranges(schema: pa.Schema, manifest: dict[str, Any] | None) -> Range
 
     None unless the first file stores a RangeIndex (pandas metadata) and every file's
     bounds are those of a range of its rows with that step (so that a file storing its
-    index as a column, or a manifest without bounds, falls back to the footers).
+    index as a column, or a manifest without bounds or with encoded ones, falls back to
+    the footers).
     """
     stored = _stored_range(schema)
-    if stored is None or manifest is None:
-        return None
+    if stored is None or manifest is None or "index_type" in manifest:
+        return None  # (index_type: the bounds are timestamps' integers, not labels)
     step = int(stored["step"])
     ranges = []
     for entry in manifest.get("files", []):

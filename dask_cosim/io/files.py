@@ -26,7 +26,10 @@ from dask_cosim.io import hive
 # The folder's description, next to the part files (readers skip names starting with "_").
 MANIFEST = "_dask_cosim.json"
 
-
+# Readers refuse a manifest of a later version (``_folder_files``, "upgrade dask_cosim"):
+# bump it only for a change that readers of this version would misread, not for keys they
+# ignore safely, such as ``index_type`` and ``encoded_divisions`` (:mod:`.divisions`),
+# beside which ``divisions`` is null.
 FORMAT_VERSION = 1
 
 

@@ -16,6 +16,7 @@ from dask_cosim import backends, errors, options
 from dask_cosim.backends import arrow_vector_types
 from dask_cosim.io import cudf_parquet, hive, positions
 from dask_cosim.io.convert import TARGET_PARTITION_BYTES
+from dask_cosim.io.divisions import manifest_divisions
 from dask_cosim.io.files import naming_non_parquet, parquet_files
 from dask_cosim.io.layouts import binary_layout, binary_vectors, restore_vectors
 
@@ -156,7 +157,7 @@ def _read_files(
     empty = _projected(schema, hive.file_columns(columns, dictionaries)).empty_table()
     empty = _in_order(hive.add_keys(empty, dictionaries, {}, columns), columns)
     meta = backends.frame_from_arrow(restore_vectors(empty), backend)
-    divisions = manifest.get("divisions") if manifest else None
+    divisions = manifest_divisions(manifest, schema, meta)
     binary = binary_vectors(schema)
     pieces: list[tuple[Any, ...]] = []
     if backend == "cudf" and filters is None and gpu_reads(fs, filters) and keys is None:

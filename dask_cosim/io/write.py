@@ -3,7 +3,6 @@ or cudf's GPU writer in :mod:`.cudf_parquet` for cudf partitions bound for local
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import re
@@ -22,6 +21,7 @@ from dask.dataframe.dispatch import to_pyarrow_table_dispatch
 from dask_cosim import backends, errors
 from dask_cosim.io import cudf_parquet
 from dask_cosim.io.convert import from_pandas
+from dask_cosim.io.divisions import index_range, manifest_entries
 from dask_cosim.io.files import FORMAT_VERSION, MANIFEST, exists, filesystem, new_staging
 from dask_cosim.io.layouts import (
     check_layout,
@@ -200,8 +200,9 @@ def compute_with_progress(*collections: Any) -> tuple[Any, ...]:
         return dask.compute(*collections)
 
 
-# One row per partition written: file name, rows, JSON [min, max] of a sorted index (or
-# "null"), JSON {column: [D, dtype]}.
+# One row per partition written: file name, rows, JSON of the index range (divisions.py's
+# index_range: [min, max] of a sorted index, encoded or not, or null), JSON {column: [D,
+# dtype]}.
 _WRITTEN_META = pd.DataFrame(
     {
         "file": pd.Series([], dtype=object),
@@ -266,7 +267,7 @@ def _written(name: str, df: Any, stored: dict[str, Any]) -> pd.DataFrame:
         {
             "file": [name],
             "rows": [len(df)],
-            "index": [json.dumps(_index_range(df.index))],
+            "index": [json.dumps(index_range(df.index))],
             "vectors": [json.dumps(stored)],
         }
     )
@@ -394,13 +395,16 @@ def _commit(
     for f in files:
         if f not in nonempty:
             fs.delete_file(f"{staging}/{f['path']}")
+    ranges, divisions = manifest_entries([f["index"] for f in nonempty])
+    for f, bounds in zip(nonempty, ranges):
+        f["index"] = bounds
     manifest = {
         "format": "dask_cosim",
         "version": FORMAT_VERSION,
         "layout": layout,
         "vectors": vectors,
         "rows": int(sum(f["rows"] for f in nonempty)),
-        "divisions": _divisions([f["index"] for f in nonempty]),
+        **divisions,  # "divisions", and for encoded labels "index_type", "encoded_divisions"
         "files": nonempty,
     }
     with fs.open_output_stream(f"{staging}/{MANIFEST}") as out:
@@ -419,24 +423,3 @@ def _commit(
     else:
         fs.move(staging, root)
     return manifest
-
-
-def _index_range(index: Any) -> list[Any] | None:
-    """[first, last] of a sorted index of numbers or strings, else None (for divisions)."""
-    if len(index) == 0 or not index.is_monotonic_increasing:
-        return None
-    first, last = index[0], index[-1]
-    first, last = (x.item() if hasattr(x, "item") else x for x in (first, last))
-    if all(isinstance(x, (int, float, str)) and not isinstance(x, bool) for x in (first, last)):
-        return [first, last]
-    return None
-
-
-def _divisions(ranges: list[list[Any] | None]) -> list[Any] | None:
-    """dask divisions from each file's [first, last] index, if they line up in order."""
-    if not ranges or any(r is None for r in ranges):
-        return None
-    bounds: list[list[Any]] = [r for r in ranges if r is not None]
-    if any(prev[1] >= nxt[0] for prev, nxt in itertools.pairwise(bounds)):
-        return None
-    return [r[0] for r in bounds] + [bounds[-1][1]]
