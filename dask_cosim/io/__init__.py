@@ -4,8 +4,8 @@
   Arrow fixed_size_list, then ``dd.from_pandas`` (which would otherwise turn them into
   truncated strings).
 - :func:`to_parquet` (:mod:`.write`): a frame -> a folder of Parquet files in the layout
-  that reads fastest, written atomically, described by a manifest and by each file's own
-  metadata.
+  that reads fastest, written atomically, described by a manifest (:mod:`.manifest`) and
+  by each file's own metadata.
 - :func:`read_parquet` (:mod:`.read`): our folders (any layout) zero-copy at pyarrow's
   speed; any other Parquet with list columns kept as Arrow lists (pandas) or cudf list
   columns, and files that store no index numbered across the read (:mod:`.positions`),

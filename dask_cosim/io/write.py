@@ -21,8 +21,7 @@ from dask.dataframe.dispatch import to_pyarrow_table_dispatch
 from dask_cosim import backends, errors
 from dask_cosim.io import cudf_parquet
 from dask_cosim.io.convert import from_pandas
-from dask_cosim.io.divisions import index_range, manifest_entries
-from dask_cosim.io.files import FORMAT_VERSION, MANIFEST, exists, filesystem, new_staging
+from dask_cosim.io.files import exists, filesystem, new_staging
 from dask_cosim.io.layouts import (
     check_layout,
     encode_column,
@@ -30,6 +29,7 @@ from dask_cosim.io.layouts import (
     stored_vector,
     vector_field,
 )
+from dask_cosim.io.manifest import WRITTEN_META, write_manifest, written_row
 
 
 def frame_to_table(
@@ -165,7 +165,7 @@ def to_parquet(
         row_group_rows,
         write_index,
         partition_info=True,
-        meta=_WRITTEN_META,
+        meta=WRITTEN_META,
         enforce_metadata=False,
         token="cosim-to-parquet",
     )
@@ -200,19 +200,6 @@ def compute_with_progress(*collections: Any) -> tuple[Any, ...]:
         return dask.compute(*collections)
 
 
-# One row per partition written: file name, rows, JSON of the index range (divisions.py's
-# index_range: [min, max] of a sorted index, encoded or not, or null), JSON {column: [D,
-# dtype]}.
-_WRITTEN_META = pd.DataFrame(
-    {
-        "file": pd.Series([], dtype=object),
-        "rows": pd.Series([], dtype="int64"),
-        "index": pd.Series([], dtype=object),
-        "vectors": pd.Series([], dtype=object),
-    }
-)
-
-
 def _write_partition(
     df: Any,
     fs: pafs.FileSystem,
@@ -243,7 +230,7 @@ def _write_partition(
                 codec=str(compression or "none"),
                 row_group_rows=row_group_rows,
             )
-            return _written(name, df, stored)
+            return written_row(name, df, stored)
     table = frame_to_table(df, layout=layout, vectors=vectors, preserve_index=write_index)
     if not isinstance(compression, dict):
         codec = compression or "none"
@@ -258,19 +245,7 @@ def _write_partition(
         use_dictionary=[c for c in table.column_names if c not in vectors],
         row_group_size=row_group_rows,
     )
-    return _written(name, df, {c: stored_vector(table.schema.field(c)) for c in vectors})
-
-
-def _written(name: str, df: Any, stored: dict[str, Any]) -> pd.DataFrame:
-    """The row of _WRITTEN_META for one file."""
-    return pd.DataFrame(
-        {
-            "file": [name],
-            "rows": [len(df)],
-            "index": [json.dumps(index_range(df.index))],
-            "vectors": [json.dumps(stored)],
-        }
-    )
+    return written_row(name, df, {c: stored_vector(table.schema.field(c)) for c in vectors})
 
 
 def _writes_on_gpu(df: Any, fs: pafs.FileSystem, compression: Any) -> bool:
@@ -373,42 +348,7 @@ def _commit(
     overwrite: bool,
 ) -> dict[str, Any]:
     """Write the manifest, then move the staging folder to ``root`` (the only rename)."""
-    vectors: dict[str, Any] = {}
-    for file, spec in zip(written["file"], written["vectors"]):
-        for column, (dim, dtype) in json.loads(spec).items():
-            first = vectors.setdefault(column, {"dim": dim, "dtype": dtype, "file": file})
-            if not first["dim"]:  # no rows, or only null ones, of a variable list: no D
-                first.update(dim=dim, dtype=dtype, file=file)
-            if (first["dim"], first["dtype"]) != (dim, dtype) and dim:
-                raise ValueError(
-                    f"column {column!r}: {file} holds {dim}-long {dtype} vectors but "
-                    f"{first['file']} holds {first['dim']}-long {first['dtype']} ones; every "
-                    "partition needs the same D and dtype"
-                )
-    for spec in vectors.values():
-        del spec["file"]
-    files = [
-        {"path": file, "rows": int(rows), "index": json.loads(index)}
-        for file, rows, index in zip(written["file"], written["rows"], written["index"])
-    ]
-    nonempty = [f for f in files if f["rows"]] or files[:1]
-    for f in files:
-        if f not in nonempty:
-            fs.delete_file(f"{staging}/{f['path']}")
-    ranges, divisions = manifest_entries([f["index"] for f in nonempty])
-    for f, bounds in zip(nonempty, ranges):
-        f["index"] = bounds
-    manifest = {
-        "format": "dask_cosim",
-        "version": FORMAT_VERSION,
-        "layout": layout,
-        "vectors": vectors,
-        "rows": int(sum(f["rows"] for f in nonempty)),
-        **divisions,  # "divisions", and for encoded labels "index_type", "encoded_divisions"
-        "files": nonempty,
-    }
-    with fs.open_output_stream(f"{staging}/{MANIFEST}") as out:
-        out.write(json.dumps(manifest, indent=1).encode())
+    manifest = write_manifest(written, fs, staging, layout)
     if exists(fs, root):
         if not overwrite:
             raise FileExistsError(f"{root!r} appeared while writing; pass overwrite=True")
