@@ -15,10 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import dask
-
 from dask_cosim import errors, io
-from dask_cosim.io.files import filesystem
 from dask_cosim.search import check_column
 from dask_cosim.summary import Summary, summarize
 
@@ -70,8 +67,8 @@ def check_output(output: str, overwrite: bool) -> None:
 
 def check_removed(removed: str, output: str, overwrite: bool) -> None:
     """dedup's ``--removed`` folder: not ``--output``, not inside it and not holding it (the
-    two are committed one after the other, so one would replace or land in the other after
-    the whole run), and not existing unless ``overwrite``."""
+    two are renamed into place one after the other, so one would replace or land in the
+    other after the whole run), and not existing unless ``overwrite``."""
 
     def where(path: str) -> str:
         return path.rstrip("/") if "://" in path else os.path.realpath(path)
@@ -107,22 +104,16 @@ def write_all(
     results: Sequence[tuple[Any, str, bool]], *, overwrite: bool, progress: bool, layout: str
 ) -> list[Written]:
     """:func:`write` for several (result, output, index), computed together: work they
-    share (dedup's pairs, for the kept and the removed rows) is done once.  A failure
-    leaves none of the outputs."""
+    share (dedup's pairs, for the kept and the removed rows) is done once.  The outputs
+    are committed together (:func:`dask_cosim.io.to_parquet_together`): a failure, of
+    the computation or of any output's commit, leaves every output as it was."""
     t0 = time.perf_counter()
-    results = [(r() if callable(r) else r, out, index) for r, out, index in results]
-    commits = [
-        io.to_parquet(r, out, layout=layout, write_index=None if index else False,
-                      overwrite=overwrite, compute=len(results) == 1, progress=progress)
+    writes = [
+        (r() if callable(r) else r, out,
+         {"layout": layout, "write_index": None if index else False, "overwrite": overwrite})
         for r, out, index in results
     ]  # fmt: skip
-    if len(results) > 1:
-        try:
-            io.compute_with_progress(*commits) if progress else dask.compute(*commits)
-        except BaseException:
-            for _, out, _ in results:
-                io.remove_own_staging(*filesystem(out))
-            raise
+    io.to_parquet_together(writes, progress=progress)
     seconds = time.perf_counter() - t0
     return [Written(io.describe_parquet(out).get("rows"), seconds) for _, out, _ in results]
 

@@ -2,18 +2,24 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import dask
 import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from dask.callbacks import Callback
 
 import dask_cosim
-from dask_cosim import io
+from dask_cosim import io, runs
 from tests.helpers import brute
 
 
@@ -176,3 +182,121 @@ def test_clustered_errors_and_warnings_in_cli_spellings(
     assert warned[0].endswith("--n-probe 2 bounds it (measure the recall with "
                               "dask_cosim.clustered_recall)")  # fmt: skip
     assert "UserWarning" not in proc.stderr and "warnings.warn(" not in proc.stderr
+
+
+# --------------------------------------------------------------------------- dedup --removed
+
+
+def dedup_outputs(folder: Path, calls: list[int] | None = None) -> tuple[Any, Any]:
+    """dedup's kept and removed rows of ``folder``, lazily; each partition read is counted
+    in ``calls``."""
+    df = dask_cosim.read_parquet(folder)
+    if calls is not None:
+        df = df.map_partitions(lambda p: calls.append(len(p)) or p, meta=df._meta)
+    return df.cosim.dedup("emb", 0.95, return_removed=True)
+
+
+def write_pair(kept: Any, removed: Any, tmp_path: Path, overwrite: bool = False) -> None:
+    jobs = [(kept, str(tmp_path / "kept"), True), (removed, str(tmp_path / "removed"), False)]
+    runs.write_all(jobs, overwrite=overwrite, progress=False, layout="binary")
+
+
+class AfterTheComputation(Callback):
+    """Runs ``act`` once every task has run, before the computation returns: where a
+    concurrent writer or cleaner of the output folders would strike between the
+    computation and the renames."""
+
+    def __init__(self, act: Callable[[], None]) -> None:
+        super().__init__()
+        self.act = act
+
+    def _finish(self, dsk: Any, state: Any, errored: bool) -> None:
+        if not errored:
+            self.act()
+
+
+def test_dedup_outputs_are_computed_once_and_committed(
+    tmp_path: Path, data: tuple[Path, np.ndarray]
+) -> None:
+    calls: list[int] = []
+    kept, removed = dedup_outputs(data[0], calls)
+    with dask.config.set(scheduler="sync"):
+        kept.compute()
+        alone = sorted(calls)
+        calls.clear()
+        write_pair(kept, removed, tmp_path)
+    # The removed rows cost no read (no computation) beyond the kept rows' own.
+    assert sorted(calls) == alone and sum(alone) == 2 * 300
+    kept, removed = pd.read_parquet(tmp_path / "kept"), pd.read_parquet(tmp_path / "removed")
+    assert len(removed) >= 10 and len(kept) == 300 - len(removed)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kept", "removed", "rows"]
+
+
+def old_outputs(tmp_path: Path) -> None:
+    for name in ("kept", "removed"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "marker").write_text(f"old {name}")
+
+
+def assert_old_outputs(tmp_path: Path) -> None:
+    for name in ("kept", "removed"):
+        assert [p.name for p in (tmp_path / name).iterdir()] == ["marker"]
+        assert (tmp_path / name / "marker").read_text() == f"old {name}"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kept", "removed", "rows"]
+
+
+def test_a_failed_removed_computation_commits_neither_output(
+    tmp_path: Path, data: tuple[Path, np.ndarray]
+) -> None:
+    """The removed rows fail last, once the rest has run (or a second has passed): an
+    output committed by then would stay."""
+    old_outputs(tmp_path)
+    kept, removed = dedup_outputs(data[0])
+
+    def broken(part: pd.DataFrame, partition_info: dict[str, Any]) -> pd.DataFrame:
+        if partition_info["number"] < removed.npartitions - 1:
+            return part
+        deadline = time.monotonic() + 1
+        while (tmp_path / "kept" / "marker").exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        raise RuntimeError("disk full")
+
+    removed = removed.map_partitions(broken, meta=removed._meta)
+    with dask.config.set(scheduler="threads"), pytest.raises(RuntimeError, match="disk full"):
+        write_pair(kept, removed, tmp_path, overwrite=True)
+    assert_old_outputs(tmp_path)
+
+
+def test_a_failed_removed_commit_puts_the_kept_output_back(
+    tmp_path: Path, data: tuple[Path, np.ndarray]
+) -> None:
+    """The removed rows' staging folder is gone when its turn to be renamed comes (removed
+    by another process): the kept rows, renamed already, are put back as they were."""
+    old_outputs(tmp_path)
+
+    def clean_up() -> None:
+        for staging in tmp_path.glob(".removed.cosim-*"):
+            shutil.rmtree(staging)
+
+    with dask.config.set(scheduler="sync"), AfterTheComputation(clean_up):
+        with pytest.raises(FileNotFoundError):
+            write_pair(*dedup_outputs(data[0]), tmp_path, overwrite=True)
+    assert_old_outputs(tmp_path)
+
+
+def test_a_removed_folder_appearing_meanwhile_leaves_no_kept_output(
+    tmp_path: Path, data: tuple[Path, np.ndarray]
+) -> None:
+    """Another writer creates the removed rows' folder while dedup computes (no
+    overwrite): neither output is written, and the other writer's folder stays."""
+
+    def concurrent_writer() -> None:
+        if not (tmp_path / "removed").exists():
+            (tmp_path / "removed").mkdir()
+            (tmp_path / "removed" / "theirs").write_text("theirs")
+
+    with dask.config.set(scheduler="sync"), AfterTheComputation(concurrent_writer):
+        with pytest.raises(FileExistsError, match="appeared while writing"):
+            write_pair(*dedup_outputs(data[0]), tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["removed", "rows"]
+    assert [p.name for p in (tmp_path / "removed").iterdir()] == ["theirs"]

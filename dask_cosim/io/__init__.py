@@ -5,7 +5,8 @@
   truncated strings).
 - :func:`to_parquet` (:mod:`.write`): a frame -> a folder of Parquet files in the layout
   that reads fastest, written atomically, described by a manifest (:mod:`.manifest`) and
-  by each file's own metadata.
+  by each file's own metadata; :func:`to_parquet_together`: several frames in one
+  computation, committed together.
 - :func:`read_parquet` (:mod:`.read`): our folders (any layout) zero-copy at pyarrow's
   speed; any other Parquet with list columns kept as Arrow lists (pandas) or cudf list
   columns, and files that store no index numbered across the read (:mod:`.positions`),
@@ -41,7 +42,12 @@ from dask_cosim.io.layouts import (
     vectors_to_arrow,
 )
 from dask_cosim.io.read import describe_parquet, read_parquet
-from dask_cosim.io.write import compute_with_progress, frame_to_table, to_parquet
+from dask_cosim.io.write import (
+    compute_with_progress,
+    frame_to_table,
+    to_parquet,
+    to_parquet_together,
+)
 
 __all__ = [
     "LAYOUTS",
@@ -63,6 +69,7 @@ __all__ = [
     "source_frame",
     "stored_vector",
     "to_parquet",
+    "to_parquet_together",
     "vector_columns",
     "vectors_to_arrow",
 ]

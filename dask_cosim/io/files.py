@@ -1,6 +1,6 @@
 """Where Parquet data lives: filesystems, listing files and globs, the folder manifest, the
-hidden staging folders writes go to first, and naming a listed or given file that is not
-Parquet."""
+hidden staging folders writes go to first and their renaming into place (several
+together), and naming a listed or given file that is not Parquet."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import socket
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -220,6 +221,76 @@ _HOST = socket.gethostname().replace("/", "_")
 
 # A staging folder, or (-old) the folder an overwrite was replacing when it stopped.
 _STAGING = re.compile(r"\.cosim-(?P<host>.+)-(?P<pid>\d+)-[0-9a-f]{12}(?P<old>-old)?$")
+
+
+@dataclass(frozen=True)
+class Staging:
+    """A write's hidden folder ``path`` (:func:`new_staging`), to become ``root``."""
+
+    fs: pafs.FileSystem
+    path: str
+    root: str
+    overwrite: bool
+
+
+def commit(stagings: Sequence[Staging]) -> None:
+    """Rename each staging folder to its root, in order, back to back.
+
+    A root that exists (with ``overwrite``) is first moved aside (``<staging>-old``), and
+    deleted once every rename is done.  If one fails (its root appeared without
+    ``overwrite``, a rename failed), those renamed before it are put back, each new
+    folder into its staging folder and its old root in place, and the error is raised:
+    every root holds what it held before.  The filesystem renames one folder at a time,
+    so a process killed between two renames leaves the first renamed; one killed within a
+    folder's own two leaves its old root aside, which the next write there puts back
+    (:func:`new_staging`).
+    """
+    done: list[tuple[Staging, str | None]] = []
+    try:
+        for staging in stagings:
+            done.append((staging, _move_in(staging)))
+    except BaseException:
+        for staging, old in reversed(done):
+            staging.fs.move(staging.root, staging.path)
+            if old is not None:
+                staging.fs.move(old, staging.root)
+        raise
+    for staging, old in done:
+        if old is not None:
+            _delete(staging.fs, old)
+
+
+def discard(stagings: Sequence[Staging]) -> None:
+    """Delete the staging folders that are still there (their write failed)."""
+    for staging in stagings:
+        if exists(staging.fs, staging.path):
+            staging.fs.delete_dir(staging.path)
+
+
+def _move_in(staging: Staging) -> str | None:
+    """Rename ``staging.path`` to its root, the root moved aside first: where to (None
+    when there was no root)."""
+    fs, root = staging.fs, staging.root
+    if not exists(fs, root):
+        fs.move(staging.path, root)
+        return None
+    if not staging.overwrite:
+        raise FileExistsError(f"{root!r} appeared while writing; pass overwrite=True")
+    old = f"{staging.path}-old"
+    fs.move(root, old)
+    try:
+        fs.move(staging.path, root)
+    except BaseException:
+        fs.move(old, root)
+        raise
+    return old
+
+
+def _delete(fs: pafs.FileSystem, path: str) -> None:
+    if fs.get_file_info(path).type == pafs.FileType.Directory:
+        fs.delete_dir(path)
+    else:  # the root an overwrite replaced was a file
+        fs.delete_file(path)
 
 
 def remove_own_staging(fs: pafs.FileSystem, root: str) -> None:

@@ -21,7 +21,7 @@ from dask.dataframe.dispatch import to_pyarrow_table_dispatch
 from dask_cosim import backends, errors
 from dask_cosim.io import cudf_parquet
 from dask_cosim.io.convert import from_pandas
-from dask_cosim.io.files import exists, filesystem, new_staging
+from dask_cosim.io.files import Staging, commit, discard, exists, filesystem, new_staging
 from dask_cosim.io.layouts import (
     check_layout,
     encode_column,
@@ -130,6 +130,59 @@ def to_parquet(
     dict
         The manifest (with ``compute=False``: a Delayed that returns it).
     """
+    options: dict[str, Any] = {
+        "layout": layout,
+        "vectors": vectors,
+        "compression": compression,
+        "row_group_rows": row_group_rows,
+        "write_index": write_index,
+        "overwrite": overwrite,
+    }
+    if compute:
+        return to_parquet_together([(df, path, options)], progress=progress)[0]
+    manifest, staging, _ = _stage(df, path, **options)
+    return dask.delayed(_commit, pure=False)(manifest, staging)
+
+
+def to_parquet_together(
+    writes: Sequence[tuple[Any, str | os.PathLike[str], dict[str, Any]]], *, progress: bool = False
+) -> list[dict[str, Any]]:
+    """Write several frames, each as :func:`to_parquet` would (``(df, path, options)``:
+    its keyword arguments but ``compute`` and ``progress``), in one computation, so that
+    the work they share is done once, and commit them together: every folder is complete
+    before the first rename, the renames run back to back, and a failure of the
+    computation or of any rename leaves every ``path`` as it was (see
+    :func:`~dask_cosim.io.files.commit`), with no staging folder.  Returns the manifests.
+    """
+    # (manifest, staging, frame): each frame held until computed, since one that
+    # from_pandas scattered to a client's workers holds the futures of its partitions.
+    staged: list[tuple[Any, Staging, Any]] = []
+    try:
+        for df, path, options in writes:
+            staged.append(_stage(df, path, **options))
+        manifests, stagings = [m for m, _, _ in staged], [s for _, s, _ in staged]
+        done = compute_with_progress(*manifests) if progress else dask.compute(*manifests)
+        commit(stagings)
+    except BaseException:
+        discard([s for _, s, _ in staged])
+        raise
+    return list(done)
+
+
+def _stage(
+    df: Any,
+    path: str | os.PathLike[str],
+    *,
+    layout: str = "binary",
+    vectors: Sequence[str] | None = None,
+    compression: str | dict[str, str] | None = "snappy",
+    row_group_rows: int | None = None,
+    write_index: bool | None = None,
+    overwrite: bool = False,
+) -> tuple[Any, Staging, dd.DataFrame]:
+    """A Delayed that writes ``df``'s files and manifest to a new staging folder for
+    ``path`` and returns the manifest, that folder, and the dask frame written (arguments
+    checked now, as in to_parquet)."""
     check_layout(layout)
     if isinstance(df, pd.DataFrame):
         df = from_pandas(df, sort=False)  # the rows in the frame's order, not the index's
@@ -169,17 +222,8 @@ def to_parquet(
         enforce_metadata=False,
         token="cosim-to-parquet",
     )
-    commit = dask.delayed(_commit, pure=False)(written, fs, staging, root, layout, overwrite)
-    if not compute:
-        return commit
-    try:
-        if progress:
-            return compute_with_progress(commit)[0]
-        return commit.compute()
-    except BaseException:
-        if exists(fs, staging):
-            fs.delete_dir(staging)
-        raise
+    manifest = dask.delayed(write_manifest, pure=False)(written, fs, staging, layout)
+    return manifest, Staging(fs, staging, root, overwrite), df
 
 
 def compute_with_progress(*collections: Any) -> tuple[Any, ...]:
@@ -339,27 +383,7 @@ def _with_range_index(schema: pa.Schema, index: Any) -> pa.Schema:
     return schema.with_metadata({**schema.metadata, b"pandas": json.dumps(pandas_meta).encode()})
 
 
-def _commit(
-    written: pd.DataFrame,
-    fs: pafs.FileSystem,
-    staging: str,
-    root: str,
-    layout: str,
-    overwrite: bool,
-) -> dict[str, Any]:
-    """Write the manifest, then move the staging folder to ``root`` (the only rename)."""
-    manifest = write_manifest(written, fs, staging, layout)
-    if exists(fs, root):
-        if not overwrite:
-            raise FileExistsError(f"{root!r} appeared while writing; pass overwrite=True")
-        # Killed between the two moves, the next write to ``root`` puts ``old`` back.
-        old = f"{staging}-old"
-        fs.move(root, old)
-        fs.move(staging, root)
-        if fs.get_file_info(old).type == pafs.FileType.Directory:
-            fs.delete_dir(old)
-        else:  # ``root`` was a file
-            fs.delete_file(old)
-    else:
-        fs.move(staging, root)
+def _commit(manifest: dict[str, Any], staging: Staging) -> dict[str, Any]:
+    """The last task of ``to_parquet(..., compute=False)``: the staging folder renamed."""
+    commit([staging])
     return manifest

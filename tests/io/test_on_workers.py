@@ -4,6 +4,7 @@ graph."""
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
 
 import dask
 import dask.dataframe as dd
@@ -13,6 +14,7 @@ import torch
 from distributed import Client
 
 import dask_cosim
+from dask_cosim import io
 from tests.helpers import random_pairs, reference
 
 
@@ -82,3 +84,16 @@ def test_without_a_client_the_data_stays_in_the_graph() -> None:
         reference(a, b),
         atol=1e-6,
     )
+
+
+def test_pandas_frames_written_together_keep_their_partitions(
+    client: Client, tmp_path: Path
+) -> None:
+    """A pandas frame is scattered to the workers when staged; the staged write holds it
+    until computed (its futures gone, the write would find its partitions lost)."""
+    pdf, a, _ = tensor_frame(60, 8)
+    out = [tmp_path / "one", tmp_path / "two"]
+    manifests = io.to_parquet_together([(pdf, out[0], {}), (pdf.head(7), out[1], {})])
+    assert [m["rows"] for m in manifests] == [60, 7]
+    back = dask_cosim.read_parquet(out[0]).compute(scheduler="sync")
+    np.testing.assert_array_equal(np.stack(back["embeds_a"].to_numpy()), a)
