@@ -74,6 +74,21 @@ def column_not_found(
     return KeyError(f"{what} {column!r} not found{place}{hint or ';'} available: {available!r}")
 
 
+def not_a_column_name(argument: str, value: Any) -> TypeError:
+    """TypeError("on= must name a column of the frame; got a ndarray")."""
+    return TypeError(f"{argument}= must name a column of the frame; got a {type(value).__name__}")
+
+
+def arguments_swapped(method: str, first: str, name: str, column: str) -> TypeError:
+    """TypeError for ``df.cosim.topk("emb", queries)``: the column given where ``first``
+    (the queries, the right frame; ``name`` in the example call) goes, and an array or
+    frame where the column goes."""
+    return TypeError(
+        f"df.cosim.{method} takes the {first} first, then the column: "
+        f"df.cosim.{method}({name}, {column!r}, k=10)"
+    )
+
+
 def dims_differ(what_a: str, dim_a: int, what_b: str, dim_b: int, row: Any = None) -> ValueError:
     """Vectors of two lengths where one is needed: from the metadata (two columns, or a
     column and the queries), or at ``row`` of one frame (two columns of that row)."""

@@ -50,10 +50,22 @@ def check_column(frame: Any, column: Any, argument: str = "on") -> backends.Vect
     the error to show: a KeyError naming ``argument`` with the closest column (else the
     frame's vector columns), or a TypeError saying why the column holds no vectors."""
     meta = sg.meta_of(frame)
+    if not _is_label(column):
+        raise errors.not_a_column_name(argument, column)
     if column not in meta.columns:
         vectors = backends.vector_columns(meta)
         raise errors.column_not_found(column, meta.columns, f"{argument}: column", vectors=vectors)
     return backends.column_spec(frame, column)
+
+
+def _is_label(value: Any) -> bool:
+    """Whether ``value`` can be a column's name: hashable and not an array, tensor or
+    frame (torch tensors and dask collections hash)."""
+    try:
+        hash(value)
+    except TypeError:
+        return False
+    return getattr(value, "ndim", 0) == 0
 
 
 def _check_dims(spec_a: backends.VectorSpec, what_a: str, dim_b: int | None, what_b: str) -> None:
@@ -122,6 +134,8 @@ def join(
 ) -> Any:
     """See :meth:`dask_cosim.CosimAccessor.join`."""
     k, threshold = options.k_or_threshold(k, threshold)
+    if isinstance(right, str) and not _is_label(on):
+        raise errors.arguments_swapped("join", "right frame", "right", right)
     right_on = on if right_on is None else right_on
     spec_l = check_column(left, on, "on")
     spec_r = check_column(right, right_on, "right_on")
@@ -334,6 +348,8 @@ def topk(
 ) -> Any:
     """See :meth:`dask_cosim.CosimAccessor.topk`."""
     k_value = options.search_k(k, required=True)
+    if isinstance(queries, str) and not _is_label(on):
+        raise errors.arguments_swapped("topk", "queries", "queries", queries)
     spec = check_column(df, on)
     columns = _carried(df, columns, "columns")
     _warn_if_labels_repeat([(df, "the frame", "'match'")] * (not columns))

@@ -355,6 +355,29 @@ def test_an_embedding_column_not_found_suggests_the_vector_columns() -> None:
             df.cosim.topk(vectors(1), "emb", columns=["embedding"])
 
 
+def test_the_column_given_in_the_wrong_place_is_named() -> None:
+    """neighbors and dedup take the column first, topk and join the queries or the right
+    frame first: the column given first to topk or join is a TypeError saying the order,
+    not pandas' "unhashable type"; any array or frame given as the column says what
+    was given."""
+    pdf = frame(vectors(5))
+    queries = vectors(2)
+    for df in (pdf, dask_cosim.from_pandas(pdf, npartitions=2)):
+        with pytest.raises(TypeError, match=r"^df.cosim.topk takes the queries first, then the "
+                           r"column: df.cosim.topk\(queries, 'emb', k=10\)$"):  # fmt: skip
+            df.cosim.topk("emb", queries)
+        with pytest.raises(TypeError, match=r"topk\(queries, 'emb'"):
+            df.cosim.topk("emb", torch.from_numpy(queries))
+        with pytest.raises(
+            TypeError, match=r"join takes the right frame first.*join\(right, 'emb'"
+        ):
+            df.cosim.join("emb", df, k=1)
+        with pytest.raises(TypeError, match=r"^on= must name a column of the frame; got a ndarray"):
+            df.cosim.neighbors(queries, k=1)
+        with pytest.raises(TypeError, match=r"^on= must name a column of the frame; got a Tensor"):
+            df.cosim.topk(queries, torch.from_numpy(queries))
+
+
 def test_ragged_object_columns_of_different_lengths_fail_at_compute() -> None:
     left = frame(vectors(5), "object_numpy")
     right = frame(vectors(5, d=4), "object_numpy")
