@@ -106,7 +106,8 @@ def sample_truth(
     tile = options.search_tile_bytes()["cuda" if device.startswith("cuda") else "cpu"]
     lazy = dask.is_dask_collection(df)
     column = df[[on]]
-    lens = column.map_partitions(len).compute().to_numpy() if lazy else np.array([len(df)])
+    # The lengths of an empty projection: a Parquet read reads the index alone for them.
+    lens = df[[]].map_partitions(len).compute().to_numpy() if lazy else np.array([len(df)])
     n = int(lens.sum())
     rng = np.random.default_rng(seed)
     picked = np.sort(rng.choice(n, size=min(sample_rows, n), replace=False))

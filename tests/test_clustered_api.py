@@ -178,7 +178,7 @@ def test_the_plan_reads_no_column_it_does_not_use(
 ) -> None:
     """The plan's computations on a Parquet read: the row count reads the index alone
     (and the columns a filter tests), the k-means sample and the radii pass the vectors;
-    a wide column beside them is never read.  A frame in memory is counted from the
+    a wide column beside them is never read; nor by the recall's exact sample.  A frame in memory is counted from the
     lengths dask knows."""
     import functools
     from collections import Counter
@@ -201,6 +201,11 @@ def test_the_plan_reads_no_column_it_does_not_use(
         with dask.config.set(scheduler="sync"):
             clustered.plan(data, "emb", 0.9, clusters=10)
         assert Counter(asked) == {count: 4, count | {"emb"}: 8}
+    # The recall's exact sample too: the count reads the index, the rest the vectors once.
+    asked.clear()
+    with dask.config.set(scheduler="sync"):
+        dask_cosim.clustered_recall.sample_truth(df, "emb", 0.9, sample_rows=20)
+    assert Counter(asked) == {frozenset(): 4, frozenset({"emb"}): 4}
     with counting_computes() as calls:
         clustered.plan(to_dask(frame, 4), "emb", 0.9, clusters=10)
     assert [key_split(k) for k in calls[0]] == ["literal"] and len(calls) == 3
