@@ -140,8 +140,11 @@ def to_parquet(
     }
     if compute:
         return to_parquet_together([(df, path, options)], progress=progress)[0]
-    manifest, staging, _ = _stage(df, path, **options)
-    return dask.delayed(_commit, pure=False)(manifest, staging)
+    manifest, staging, frame = _stage(df, path, **options)
+    # A frame that from_pandas scattered to a client's workers lives only as long as its
+    # futures: the Delayed depends on each, so that they are held until it is computed.
+    held = [dask.delayed(_held, pure=False)(f) for f in _futures_of(frame)]
+    return dask.delayed(_commit, pure=False)(manifest, staging, held)
 
 
 def to_parquet_together(
@@ -383,7 +386,26 @@ def _with_range_index(schema: pa.Schema, index: Any) -> pa.Schema:
     return schema.with_metadata({**schema.metadata, b"pandas": json.dumps(pandas_meta).encode()})
 
 
-def _commit(manifest: dict[str, Any], staging: Staging) -> dict[str, Any]:
-    """The last task of ``to_parquet(..., compute=False)``: the staging folder renamed."""
+def _commit(manifest: dict[str, Any], staging: Staging, held: Any = ()) -> dict[str, Any]:
+    """The last task of ``to_parquet(..., compute=False)``: the staging folder renamed
+    (``held``: what :func:`_held` gave, nothing)."""
     commit([staging])
     return manifest
+
+
+def _futures_of(df: dd.DataFrame) -> list[Any]:
+    """The distributed futures ``df``'s expression holds (a frame that :func:`from_pandas`
+    scattered, or one the user made with ``dd.from_delayed(futures)``); none without
+    distributed."""
+    try:
+        from distributed import Future
+    except ImportError:
+        return []
+    found = (op for expr in df.expr.walk() for op in expr.operands)
+    return list({id(op): op for op in found if isinstance(op, Future)}.values())
+
+
+def _held(partition: Any) -> None:
+    """A task on one scattered partition that returns nothing (run where it is held, no
+    data moves): the partition's future is a dependency of the write's Delayed."""
+    return None

@@ -3,6 +3,7 @@ graph."""
 
 from __future__ import annotations
 
+import gc
 import warnings
 from pathlib import Path
 
@@ -97,3 +98,17 @@ def test_pandas_frames_written_together_keep_their_partitions(
     assert [m["rows"] for m in manifests] == [60, 7]
     back = dask_cosim.read_parquet(out[0]).compute(scheduler="sync")
     np.testing.assert_array_equal(np.stack(back["embeds_a"].to_numpy()), a)
+
+
+def test_a_pandas_frame_written_later_keeps_its_partitions(client: Client, tmp_path: Path) -> None:
+    """``to_parquet(pandas_frame, compute=False)``: the frame is scattered to the workers
+    when staged, and the Delayed holds its partitions until computed (else computing it
+    failed with "lost dependencies")."""
+    pdf, a, _ = tensor_frame(60, 8)
+    job = dask_cosim.to_parquet(dask_cosim.from_pandas(pdf, npartitions=3), tmp_path / "out")
+    later = dask_cosim.to_parquet(pdf, tmp_path / "later", compute=False)
+    gc.collect()  # nothing but the Delayed refers to the scattered partitions now
+    assert later.compute()["rows"] == job["rows"] == 60
+    back = dask_cosim.read_parquet(tmp_path / "later").compute(scheduler="sync")
+    np.testing.assert_array_equal(np.stack(back["embeds_a"].to_numpy()), a)
+    assert back.index.equals(pdf.index) and back["label"].tolist() == pdf["label"].tolist()
