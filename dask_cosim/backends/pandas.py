@@ -324,8 +324,34 @@ def _is_list_type(t: pa.DataType) -> bool:
 
 
 def frame_from_arrow(table: pa.Table) -> pd.DataFrame:
-    """An Arrow table -> a pandas frame whose list columns stay Arrow (zero-copy)."""
-    return _described_columns_only(table).to_pandas(types_mapper=arrow_vector_types)
+    """An Arrow table -> a pandas frame whose list columns stay Arrow (zero-copy).
+
+    The index is of the dtype it was written with where pyarrow's own conversion loses it
+    (:func:`_index_as_stored`); the columns are as pyarrow converts them.
+    """
+    df = _described_columns_only(table).to_pandas(types_mapper=arrow_vector_types)
+    return _index_as_stored(df, table)
+
+
+def _index_as_stored(df: pd.DataFrame, table: pa.Table) -> pd.DataFrame:
+    """``df`` (``table`` converted) with a one-column index of the dtype it was stored as.
+
+    With a ``types_mapper``, pyarrow gives an empty string index object dtype where the
+    same index with rows comes back strings: the frame's meta then said object where its
+    data held strings; it is given the dtype of the data.
+    """
+    described = table.schema.pandas_metadata or {}
+    names = [n for n in described.get("index_columns", []) if isinstance(n, str)]
+    if len(names) != 1 or names[0] not in table.schema.names:
+        return df
+    t = table.schema.field(names[0]).type
+    if df.index.dtype == object and len(df) == 0 and _is_string_type(t):
+        df.index = df.index.astype(pa.array([], t).to_pandas().dtype)
+    return df
+
+
+def _is_string_type(t: pa.DataType) -> bool:
+    return pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t)
 
 
 def _described_columns_only(table: pa.Table) -> pa.Table:

@@ -386,3 +386,24 @@ def test_cudf_reader_numbers_files_without_an_index(tmp_path: Path) -> None:
         filtered = dask_cosim.read_parquet(folder, filters=[("id", ">=", 40)]).compute()
     assert got.index.tolist() == got["id"].tolist() == list(range(100))
     assert filtered.to_pandas().index.tolist() == list(range(40, 100))
+
+
+@pytest.mark.parametrize("convert_string", [True, False])
+def test_a_string_index_reads_back_as_dask_reads_it(tmp_path: Path, convert_string: bool) -> None:
+    """A string index (and string column) reads back with the dtype dask's reader gives
+    the folder, in the meta as in the data: without ``convert-string``, pandas' own
+    ``str``, as written (the meta said object); with it, dask's ``string[pyarrow]``."""
+    pdf = pd.DataFrame(
+        {"s": pd.Series(list("abcdef"), dtype="str"), "x": np.arange(6)},
+        index=pd.Index([f"k{i}" for i in (5, 3, 9, 1, 0, 2)], dtype="str", name="key"),
+    )
+    with dask.config.set({"dataframe.convert-string": convert_string}):
+        dask_cosim.to_parquet(dd.from_pandas(pdf, npartitions=2, sort=False), tmp_path / "out")
+        back = dask_cosim.read_parquet(tmp_path / "out")
+        theirs = dd.read_parquet(tmp_path / "out")
+        got = back.compute()
+        pd.testing.assert_frame_equal(got, theirs.compute())
+        pd.testing.assert_index_equal(back._meta.index, got.index[:0])
+        assert back._meta.dtypes.equals(got.dtypes)
+    if not convert_string:
+        pd.testing.assert_frame_equal(got, pdf)
