@@ -336,16 +336,26 @@ def frame_from_arrow(table: pa.Table) -> pd.DataFrame:
 def _index_as_stored(df: pd.DataFrame, table: pa.Table) -> pd.DataFrame:
     """``df`` (``table`` converted) with a one-column index of the dtype it was stored as.
 
-    With a ``types_mapper``, pyarrow gives an empty string index object dtype where the
-    same index with rows comes back strings: the frame's meta then said object where its
-    data held strings; it is given the dtype of the data.
+    pyarrow restores the pandas dtypes its metadata records for columns but not for the
+    index: a ``date32[pyarrow]`` (or ``date64``) index came back as ``datetime.date``
+    objects, which dask's ``convert-string`` then turned into strings; it is Arrow-backed
+    again, as dask's reader gives it.  (An index written as ``datetime.date`` objects
+    stays so.)  And with a ``types_mapper``, pyarrow gives an empty string index object
+    dtype where the same index with rows comes back strings: the frame's meta then said
+    object where its data held strings; it is given the dtype of the data.
     """
     described = table.schema.pandas_metadata or {}
     names = [n for n in described.get("index_columns", []) if isinstance(n, str)]
     if len(names) != 1 or names[0] not in table.schema.names:
         return df
     t = table.schema.field(names[0]).type
-    if df.index.dtype == object and len(df) == 0 and _is_string_type(t):
+    stored = {c.get("field_name"): c.get("numpy_type") for c in described.get("columns", [])}
+    dtype = str(stored.get(names[0]))
+    if pa.types.is_date32(t) and dtype in ("date32[day][pyarrow]", "date64[ms][pyarrow]"):
+        # (Parquet stores date64 as date32: cast back, as pyarrow does a column.)
+        column = table.column(names[0]).cast(pd.api.types.pandas_dtype(dtype).pyarrow_dtype)
+        df.index = pd.Index(pd.arrays.ArrowExtensionArray(column), name=df.index.name)
+    elif df.index.dtype == object and len(df) == 0 and _is_string_type(t):
         df.index = df.index.astype(pa.array([], t).to_pandas().dtype)
     return df
 

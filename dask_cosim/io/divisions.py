@@ -91,7 +91,7 @@ def manifest_divisions(
         return None
     field = schema.field(names[0])
     stored = _type_of(field.type)
-    if stored is None or {**stored, "unit": None} != {**kind, "unit": None}:
+    if stored is None or _sort(stored) != _sort(kind):
         return None  # the files' index is of another kind, or zone, than the labels'
     try:  # into the files' unit (a timestamp in s is stored in ms), only where exact
         labels = pa.array(values, type=t).cast(field.type, safe=True)
@@ -130,6 +130,12 @@ def _type_of(t: pa.DataType) -> dict[str, Any] | None:
     if pa.types.is_date32(t) or pa.types.is_date64(t):
         return {"kind": str(t).split("[")[0]}
     return None
+
+
+def _sort(kind: dict[str, Any]) -> dict[str, Any]:
+    """``index_type`` without its unit: dates of either width alike (Parquet stores a
+    date64 index as date32, and the reader gives it back as date64)."""
+    return {**kind, "unit": None, "kind": str(kind.get("kind")).replace("date64", "date32")}
 
 
 _UNITS = ("s", "ms", "us", "ns")

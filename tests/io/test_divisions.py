@@ -87,10 +87,10 @@ INDEXES: dict[str, tuple[Callable[[], pd.Index], str, str | None]] = {
         "timedelta64[s]",
         None,
     ),
-    "date32[pyarrow]": (  # read back as dates (then strings, dask's convert-string)
+    "date32[pyarrow]": (  # read back as written (no longer as strings)
         lambda: pd.Index(pd.array(DAYS, dtype="date32[pyarrow]")),
-        "string",
-        "2024-01-02",
+        "date32[day][pyarrow]",
+        None,
     ),
     "int64": (lambda: pd.Index(np.arange(N) * 3 - 50), "int64", None),
     "uint64": (lambda: pd.Index(np.arange(N, dtype="uint64") + 2**63), "uint64", None),
@@ -164,6 +164,27 @@ def test_dates_keep_divisions_of_the_type_they_read_back_in(
         assert got.index[0] == label and len(got) == N - DAYS.index(
             label if isinstance(label, datetime.date) else datetime.date.fromisoformat(label)
         )
+
+
+@pytest.mark.parametrize("convert_string", [True, False])
+@pytest.mark.parametrize("arrow", ["date32", "date64"])
+def test_arrow_dates_read_back_as_arrow_dates(
+    tmp_path: Path, convert_string: bool, arrow: str
+) -> None:
+    """A ``date32[pyarrow]`` index and column read back as written, with divisions of
+    ``datetime.date``s, under either setting of ``convert-string`` (the index came back as
+    strings with it, as ``datetime.date`` objects without)."""
+    dates = pd.array(DAYS, dtype=f"{arrow}[pyarrow]")
+    pdf = pd.DataFrame({"x": np.arange(N), "day": dates}, index=pd.Index(dates, name="when"))
+    with dask.config.set({"dataframe.convert-string": convert_string}):
+        dask_cosim.to_parquet(dd.from_pandas(pdf, npartitions=3), tmp_path / "out")
+        back = dask_cosim.read_parquet(tmp_path / "out")
+        got = back.compute()
+    pd.testing.assert_frame_equal(got, pdf)
+    assert back._meta.index.dtype == pdf.index.dtype
+    assert back.known_divisions and back.divisions[0] == DAYS[0]
+    assert all(type(d) is datetime.date for d in back.divisions)
+    assert len(back.loc[DAYS[7] :].compute()) == N - 7
 
 
 UNORDERED = {
