@@ -98,6 +98,8 @@ class CosimAccessor:
             "device": device,
             "name": name,
             "chunk_bytes": options.chunk_bytes(),
+            # Read here, not in the task: dask's config does not travel to workers.
+            "rates": options.placement_rates() if device == "auto" else None,
         }
         if not lazy:
             return partition.pairwise_partition(obj, a, b, dtype=dtype, **kwargs)

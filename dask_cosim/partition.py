@@ -55,6 +55,7 @@ def resolve_device(
     work: str = "rows",
     nbytes: int = 0,
     cpu_kernel: str | None = "numba",
+    rates: placement.Rates | None = None,
 ) -> torch.device:
     """The device to compute on: ``device``, or for "auto" the one the placement rule picks.
 
@@ -63,7 +64,8 @@ def resolve_device(
     (cuda:0 under dask-cuda) for ``work="products"`` (search), and for ``work="rows"``
     (pairwise) only when the staged copy of ``nbytes`` would take less time than the host
     kernel ``cpu_kernel`` ("numba", or None for the torch kernel); else the CPU.  Nothing
-    is said either way.
+    is said either way.  ``rates``: those of the rule, read from the config when None (a
+    task on a remote worker is given the client's: the worker's config is not the client's).
     """
     if isinstance(device, torch.device):
         return device
@@ -72,7 +74,7 @@ def resolve_device(
             return data_device  # the data's own GPU, not cuda:0
         if not torch.cuda.is_available():
             return torch.device("cpu")
-        rates = options.placement_rates()
+        rates = options.placement_rates() if rates is None else rates
         where = placement.choose("cpu", work, nbytes, gpu=True, cpu_kernel=cpu_kernel, rates=rates)
         return torch.device(where)
     try:
@@ -97,6 +99,7 @@ def pairwise_partition(
     device: str | torch.device = "auto",
     name: Any = "cos",
     chunk_bytes: Any = None,
+    rates: placement.Rates | None = None,
 ) -> Any:
     """res[i] = cos(df[a][i], df[b][i]), a Series of df's library with df's index.
 
@@ -117,6 +120,9 @@ def pairwise_partition(
     name : hashable, default "cos"
     chunk_bytes : int, str or mapping, default config ``cosim.chunk-bytes``
         Temporaries budget of the torch kernel.
+    rates : placement.Rates, default config ``cosim.placement``
+        The rates of device="auto"'s rule (read when the graph is built and passed here,
+        so that a value set in the client holds on remote workers).
 
     Null rows give NaN (pandas) or null (cudf).  Raises ``ValueError`` naming the first
     row whose vectors differ in length (ragged rows, or a and b of different lengths).
@@ -139,6 +145,7 @@ def pairwise_partition(
         data_device,
         nbytes=sum(t.nbytes for t in va.blocks + vb.blocks),
         cpu_kernel=_host_kernel(va, vb, data_device),
+        rates=rates,
     )
 
     if n and va.dim != vb.dim:

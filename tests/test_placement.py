@@ -6,13 +6,15 @@ from __future__ import annotations
 import itertools
 import warnings
 
+import dask
 import numpy as np
 import pytest
 import torch
+from distributed import Client
 from hypothesis import given
 from hypothesis import strategies as st
 
-import dask_cosim  # noqa: F401  (loads the defaults)
+import dask_cosim
 from dask_cosim import kernels, options, placement, staging
 from dask_cosim.partition import pairwise_partition, resolve_device
 from tests.helpers import pairs_frame, random_pairs, reference
@@ -116,3 +118,35 @@ def test_staged_chunks_span_blocks() -> None:
     assert staging.buffer_rows(1200) == staging.BUFFER_BYTES // 1200
     with pytest.raises(ValueError, match="stages host rows onto a GPU, not onto cpu"):
         next(staging.device_chunks(blocks, "cpu", 4))
+
+
+def _pretend_a_gpu() -> None:
+    """In a worker: torch reports a GPU, and the rule records the rates it is given (then
+    answers "cpu", the only device there is)."""
+    seen: list[placement.Rates] = []
+
+    def record(*args: object, rates: placement.Rates, **kwargs: object) -> str:
+        seen.append(rates)
+        return "cpu"
+
+    torch.cuda.is_available = lambda: True
+    placement.choose = record  # type: ignore[assignment]
+    placement.seen = seen  # type: ignore[attr-defined]
+
+
+def _rates_seen() -> list[placement.Rates]:
+    return list(placement.seen)  # type: ignore[attr-defined]
+
+
+def test_the_rates_set_in_the_client_reach_the_workers(client: Client) -> None:
+    """cosim.placement set around the call decides where remote workers compute: the
+    rates are read when the graph is built (a worker's own config has only the defaults)."""
+    client.run(_pretend_a_gpu)
+    a, b = random_pairs(400, 16)
+    ddf = dask_cosim.from_pandas(pairs_frame(a, b, "fixed_size_list"), npartitions=2)
+    with dask.config.set({"cosim.placement.gpu-fixed": "2s", "cosim.placement.cpu-fused": "1GB"}):
+        cos = ddf.cosim.pairwise("embeds_a", "embeds_b")
+    np.testing.assert_allclose(cos.compute().to_numpy(), reference(a, b), atol=1e-6)
+    seen = [r for rates in client.run(_rates_seen).values() for r in rates]
+    assert len(seen) == 2
+    assert {(r.gpu_fixed, r.cpu_fused) for r in seen} == {(2.0, 1e9)}
