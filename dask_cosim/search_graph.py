@@ -21,6 +21,7 @@ from dask.base import tokenize
 from dask_cosim import backends
 from dask_cosim import search_partition as sp
 from dask_cosim import search_results as sr
+from dask_cosim.io.convert import active_client
 
 __all__ = ["Builder", "Options", "block_bounds", "holds_data", "meta_of", "sides"]
 
@@ -53,9 +54,18 @@ class Builder:
         return fn
 
     def value(self, obj: Any, name: str, token: Callable[[Any], str] = tokenize) -> Any:
-        """``obj`` as one key of the graph (sent once to each worker that needs it),
-        named ``name``-``token(obj)``; itself when eager (and then not hashed)."""
-        return dask.delayed(obj, name=f"{name}-{token(obj)}") if self.lazy else obj
+        """``obj`` as one key, named ``name``-``token(obj)``; itself when eager (and then
+        not hashed).  With an active distributed client it is scattered to every worker
+        (the queries of topk and an eager side, which every pair task reads) rather than
+        sent inside the graph ("Sending large graph"); a copy on each worker also outlives
+        the death of one of them.  Else it is in the graph."""
+        if not self.lazy:
+            return obj
+        key = f"{name}-{token(obj)}"
+        client = active_client()
+        if client is None:
+            return dask.delayed(obj, name=key)
+        return dask.delayed(client.scatter({key: obj}, broadcast=True, hash=False)[key])
 
     def partitions(self, obj: Any) -> list[Any]:
         if dask.is_dask_collection(obj):

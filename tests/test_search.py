@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import warnings
 from typing import Any
 
 import dask
@@ -425,6 +426,23 @@ def test_search_on_worker_processes(client: Client) -> None:
     single = dask_cosim.from_pandas(pdf, npartitions=1)  # a one-partition right: broadcast
     got = ddf.cosim.join(single, "emb", threshold=0.5).compute().reset_index(drop=True)
     assert_pairs_equal(got, expected_pairs(brute(x, x), None, 0.5, pdf.index, pdf.index))
+
+
+def test_queries_and_eager_frames_go_to_the_workers_outside_the_graph(client: Client) -> None:
+    """topk's queries and an eager right frame of join are scattered to the workers (to
+    every one: each pair task needs them), not sent inside the graph ("Sending large
+    graph"), and give the same results."""
+    x = vectors(2000, 64, seed=3)
+    pdf = frame(x)
+    ddf = dask_cosim.from_pandas(pdf, npartitions=3)
+    with dask.config.set({"distributed.admin.large-graph-warning-threshold": "100kB"}):
+        with warnings.catch_warnings():
+            warnings.filterwarnings("error", message="Sending large graph")
+            got = ddf.cosim.topk(x, "emb", k=1)
+            pairs = ddf.cosim.join(pdf, "emb", k=1).compute()
+    pd.testing.assert_frame_equal(got, pdf.cosim.topk(x, "emb", k=1))
+    want = pdf.cosim.join(pdf, "emb", k=1)
+    pd.testing.assert_frame_equal(pairs.reset_index(drop=True), want.reset_index(drop=True))
 
 
 def test_peak_memory_of_a_pair_task_is_bounded_by_the_tile() -> None:

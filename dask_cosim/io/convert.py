@@ -129,7 +129,7 @@ def _on_workers(ddf: dd.DataFrame) -> dd.DataFrame:
     scheduler again ("Sending large graph").  ``client.scatter`` +
     ``dd.from_delayed(futures)`` (both documented for this) ships it once.
     """
-    client = _active_client()
+    client = active_client()
     if client is None:
         return ddf
     # The same partitions and divisions dd.from_pandas chose; slicing them out is cheap.
@@ -140,7 +140,7 @@ def _on_workers(ddf: dd.DataFrame) -> dd.DataFrame:
         return dd.from_delayed(futures, meta=ddf._meta, divisions=ddf.divisions, verify_meta=False)
 
 
-def _active_client() -> Any:
+def active_client() -> Any:
     """The synchronous distributed Client that ``compute`` would use now, else None."""
     try:
         from distributed import Client, get_worker
