@@ -13,6 +13,7 @@ import importlib.util
 import inspect
 import multiprocessing
 import sys
+import warnings
 from types import FrameType
 from typing import Any
 
@@ -130,6 +131,7 @@ def local_cluster(
     threads_per_worker = options.positive_int("threads_per_worker", threads_per_worker,
                                               "threads_per_worker=1") or 1  # fmt: skip
     options.memory_size("memory_limit", memory_limit, '"4GiB"')
+    _warn_if_memory_is_short(memory_limit, threads_per_worker)
     options.memory_size("rmm_pool_size", rmm_pool_size, '"20GB"')
     dashboard_address = _local_dashboard(dashboard_address)
     if security not in (None, True, False) and not isinstance(security, Security):
@@ -195,6 +197,32 @@ def local_cluster(
     except BaseException:
         cluster.close()
         raise
+
+
+# What a CPU worker needs (docs/clusters.md, "Memory"): about 0.35 GiB once torch and
+# pyarrow are loaded, near 1 GiB at its peak on a partition of our readers' size.
+SHORT_MEMORY = 2**30
+
+
+def _warn_if_memory_is_short(memory_limit: Any, threads_per_worker: int) -> None:
+    """Warn when ``memory_limit`` gives each worker less than :data:`SHORT_MEMORY`: dask
+    would pause it and restart it until the task fails (KilledWorker), its only words an
+    "unmanaged memory" warning that reads like a leak."""
+    import logging
+
+    from distributed.worker_memory import parse_memory_limit
+
+    logger = logging.getLogger(__name__)
+    limit = parse_memory_limit(memory_limit, threads_per_worker, CPU_COUNT, logger=logger)
+    if limit is not None and limit < SHORT_MEMORY:
+        warnings.warn(
+            f"memory_limit={memory_limit!r} gives each worker {format_bytes(limit)}: a "
+            "worker holds about 0.35 GiB once torch and pyarrow are loaded and nears 1 GiB "
+            "on a partition, so dask would pause and restart it until the task fails "
+            "(KilledWorker); give each worker at least '1.5GiB' (fewer workers, or "
+            "memory_limit='1.5GiB')",
+            stacklevel=3,  # the line that called local_cluster
+        )
 
 
 def describe(client: Client) -> str:

@@ -6,6 +6,7 @@ import os
 import re
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -173,6 +174,19 @@ def test_local_cluster_argument_errors(kwargs: dict, error: type, message: str) 
         dask_cosim.local_cluster(**kwargs)
     # Checked before anything started.
     assert len(psutil.Process().children(recursive=True)) == before
+
+
+def test_a_memory_limit_too_small_for_a_worker_is_named() -> None:
+    """Below 1 GiB a worker is paused and restarted until the task fails (KilledWorker):
+    a warning says so before the cluster starts (here an argument error then stops it)."""
+    for limit in ("400MB", 300_000_000):
+        with pytest.warns(UserWarning, match=r"gives each worker \d+\.\d+ MiB: a worker holds"):
+            with pytest.raises(ValueError, match="host="):
+                dask_cosim.local_cluster(memory_limit=limit, host="0.0.0.0")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(ValueError, match="host="):
+            dask_cosim.local_cluster(memory_limit="2GiB", host="0.0.0.0")
 
 
 def test_gpus_true_without_a_gpu() -> None:
