@@ -67,8 +67,10 @@ def from_pandas(
         With an active ``distributed.Client`` (and no local scheduler chosen in the
         config), the converted partitions are scattered to its workers here, once, and the
         frame refers to them: every computation then sends a small graph instead of the
-        whole frame.  The frame is tied to that client (it holds its futures).  Without a
-        client the data stays in the graph, as with ``dd.from_pandas``.
+        whole frame.  The frame is tied to that client (it holds its futures), and a worker
+        that dies loses its partitions for good (computations then fail with "lost
+        dependencies"; a Parquet read is read again instead).  Without a client the data
+        stays in the graph, as with ``dd.from_pandas``.
 
     Raises
     ------
