@@ -32,7 +32,7 @@ from dask_cosim.io.convert import (
     source_frame,
     vector_columns,
 )
-from dask_cosim.io.files import MANIFEST, check_parquet_inputs, remove_own_staging
+from dask_cosim.io.files import MANIFEST, check_parquet_inputs
 from dask_cosim.io.layouts import (
     LAYOUTS,
     encode_vectors,
@@ -64,7 +64,6 @@ __all__ = [
     "numpy_vectors",
     "read_parquet",
     "read_pickle",
-    "remove_own_staging",
     "restore_vectors",
     "source_frame",
     "stored_vector",

@@ -293,16 +293,6 @@ def _delete(fs: pafs.FileSystem, path: str) -> None:
         fs.delete_file(path)
 
 
-def remove_own_staging(fs: pafs.FileSystem, root: str) -> None:
-    """Delete the staging folders this process made for ``root`` (writes of
-    ``to_parquet(..., compute=False)`` whose computation failed)."""
-    if not isinstance(fs, pafs.LocalFileSystem):
-        return
-    parent, name = root.rsplit("/", 1) if "/" in root else ("", root)
-    for found in glob.glob(os.path.join(parent, f".{name}.cosim-{_HOST}-{os.getpid()}-*")):
-        shutil.rmtree(found, ignore_errors=True)
-
-
 def _remove_abandoned_staging(fs: pafs.FileSystem, parent: str, name: str) -> None:
     """Delete staging folders of earlier writes to ``name`` by processes of this host
     that no longer exist (killed before they could clean up); others are left alone.  An
