@@ -355,12 +355,13 @@ def _index_as_stored(df: pd.DataFrame, table: pa.Table) -> pd.DataFrame:
         # (Parquet stores date64 as date32: cast back, as pyarrow does a column.)
         column = table.column(names[0]).cast(pd.api.types.pandas_dtype(dtype).pyarrow_dtype)
         df.index = pd.Index(pd.arrays.ArrowExtensionArray(column), name=df.index.name)
-    elif df.index.dtype == object and len(df) == 0 and _is_string_type(t):
+    elif df.index.dtype == object and len(df) == 0 and is_string_type(t):
         df.index = df.index.astype(pa.array([], t).to_pandas().dtype)
     return df
 
 
-def _is_string_type(t: pa.DataType) -> bool:
+def is_string_type(t: pa.DataType) -> bool:
+    """Whether ``t`` is one of Arrow's string types (string, large_string, string_view)."""
     return pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t)
 
 

@@ -25,6 +25,7 @@ from dask.dataframe._pyarrow import to_pyarrow_string
 from dask.dataframe.utils import pyarrow_strings_enabled
 
 from dask_cosim import backends
+from dask_cosim.backends.pandas import is_string_type
 
 __all__ = ["index_range", "manifest_divisions", "manifest_entries"]
 
@@ -50,7 +51,7 @@ def index_range(index: Any) -> Range:
         storage = pa.int32() if pa.types.is_date32(bounds.type) else pa.int64()
         return {"type": kind, "range": bounds.cast(storage).to_pylist()}
     t = bounds.type
-    if pa.types.is_integer(t) or pa.types.is_floating(t) or _is_string(t):
+    if pa.types.is_integer(t) or pa.types.is_floating(t) or is_string_type(t):
         values = bounds.to_pylist()
         if all(isinstance(v, (int, float, str)) for v in values):
             return values
@@ -115,10 +116,6 @@ def _divisions(ranges: list[Any]) -> list[Any] | None:
     if any(prev[1] >= nxt[0] for prev, nxt in itertools.pairwise(ranges)):
         return None
     return [r[0] for r in ranges] + [ranges[-1][1]]
-
-
-def _is_string(t: pa.DataType) -> bool:
-    return pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t)
 
 
 def _type_of(t: pa.DataType) -> dict[str, Any] | None:
