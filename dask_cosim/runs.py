@@ -113,9 +113,9 @@ def write_all(
          {"layout": layout, "write_index": None if index else False, "overwrite": overwrite})
         for r, out, index in results
     ]  # fmt: skip
-    io.to_parquet_together(writes, progress=progress)
+    manifests = io.to_parquet_together(writes, progress=progress)
     seconds = time.perf_counter() - t0
-    return [Written(io.describe_parquet(out).get("rows"), seconds) for _, out, _ in results]
+    return [Written(manifest["rows"], seconds) for manifest in manifests]
 
 
 def read_queries(path: str, query_on: str | None, on: str) -> Any:
