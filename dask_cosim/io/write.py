@@ -3,6 +3,7 @@ or cudf's GPU writer in :mod:`.cudf_parquet` for cudf partitions bound for local
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import re
@@ -162,7 +163,7 @@ def to_parquet_together(
     staged: list[tuple[Any, Staging, Any]] = []
     try:
         for df, path, options in writes:
-            staged.append(_stage(df, path, **options))
+            staged.append(_stage(df, path, **{**_WRITE_DEFAULTS, **options}))
         manifests, stagings = [m for m, _, _ in staged], [s for _, s, _ in staged]
         done = compute_with_progress(*manifests) if progress else dask.compute(*manifests)
         commit(stagings)
@@ -172,20 +173,28 @@ def to_parquet_together(
     return list(done)
 
 
+# to_parquet's own defaults, for the options a write of to_parquet_together leaves out.
+_WRITE_DEFAULTS = {
+    name: parameter.default
+    for name, parameter in inspect.signature(to_parquet).parameters.items()
+    if parameter.kind is parameter.KEYWORD_ONLY and name not in ("compute", "progress")
+}
+
+
 def _stage(
     df: Any,
     path: str | os.PathLike[str],
     *,
-    layout: str = "binary",
-    vectors: Sequence[str] | None = None,
-    compression: str | dict[str, str] | None = "snappy",
-    row_group_rows: int | None = None,
-    write_index: bool | None = None,
-    overwrite: bool = False,
+    layout: str,
+    vectors: Sequence[str] | None,
+    compression: str | dict[str, str] | None,
+    row_group_rows: int | None,
+    write_index: bool | None,
+    overwrite: bool,
 ) -> tuple[Any, Staging, dd.DataFrame]:
     """A Delayed that writes ``df``'s files and manifest to a new staging folder for
     ``path`` and returns the manifest, that folder, and the dask frame written (arguments
-    checked now, as in to_parquet)."""
+    checked now, as in to_parquet, whose defaults are :data:`_WRITE_DEFAULTS`)."""
     check_layout(layout)
     if isinstance(df, pd.DataFrame):
         df = from_pandas(df, sort=False)  # the rows in the frame's order, not the index's
