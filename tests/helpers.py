@@ -8,6 +8,7 @@ Every test module takes them from here, none from another test module."""
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -143,6 +144,21 @@ def pairs_frame(
         },
         index=index,
     )
+
+
+def spy_on_reads(monkeypatch: Any) -> list[Any]:
+    """The columns each partition read of ``dask_cosim.read_parquet`` is asked for, in a
+    list that grows as they are read (None: every column), while ``monkeypatch`` lasts."""
+    asked: list[Any] = []
+    read_piece = dask_cosim.io.read._read_piece
+
+    @functools.wraps(read_piece)  # dask reads its signature: `columns` is projected
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        asked.append(kwargs.get("columns"))
+        return read_piece(*args, **kwargs)
+
+    monkeypatch.setattr(dask_cosim.io.read, "_read_piece", spy)
+    return asked
 
 
 @contextmanager

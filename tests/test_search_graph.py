@@ -4,7 +4,6 @@ cache the work)."""
 
 from __future__ import annotations
 
-import functools
 import pickle
 from collections.abc import Callable
 from pathlib import Path
@@ -19,8 +18,8 @@ import torch
 from dask.callbacks import Callback
 
 import dask_cosim
-from dask_cosim import io
 from dask_cosim.io import vectors_to_arrow
+from tests.helpers import spy_on_reads
 
 
 def _frame(seed: int = 0, n: int = 40, d: int = 8) -> pd.DataFrame:
@@ -153,15 +152,7 @@ def test_a_parquet_read_still_reads_only_the_vectors_for_the_search(
     pdf = _frame(n=400)
     pdf["wide"] = vectors_to_arrow(np.zeros((400, 256), dtype=np.float32))
     dask_cosim.to_parquet(dd.from_pandas(pdf, npartitions=2), tmp_path / "d")
-    asked: list[Any] = []
-    read_piece = io.read._read_piece
-
-    @functools.wraps(read_piece)  # dask reads its signature: `columns` is projected
-    def spy(*args: Any, **kwargs: Any) -> Any:
-        asked.append(kwargs.get("columns"))
-        return read_piece(*args, **kwargs)
-
-    monkeypatch.setattr(io.read, "_read_piece", spy)
+    asked = spy_on_reads(monkeypatch)
     for call in (lambda df: df.cosim.dedup("emb", 0.9), lambda df: df.cosim.groups("emb", 0.9)):
         asked.clear()
         call(dask_cosim.read_parquet(tmp_path / "d")).compute(scheduler="sync")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import json
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,7 @@ import pytest
 
 import dask_cosim
 from dask_cosim import io
-from tests.helpers import no_computes, pairs_frame, random_pairs, reference
+from tests.helpers import no_computes, pairs_frame, random_pairs, reference, spy_on_reads
 
 
 def test_read_parquet_reads_only_the_columns_used(tmp_path: Path) -> None:
@@ -50,15 +49,7 @@ def test_an_empty_projection_reads_the_index_alone(
                 "id": pdf["id"][30 * i : 30 * i + 30],
             }
             pq.write_table(pa.table(half), tmp_path / "d" / f"p{i}.parquet")
-    asked: list[Any] = []
-    read_piece = io.read._read_piece
-
-    @functools.wraps(read_piece)  # dask reads its signature: `columns` is projected
-    def spy(*args: Any, **kwargs: Any) -> Any:
-        asked.append(kwargs.get("columns"))
-        return read_piece(*args, **kwargs)
-
-    monkeypatch.setattr(io.read, "_read_piece", spy)
+    asked = spy_on_reads(monkeypatch)
     got = dask_cosim.read_parquet(tmp_path / "d")[[]].compute()
     assert got.columns.tolist() == [] and got.index.tolist() == list(range(60))
     assert asked == [[], []]
