@@ -46,7 +46,19 @@ class Keys:
 def discover(fs: pafs.FileSystem, root: str) -> tuple[list[str], list[int], Keys]:
     """The Parquet files under the folder ``root`` (in natural order of their paths),
     their sizes, and their keys (but those the first file holds as columns)."""
-    dataset = ds.dataset(root, filesystem=fs, format="parquet", partitioning="hive")
+    # One listing, for the files and their sizes; the names pyarrow's own discovery skips
+    # (a part of the path below ``root`` starting with "_" or ".") left out as it would.
+    listed = fs.get_file_info(pafs.FileSelector(root, recursive=True))
+    size_of = {
+        info.path: info.size or 0
+        for info in listed
+        if info.type == pafs.FileType.File
+        and not any(p.startswith(("_", ".")) for p in info.path[len(root) :].split("/"))
+    }
+    dataset = ds.dataset(
+        list(size_of), filesystem=fs, format="parquet", partitioning="hive",
+        partition_base_dir=root,
+    )  # fmt: skip
     fragments = sorted(dataset.get_fragments(), key=lambda f: natural_sort_key(f.path))
     if not fragments:
         raise FileNotFoundError(f"no Parquet files in {root!r}")
@@ -64,9 +76,7 @@ def discover(fs: pafs.FileSystem, root: str) -> tuple[list[str], list[int], Keys
         for name in schema.names
         if name in found and name not in stored
     }
-    listed = fs.get_file_info(pafs.FileSelector(root, recursive=True))
-    size_of = {info.path: info.size or 0 for info in listed}
-    return files, [size_of.get(f, 0) for f in files], Keys(dictionaries, values, dataset)
+    return files, [size_of[f] for f in files], Keys(dictionaries, values, dataset)
 
 
 def kept(keys: Keys, filters: Any) -> set[str] | None:
