@@ -136,7 +136,4 @@ def holds_data(df: Any) -> bool:
     (``dd.from_pandas``, which ``dask_cosim.from_pandas`` calls without a client): a
     column projection of it is then a second copy of that data in the graph, where one of
     a Parquet read is a narrower read."""
-    expr = getattr(df, "expr", None)
-    return expr is not None and any(
-        "FromPandas" in (c.__name__ for c in type(e).__mro__) for e in expr.walk()
-    )
+    return bool(backends.in_memory_sources(df))

@@ -61,6 +61,7 @@ __all__ = [
     "data_token",
     "frame_from_arrow",
     "frame_like",
+    "in_memory_sources",
     "is_device_frame",
     "is_vector_series",
     "make_result",
@@ -172,12 +173,20 @@ def _first_string(obj: Any, column: Any, partitions: int = 3) -> str | None:
 
 def _pandas_source(obj: Any, column: Any) -> Any:
     """``column`` of the frame a ``dd.from_pandas`` collection holds in memory, or None."""
-    for expr in obj.expr.walk():
-        if type(expr).__name__ == "FromPandas":
-            data = getattr(expr.frame, "_data", expr.frame)
-            if column in getattr(data, "columns", ()):
-                return data[column]
+    for expr in in_memory_sources(obj):
+        data = getattr(expr.frame, "_data", expr.frame)
+        if column in getattr(data, "columns", ()):
+            return data[column]
     return None
+
+
+def in_memory_sources(obj: Any) -> list[Any]:
+    """The expressions of the dask collection ``obj`` that hold a frame in memory
+    (``dd.from_pandas``'s FromPandas, or a subclass of it); none for another object."""
+    expr = getattr(obj, "expr", None)
+    if expr is None:
+        return []
+    return [e for e in expr.walk() if "FromPandas" in (c.__name__ for c in type(e).__mro__)]
 
 
 def vector_columns(meta: Any) -> list[Any]:
