@@ -8,7 +8,6 @@ scheduler is active and writes the output atomically (:func:`dask_cosim.to_parqu
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -16,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from dask_cosim import errors, io
+from dask_cosim.io.files import location
 from dask_cosim.search import check_column
 from dask_cosim.summary import Summary, summarize
 
@@ -68,12 +68,10 @@ def check_output(output: str, overwrite: bool) -> None:
 def check_removed(removed: str, output: str, overwrite: bool) -> None:
     """dedup's ``--removed`` folder: not ``--output``, not inside it and not holding it (the
     two are renamed into place one after the other, so one would replace or land in the
-    other after the whole run), and not existing unless ``overwrite``."""
-
-    def where(path: str) -> str:
-        return path.rstrip("/") if "://" in path else os.path.realpath(path)
-
-    kept, gone = where(output), where(removed)
+    other after the whole run), and not existing unless ``overwrite``.  The two are
+    compared by :func:`~dask_cosim.io.files.location`: a relative path, a symbolic link
+    or a ``file://`` URL of the same folder is the same folder."""
+    kept, gone = location(output), location(removed)
     how = f"give --removed a folder of its own, e.g. {output.rstrip('/') + '-removed'!r}"
     if kept == gone:
         raise ValueError(f"--removed {removed!r} is the --output folder {output!r}; {how}")

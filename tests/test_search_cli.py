@@ -160,6 +160,40 @@ def test_dedup_removed_apart_from_output_before_a_cluster_starts(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["rows"]
 
 
+@pytest.mark.parametrize(
+    ("output", "removed", "message"),
+    [
+        ("same", "{url}/same", "--removed '{removed}' is the --output folder '{output}'"),
+        ("out", "{url}/out/removed", "--removed '{removed}' is inside --output '{output}'"),
+        ("{url}/both/out", "both", "--output '{output}' is inside --removed '{removed}'"),
+    ],
+)
+def test_dedup_removed_apart_from_output_in_any_spelling(
+    tmp_path: Path, data: tuple[Path, np.ndarray], output: str, removed: str, message: str
+) -> None:
+    """A file:// URL of the --output folder (or of a folder inside or holding it) is that
+    folder: it was taken for another place, and dedup committed the removed rows over
+    the kept ones and exited 0."""
+    folder, _ = data
+    output, removed = (
+        p.format(url=tmp_path.as_uri()) if "{url}" in p else str(tmp_path / p)
+        for p in (output, removed)
+    )
+    proc = cli("dedup", str(folder), "--on", "emb", "--threshold", "0.95", "-o", output,
+               "--removed", removed, "--overwrite")  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith("Error: " + message.format(output=output, removed=removed))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rows"]
+
+
+def test_object_store_outputs_are_compared_as_written() -> None:
+    """Object-store URLs are compared as written, without making their filesystem (S3's
+    would look up the bucket's region over the network)."""
+    with pytest.raises(ValueError, match="is inside --output"):
+        runs.check_removed("s3://bucket/out/removed/", "s3://bucket/out", overwrite=True)
+    runs.check_removed("s3://bucket/out-removed", "s3://bucket/out", overwrite=True)
+
+
 @pytest.mark.slow
 def test_clustered_errors_and_warnings_in_cli_spellings(
     tmp_path: Path, data: tuple[Path, np.ndarray]

@@ -205,6 +205,19 @@ def filesystem(path: Any) -> tuple[pafs.FileSystem, str]:
         return pafs.PyFileSystem(pafs.FSSpecHandler(fs)), inner
 
 
+def location(path: str) -> str:
+    """Where ``path`` is, one string for every spelling of a place, to compare outputs.
+
+    A local path (relative, through symbolic links, or a ``file://`` or ``local://`` URL)
+    is its real absolute path; another URL is itself without a trailing "/", not resolved
+    further (making its filesystem could cost a request, as S3's region lookup does).
+    """
+    text = os.fspath(path)
+    if "://" in text and text.split("://", 1)[0].lower() not in ("file", "local"):
+        return text.rstrip("/")
+    return os.path.realpath(filesystem(text)[1])
+
+
 def new_staging(fs: pafs.FileSystem, root: str) -> str:
     """A new hidden staging folder next to ``root``, created, after removing those that
     earlier writes to ``root`` by dead processes of this host left behind."""
