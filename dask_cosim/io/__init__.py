@@ -11,7 +11,8 @@
   speed; any other Parquet with list columns kept as Arrow lists (pandas) or cudf list
   columns, and files that store no index numbered across the read (:mod:`.positions`),
   those of hive-partitioned folders too, with their keys as columns (:mod:`.hive`).
-  :func:`describe_parquet` says what a read would give, from the metadata.
+  :func:`describe_parquet` (:mod:`.describe`) says what a read would give, from the
+  metadata.
   :func:`check_parquet_inputs` (:mod:`.files`) names a local file that is not Parquet and
   how to convert it.
 - :func:`numpy_frame`, :func:`numpy_vectors`, :func:`read_pickle`, :func:`source_frame`
@@ -32,6 +33,7 @@ from dask_cosim.io.convert import (
     source_frame,
     vector_columns,
 )
+from dask_cosim.io.describe import describe_parquet
 from dask_cosim.io.files import MANIFEST, check_parquet_inputs
 from dask_cosim.io.layouts import (
     LAYOUTS,
@@ -41,7 +43,7 @@ from dask_cosim.io.layouts import (
     stored_vector,
     vectors_to_arrow,
 )
-from dask_cosim.io.read import describe_parquet, read_parquet
+from dask_cosim.io.read import read_parquet
 from dask_cosim.io.write import (
     compute_with_progress,
     frame_to_table,

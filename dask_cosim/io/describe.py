@@ -1,0 +1,69 @@
+"""What :func:`~dask_cosim.io.read_parquet` would give, from the files' metadata."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from dask_cosim import backends
+from dask_cosim.io.files import naming_non_parquet, parquet_files
+from dask_cosim.io.read import _index_columns, _read_files, _read_schema
+
+__all__ = ["describe_parquet"]
+
+
+def describe_parquet(path: Any) -> dict[str, Any]:
+    """What :func:`.read_parquet` would give, from the files' metadata (no data is read,
+    except one row per variable-length list column to learn its D).
+
+    Returns a dict: ``rows``, ``files``, ``partitions``, ``layout`` ("binary"/"list" for
+    our folders, else None), ``columns``: name -> {"dtype", "dim", "values"} (dim and
+    values only for vector columns; a hive folder's keys are "category" columns).
+    """
+    found = parquet_files(path)
+    if found is None:
+        raise ValueError(
+            f"{path!r} is a glob in a URL: read it with dask_cosim.read_parquet and look at "
+            "the result instead"
+        )
+    fs, files, manifest = found.fs, found.files, found.manifest
+    df = _read_files(*found, columns=None, filters=None, backend="pandas")
+    opened = {}
+    if manifest is not None:
+        rows = int(manifest["rows"])
+    else:
+        opened = {f: _open(f, fs) for f in files}
+        rows = sum(p.metadata.num_rows for p in opened.values())
+    schema = _read_schema(files[0], fs)
+    columns: dict[str, dict[str, Any]] = {}
+    for name in df.columns:
+        info: dict[str, Any] = {"dtype": str(df.dtypes[name])}
+        spec = None
+        try:
+            spec = backends.vector_spec(df._meta[name], str(name))
+        except TypeError:
+            pass
+        if spec is not None and spec.dtype is not None:
+            dim = spec.dim
+            if dim is None:  # a variable list: the first stored row tells
+                first = opened.get(files[0]) or pq.ParquetFile(files[0], filesystem=fs)
+                batch = next(first.iter_batches(batch_size=16, columns=[name]), None)
+                lengths = [] if batch is None else batch.column(0).value_lengths().drop_null()
+                dim = int(lengths[0].as_py()) if len(lengths) else None
+            info.update(dim=dim, values=spec.dtype.name)
+        columns[str(name)] = info
+    return {
+        "rows": rows,
+        "files": len(files),
+        "partitions": df.npartitions,
+        "layout": manifest["layout"] if manifest else None,
+        "index": _index_columns(schema) or None,
+        "columns": columns,
+    }
+
+
+def _open(file: str, fs: pafs.FileSystem) -> pq.ParquetFile:
+    with naming_non_parquet(file):
+        return pq.ParquetFile(file, filesystem=fs)
