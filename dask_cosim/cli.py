@@ -176,8 +176,9 @@ def info(inputs: tuple[str, ...]) -> None:
     files, partitions = described["files"], described["partitions"]
     click.echo(f"files       {count(files, 'file')} ({count(partitions, 'partition')})")
     click.echo(f"layout      {described['layout'] or 'not written by dask_cosim'}")
-    if described["index"]:
-        click.echo(f"index       {', '.join(described['index'])}")
+    for level in described["index"] or ():  # one line per level, named as the read names it
+        name = "(unnamed)" if level["name"] is None else level["name"]
+        click.echo(f"index       {name} {level['dtype']}")
     click.echo("columns")
     for column, meta in described["columns"].items():
         vector = f"  vectors of {meta['dim']} x {meta['values']}" if "dim" in meta else ""

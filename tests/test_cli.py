@@ -13,16 +13,19 @@ import threading
 import time
 from pathlib import Path
 
+import dask.dataframe as dd
 import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
+from click.testing import CliRunner
 
 import dask_cosim
 from dask_cosim import io
 from dask_cosim._cli import InputError, cli_spelling, one_line_errors
+from dask_cosim.cli import main
 from tests.helpers import pairs_frame, random_pairs, reference
 
 
@@ -310,6 +313,29 @@ def test_convert_info_and_pickle_refusal(tmp_path: Path) -> None:
     assert "rows        50" in described.stdout and "layout      binary" in described.stdout
     assert "vectors of 6 x float32" in described.stdout and "label" in described.stdout
     assert cli("info", str(tmp_path / "nowhere")).returncode == 2
+
+
+@pytest.mark.parametrize("writer", ["dask_cosim", "pandas", "dask"])
+def test_info_shows_the_index_as_the_read_names_it(tmp_path: Path, writer: str) -> None:
+    """An unnamed index is stored as "__index_level_0__" (pyarrow) or
+    "__null_dask_index__" (dask) and read back unnamed: info showed the stored name."""
+    pdf = pd.DataFrame({"x": np.arange(6.0)}, index=np.arange(6) * 3)
+    folder = tmp_path / "out"
+    if writer == "dask_cosim":
+        dask_cosim.to_parquet(dd.from_pandas(pdf, npartitions=2), folder)
+    elif writer == "dask":
+        dd.from_pandas(pdf, npartitions=2).to_parquet(folder)
+    else:
+        folder.mkdir()
+        pdf.to_parquet(folder / "part.0.parquet")
+    assert dask_cosim.read_parquet(folder).index.name is None
+    shown = CliRunner().invoke(main, ["info", str(folder)])
+    assert shown.exit_code == 0, shown.output
+    assert "index       (unnamed) int64\n" in shown.output and "__" not in shown.output
+    assert io.describe_parquet(folder)["index"] == [{"name": None, "dtype": "int64"}]
+    pdf.rename_axis("row").to_parquet(tmp_path / "named.parquet")  # a named one: its name
+    named = CliRunner().invoke(main, ["info", str(tmp_path / "named.parquet")])
+    assert "index       row int64\n" in named.output
 
 
 def test_dask_cli_entry_point() -> None:

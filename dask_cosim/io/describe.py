@@ -19,8 +19,10 @@ def describe_parquet(path: Any) -> dict[str, Any]:
     except one row per variable-length list column to learn its D).
 
     Returns a dict: ``rows``, ``files``, ``partitions``, ``layout`` ("binary"/"list" for
-    our folders, else None), ``columns``: name -> {"dtype", "dim", "values"} (dim and
-    values only for vector columns; a hive folder's keys are "category" columns).
+    our folders, else None), ``index``: one {"name", "dtype"} per level of a stored index,
+    named as the read names it (None where the files store none: the read numbers the
+    rows), ``columns``: name -> {"dtype", "dim", "values"} (dim and values only for
+    vector columns; a hive folder's keys are "category" columns).
     """
     found = parquet_files(path)
     if found is None:
@@ -36,7 +38,11 @@ def describe_parquet(path: Any) -> dict[str, Any]:
     else:
         opened = {f: _open(f, fs) for f in files}
         rows = sum(p.metadata.num_rows for p in opened.values())
-    schema = _read_schema(files[0], fs)
+    # The read's own index, not the stored columns: pyarrow stores an unnamed index as
+    # "__index_level_0__" (dask as "__null_dask_index__"), and the read names it None.
+    index = df._meta.index
+    levels = [index.get_level_values(i) for i in range(index.nlevels)]
+    stored = bool(_index_columns(_read_schema(files[0], fs)))
     columns: dict[str, dict[str, Any]] = {}
     for name in df.columns:
         info: dict[str, Any] = {"dtype": str(df.dtypes[name])}
@@ -59,7 +65,7 @@ def describe_parquet(path: Any) -> dict[str, Any]:
         "files": len(files),
         "partitions": df.npartitions,
         "layout": manifest["layout"] if manifest else None,
-        "index": _index_columns(schema) or None,
+        "index": [{"name": i.name, "dtype": str(i.dtype)} for i in levels] if stored else None,
         "columns": columns,
     }
 
