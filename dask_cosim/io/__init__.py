@@ -20,8 +20,9 @@
   convert`` and the queries of ``dask-cosim topk``.
 - :mod:`.layouts`: the two ways a vector column is stored; :mod:`.files`: filesystems,
   listing, globs, the manifest and staging folders; :mod:`.divisions`: each file's index
-  range and the divisions in the manifest; :mod:`.cudf_parquet`: cudf's GPU reader and
-  writer, which the cudf backend of :mod:`.read` and :mod:`.write` use.
+  range and the divisions in the manifest; :mod:`.categories`: categoricals of numbers,
+  which a Parquet read does not give back by itself; :mod:`.cudf_parquet`: cudf's GPU
+  reader and writer, which the cudf backend of :mod:`.read` and :mod:`.write` use.
 """
 
 from dask_cosim.backends import arrow_vector_types

@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 
 from dask_cosim import backends, errors, options
 from dask_cosim.backends import arrow_vector_types
-from dask_cosim.io import cudf_parquet, hive, positions
+from dask_cosim.io import categories, cudf_parquet, hive, positions
 from dask_cosim.io.convert import TARGET_PARTITION_BYTES
 from dask_cosim.io.divisions import manifest_divisions
 from dask_cosim.io.files import naming_non_parquet, parquet_files
@@ -106,7 +106,7 @@ def _read_files(
     # The meta comes from the schema alone: no data is read to build the graph.
     empty = _projected(schema, hive.file_columns(columns, dictionaries)).empty_table()
     empty = _in_order(hive.add_keys(empty, dictionaries, {}, columns), columns)
-    meta = backends.frame_from_arrow(restore_vectors(empty), backend)
+    meta = categories.as_meta(backends.frame_from_arrow(restore_vectors(empty), backend), schema)
     divisions = manifest_divisions(manifest, schema, meta)
     binary = binary_vectors(schema)
     pieces: list[tuple[Any, ...]] = []
@@ -297,7 +297,9 @@ def _read_piece(
         table = table.filter(pq.filters_to_expression(filters))
     if read != columns or values is not None:
         table = _in_order(table, columns)
-    return positions.label(backends.frame_from_arrow(restore_vectors(table), backend), first)
+    df = backends.frame_from_arrow(restore_vectors(table), backend)
+    df = categories.as_stored(df, table.schema)
+    return positions.label(df, first)
 
 
 def _filtered_columns(columns: list[str] | None, filters: Any) -> list[str] | None:

@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 from dask.dataframe.dispatch import to_pyarrow_table_dispatch
 
 from dask_cosim import backends, errors
-from dask_cosim.io import cudf_parquet
+from dask_cosim.io import categories, cudf_parquet
 from dask_cosim.io.convert import from_pandas
 from dask_cosim.io.files import Staging, commit, discard, exists, filesystem, new_staging
 from dask_cosim.io.layouts import (
@@ -62,7 +62,7 @@ def frame_to_table(
         arrays.insert(positions[column], array)
     # From arrays, not add_column: a table of the index alone may have no columns, and
     # then pyarrow gives it 0 rows.
-    metadata = _unnamed_generated_index(table.schema.metadata)
+    metadata = categories.recorded(table, _unnamed_generated_index(table.schema.metadata))
     return pa.Table.from_arrays(arrays, schema=pa.schema(fields, metadata))
 
 

@@ -398,3 +398,40 @@ def test_a_string_index_reads_back_as_dask_reads_it(tmp_path: Path, convert_stri
         assert back._meta.dtypes.equals(got.dtypes)
     if not convert_string:
         pd.testing.assert_frame_equal(got, pdf)
+
+
+def test_categoricals_of_numbers_read_back_as_written(tmp_path: Path) -> None:
+    """pyarrow gives a categorical of numbers back as plain numbers (strings only come back
+    categorical), and Parquet keeps neither unused categories nor their order: our folders
+    record them, and read back as written, meta agreeing; other files' categoricals come
+    back categorical, their values sorted as categories, unordered (as dask's reader gives
+    a column); the meta's categories are unknown (dask's convention), and a categorical
+    index has no divisions."""
+    ordered = pd.CategoricalDtype(pd.Index([5, 1, 2, 3], dtype="int32"), ordered=True)
+    pdf = pd.DataFrame(
+        {
+            "x": np.arange(6.0),
+            "c": pd.Categorical([10, 20, None, 30, 10, 20], categories=[40, 30, 20, 10]),
+            "s": pd.Categorical(list("abcabc"), categories=list("zcba"), ordered=True),
+        },
+        index=pd.CategoricalIndex([3, 1, 2, 3, 1, 2], dtype=ordered, name="k"),
+    )
+    dask_cosim.to_parquet(dd.from_pandas(pdf, npartitions=3, sort=False), tmp_path / "ours")
+    back = dask_cosim.read_parquet(tmp_path / "ours")
+    dd.utils.assert_eq(back, pdf)
+    assert back._meta.index.dtype.ordered and not back.known_divisions
+    assert [back._meta[c].dtype.ordered for c in ("c", "s")] == [False, True]
+    assert not dd.utils.has_known_categories(back["c"])
+    assert back["c"].cat.as_known().compute().dtype == pdf["c"].dtype
+    assert back[["x"]].compute().index.dtype == ordered  # the index comes along
+
+    pdf.to_parquet(tmp_path / "pandas.parquet")
+    other = dask_cosim.read_parquet(tmp_path / "pandas.parquet")
+    got = other.compute()
+    dd.utils.assert_eq(other, got)
+    theirs = dd.read_parquet(tmp_path / "pandas.parquet").compute()
+    pd.testing.assert_series_equal(got["c"], theirs["c"], check_index=False)
+    assert got.index.dtype == pd.CategoricalDtype(pd.Index([1, 2, 3], dtype="int32"))
+    assert got.index.tolist() == pdf.index.tolist() and got.index.name == "k"
+    pd.testing.assert_series_equal(got["s"], pdf["s"], check_index=False)
+    assert not dd.utils.has_known_categories(other["s"])  # the meta said [] known

@@ -1,0 +1,120 @@
+"""Categoricals that a Parquet read does not give back by itself.
+
+pyarrow writes a categorical as a dictionary column and records it in the pandas metadata
+(``pandas_type`` "categorical", ``ordered``, ``num_categories``), but reads back only
+dictionaries of strings as categoricals: one of numbers comes back as plain numbers, and
+Parquet keeps neither the categories no row uses nor their order.  So:
+
+- :func:`recorded`: our writer records the categories of a categorical of numbers (column
+  or index) in its pandas metadata entry (``metadata.categories``), beside pyarrow's own
+  keys, which other readers ignore;
+- :func:`as_stored`: each partition read gets its categoricals of numbers back, with the
+  recorded categories and order where the file has them, else (files of other writers)
+  the values the partition holds, sorted and unordered, as dask's reader gives a column
+  (the stored order of categories is not known, so comparisons are not offered);
+- :func:`as_meta`: the frame's meta has every stored categorical with unknown categories
+  (dask's convention: partitions may hold different ones) and the stored ``ordered``.
+
+pandas frames only: cudf frames are left as cudf reads them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import pandas as pd
+import pyarrow as pa
+from dask.dataframe.utils import UNKNOWN_CATEGORIES
+
+__all__ = ["as_meta", "as_stored", "recorded"]
+
+
+def recorded(table: pa.Table, metadata: dict[bytes, bytes] | None) -> dict[bytes, bytes] | None:
+    """``metadata`` (``table``'s, as it will be written) with the categories of each
+    categorical of integers or finite floats recorded in its pandas metadata entry."""
+    if not metadata or b"pandas" not in metadata:
+        return metadata
+    pandas_meta = json.loads(metadata[b"pandas"])
+    for entry in pandas_meta.get("columns", []):
+        field, described = entry.get("field_name"), entry.get("metadata") or {}
+        if entry.get("pandas_type") != "categorical" or field not in table.column_names:
+            continue
+        column = table.column(field)
+        t = column.type
+        if not pa.types.is_dictionary(t) or column.num_chunks != 1:
+            continue
+        if not _numbers(t.value_type):
+            continue  # strings come back by themselves; other types are not JSON numbers
+        categories = column.chunk(0).dictionary.to_pylist()
+        # A dictionary that is not the whole set of categories (a writer that leaves out
+        # those unused) is not recorded: the read would lose rows' values to NaN.
+        if len(categories) != described.get("num_categories"):
+            continue
+        if all(isinstance(c, int) or math.isfinite(c) for c in categories):
+            entry["metadata"] = {**described, "categories": categories}
+    return {**metadata, b"pandas": json.dumps(pandas_meta).encode()}
+
+
+def as_stored(df: Any, schema: pa.Schema) -> Any:
+    """``df`` (read from a file of ``schema``) with its stored categoricals that pyarrow
+    gave back as plain values made categorical again (see the module's docstring)."""
+    for target, entry in _categoricals(df, schema):
+        values = df.index if target is None else df[target]
+        t = schema.field(entry["field_name"]).type
+        if isinstance(values.dtype, pd.CategoricalDtype) or not _numbers(t):
+            continue  # strings came back categorical; other types stay as pyarrow reads them
+        stored = pd.api.types.pandas_dtype(t.to_pandas_dtype())  # (values: float with nulls)
+        described = entry.get("metadata") or {}
+        if "categories" in described:
+            categories = pd.Index(described["categories"], dtype=stored)
+            ordered = bool(described.get("ordered"))
+        else:  # unknown to the file: the values here, in order (dask's reader's way)
+            categories = pd.Index(values.dropna().unique()).astype(stored).sort_values()
+            ordered = False
+        restored = values.astype(pd.CategoricalDtype(categories, ordered))
+        if target is None:
+            df.index = restored
+        else:
+            df[target] = restored
+    return df
+
+
+def as_meta(meta: Any, schema: pa.Schema) -> Any:
+    """The meta (``meta``: an empty frame read from ``schema``) of a read: each stored
+    categorical with unknown categories and its stored order (see :func:`as_stored`)."""
+    meta = as_stored(meta, schema)
+    for target, _ in _categoricals(meta, schema):
+        values = meta.index if target is None else meta[target]
+        if isinstance(values.dtype, pd.CategoricalDtype):
+            unknown = pd.CategoricalDtype([UNKNOWN_CATEGORIES], values.dtype.ordered)
+            if target is None:
+                meta.index = values.astype(unknown)
+            else:
+                meta[target] = values.astype(unknown)
+    return meta
+
+
+def _numbers(t: pa.DataType) -> bool:
+    return pa.types.is_integer(t) or pa.types.is_floating(t)
+
+
+def _categoricals(df: Any, schema: pa.Schema) -> list[tuple[Any, dict[str, Any]]]:
+    """(column name, or None for the index, pandas metadata entry) of each categorical
+    the file stores that ``df`` holds (an index of one level only)."""
+    if not isinstance(df, pd.DataFrame):
+        return []
+    described = schema.pandas_metadata or {}
+    index = [n for n in described.get("index_columns", []) if isinstance(n, str)]
+    found = []
+    for entry in described.get("columns", []):
+        field = entry.get("field_name")
+        if entry.get("pandas_type") != "categorical" or field not in schema.names:
+            continue
+        if field in index:
+            if len(index) == 1 and df.index.nlevels == 1:
+                found.append((None, entry))
+        elif entry.get("name") in df.columns:
+            found.append((entry["name"], entry))
+    return found
