@@ -8,6 +8,7 @@ scheduler is active and writes the output atomically (:func:`dask_cosim.to_parqu
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -61,7 +62,11 @@ def check_columns(df: Any, columns: Sequence[str], what: str) -> None:
 
 
 def check_output(output: str, overwrite: bool) -> None:
-    if Path(output).exists() and not overwrite:
+    """FileExistsError before any work when ``output`` exists and not ``overwrite``: a
+    local folder in any spelling (a ``file://`` URL too).  An object-store output is left
+    to the write, which refuses it then (making its filesystem here could cost requests)."""
+    where = location(output)
+    if not overwrite and "://" not in where and os.path.exists(where):
         raise FileExistsError(f"{output!r} exists; pass --overwrite to replace it")
 
 

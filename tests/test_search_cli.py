@@ -186,6 +186,24 @@ def test_dedup_removed_apart_from_output_in_any_spelling(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["rows"]
 
 
+def test_existing_output_as_a_url_is_refused_before_any_work(
+    tmp_path: Path, data: tuple[Path, np.ndarray]
+) -> None:
+    """An existing --output (or --removed) given as a file:// URL is refused before a
+    cluster starts, as its plain path is: it was taken for a new folder, a cluster was
+    started, and only the write refused it."""
+    folder, _ = data
+    (tmp_path / "out").mkdir()
+    for flag in ("-o", "--removed"):
+        args = {"-o": str(tmp_path / "kept"), "--removed": str(tmp_path / "gone"), flag: ""}
+        args[flag] = (tmp_path / "out").as_uri()
+        proc = cli("dedup", str(folder), "--on", "emb", "--threshold", "0.95",
+                   *(a for pair in args.items() for a in pair))  # fmt: skip
+        assert proc.returncode == 2, proc.stderr
+        assert proc.stderr.startswith(f"Error: {args[flag]!r} exists; pass --overwrite")
+        assert "cluster     " not in proc.stderr  # refused before a cluster started
+
+
 def test_object_store_outputs_are_compared_as_written() -> None:
     """Object-store URLs are compared as written, without making their filesystem (S3's
     would look up the bucket's region over the network)."""
