@@ -194,6 +194,10 @@ def filesystem(path: Any) -> tuple[pafs.FileSystem, str]:
     text = os.fspath(path)
     if "://" not in text:
         return pafs.LocalFileSystem(), os.path.abspath(text)
+    if text[:17].lower() == "file://localhost/":
+        # RFC 8089: the local host by name.  pyarrow refuses it, and fsspec would take
+        # "localhost/..." for a path relative to the working directory.
+        text = "file:///" + text[17:]
     try:
         return pafs.FileSystem.from_uri(text)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):

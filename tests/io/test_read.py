@@ -134,12 +134,14 @@ def test_read_and_write_through_urls(tmp_path: Path) -> None:
     a, b = random_pairs(30, 4)
     pdf = pairs_frame(a, b, "fixed_size_list")
     dask_cosim.to_parquet(pdf, tmp_path / "p")
-    local = dask_cosim.read_parquet(f"file://{tmp_path / 'p'}")
-    np.testing.assert_allclose(
-        local.cosim.pairwise("embeds_a", "embeds_b").compute().to_numpy(),
-        reference(a, b),
-        atol=1e-6,
-    )
+    # file://localhost/PATH is file:///PATH (RFC 8089), not ./localhost/PATH.
+    for url in (f"file://{tmp_path / 'p'}", f"file://localhost{tmp_path / 'p'}"):
+        local = dask_cosim.read_parquet(url)
+        np.testing.assert_allclose(
+            local.cosim.pairwise("embeds_a", "embeds_b").compute().to_numpy(),
+            reference(a, b),
+            atol=1e-6,
+        )
     dask_cosim.to_parquet(pdf, "memory://cosim-test/p", layout="list")
     in_memory = dask_cosim.read_parquet("memory://cosim-test/p")
     assert in_memory.npartitions == 1 and len(in_memory.compute()) == 30
