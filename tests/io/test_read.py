@@ -437,3 +437,23 @@ def test_categoricals_of_numbers_read_back_as_written(tmp_path: Path) -> None:
     assert got.index.tolist() == pdf.index.tolist() and got.index.name == "k"
     pd.testing.assert_series_equal(got["s"], pdf["s"], check_index=False)
     assert not dd.utils.has_known_categories(other["s"])  # the meta said [] known
+
+
+def test_stored_categoricals_read_back_with_unknown_categories(tmp_path: Path) -> None:
+    """Each file stores its own dictionary, so the categories of a stored categorical
+    column or index are unknown until read, as dask's reader marks them (the meta said
+    known and empty: ``as_known`` kept none, and ``dd.get_dummies`` made no columns in
+    the meta where the data had five)."""
+    pdf = pd.DataFrame(
+        {"id": np.arange(20), "cat": pd.Categorical([f"c{i % 5}" for i in range(20)])},
+        index=pd.CategoricalIndex([f"k{i % 3}" for i in range(20)], name="k"),
+    )
+    dask_cosim.to_parquet(dd.from_pandas(pdf, npartitions=2, sort=False), tmp_path / "ours")
+    pdf.to_parquet(tmp_path / "one.parquet")
+    for path in (tmp_path / "ours", tmp_path / "one.parquet"):
+        df = dask_cosim.read_parquet(path)
+        assert not df["cat"].cat.known and not df.index.cat.known
+        assert sorted(df["cat"].cat.as_known().cat.categories) == [f"c{i}" for i in range(5)]
+        dummies = dd.get_dummies(df.categorize(columns=["cat"]), columns=["cat"])
+        assert list(dummies.columns) == list(dummies.compute().columns)
+        pd.testing.assert_frame_equal(df.compute(), pdf, check_categorical=False)
