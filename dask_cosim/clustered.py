@@ -140,13 +140,24 @@ def _gather(found: Any, by: str, df: Any, carried: bool = False) -> Any:
 def _carry(found: Any, df: Any, cols: list[Any], prefix: str) -> Any:
     """``found`` (gathered by :func:`_gather`) with the ``cols`` of the rows its keys
     name, taken from their own partitions: :func:`clustered_partition.with_carried`."""
-    payload = df[cols]
     if not dask.is_dask_collection(found):
-        return cp.with_carried(found, payload, prefix)
+        return cp.with_carried(found, df[cols], prefix)
+    payload = df[cols]
+    if sg.holds_data(df):
+        # Not a projection of the frame in memory: persist() optimizes the graph twice,
+        # the second time absorbing the projection into that frame under a new name,
+        # and an already fused task then asked for a shuffle output under the old one
+        # ("Missing dependency", dask 2026.8).  A projection of a read stays one: it
+        # narrows the read.
+        payload = df.map_partitions(_select, cols, meta=payload._meta)
     meta = cp.with_carried(found._meta, payload._meta, prefix)
     return dd.map_partitions(
         cp.with_carried, found, payload, prefix, meta=meta, align_dataframes=False
     )
+
+
+def _select(part: Any, cols: list[Any]) -> Any:
+    return part[cols]
 
 
 def _per_partition(fn: Any, found: Any, *args: Any, meta: Any = None) -> Any:

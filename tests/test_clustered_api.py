@@ -292,6 +292,19 @@ def test_clustered_carries_columns_as_exact(carrying: pd.DataFrame) -> None:
             _assert_same_pairs(some, want[among])
 
 
+def test_clustered_columns_persist(carrying: pd.DataFrame) -> None:
+    """persist() of a result carrying columns, of a frame held in memory: it failed with
+    "Missing dependency" (persist optimizes twice; see clustered._carry)."""
+    ddf = to_dask(carrying, 3)
+    opts = {"method": "clustered", "clusters": 10, "columns": COLUMNS}
+    with dask.config.set(scheduler="sync"):
+        for result in (
+            ddf.cosim.neighbors("emb", threshold=0.9, **opts),
+            ddf.cosim.dedup("emb", 0.9, return_removed=True, **opts)[1],
+        ):
+            _assert_same_pairs(result.persist().compute(), result.compute())
+
+
 @pytest.mark.filterwarnings("ignore::dask_cosim.errors.RepeatedLabelsWarning")
 def test_clustered_columns_stay_lazy(carrying: pd.DataFrame) -> None:
     """Carrying columns adds no computation to the call: only the plan's."""
