@@ -249,6 +249,19 @@ def test_threshold_scores_are_within_the_documented_bound() -> None:
     assert re.search(r"\(D \+ 8\) · 2⁻²⁴", open_docs("similarity-search.md"))
 
 
+def test_docs_quote_the_bounds_the_code_computes() -> None:
+    """The figures docs/similarity-search.md gives for the float32 margin and the float64
+    re-score's error are what search_kernels computes (a reader compares with them)."""
+    docs = " ".join(open_docs("similarity-search.md").split())
+
+    def written(x: float) -> str:  # as the docs write it: 2.3e-5
+        return re.sub(r"e-0*", "e-", f"{x:.1e}")
+
+    for dim, words in [(384, "384"), (1536, "1,536")]:
+        assert f"{written(search_kernels.margin(dim))} at D = {words}" in docs
+    assert f"2⁻⁵³, {written(search_kernels.rescore_error(384))} at D = 384" in docs
+
+
 def open_docs(name: str) -> str:
     from pathlib import Path
 
