@@ -26,6 +26,7 @@ _LAZY = {
     "clustered_recall": "dask_cosim.clustered_recall",
     "Summary": "dask_cosim.summary",
     "from_pandas": "dask_cosim.io",
+    "io": "dask_cosim.io",
     "kernels": "dask_cosim.kernels",
     "local_cluster": "dask_cosim.cluster",
     "pairwise_cosine": "dask_cosim.partition",
@@ -40,6 +41,7 @@ __all__ = [
     "Summary",
     "clustered_recall",
     "from_pandas",
+    "io",
     "kernels",
     "local_cluster",
     "pairwise_cosine",
@@ -50,7 +52,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from dask_cosim import clustered_recall, kernels
+    from dask_cosim import clustered_recall, io, kernels
     from dask_cosim.accessor import CosimAccessor
     from dask_cosim.cluster import local_cluster
     from dask_cosim.io import from_pandas, read_parquet, to_parquet

@@ -344,6 +344,18 @@ def test_lazy_names_are_the_public_ones() -> None:
         dask_cosim.nothing  # noqa: B018
 
 
+def test_io_functions_the_docs_name_need_only_import_dask_cosim() -> None:
+    """docs/parquet.md calls dask_cosim.io.describe_parquet and .to_parquet_together after
+    a plain `import dask_cosim`, as it calls dask_cosim.kernels.pairwise_cosine."""
+    code = (
+        "import dask_cosim\n"
+        "print(dask_cosim.io.describe_parquet.__name__, dask_cosim.io.to_parquet_together.__name__)"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["describe_parquet", "to_parquet_together"]
+
+
 def test_read_parquet_names_a_file_that_is_not_parquet(tmp_path: Path) -> None:
     folder = tmp_path / "pairs"
     folder.mkdir()
