@@ -9,11 +9,14 @@ first processes to create a CUDA context.
 from __future__ import annotations
 
 import ast
+import atexit
 import importlib.util
 import inspect
 import multiprocessing
 import sys
 import warnings
+import weakref
+from contextlib import suppress
 from types import FrameType
 from typing import Any
 
@@ -58,7 +61,12 @@ def torch_threads(n_workers: int, threads_per_worker: int, cores: int = CPU_COUN
 
 class ClusterClient(Client):
     """A ``Client`` that owns the cluster it was started with: ``close()`` (or leaving its
-    ``with`` block) also closes ``client.cluster``."""
+    ``with`` block) also closes ``client.cluster``; one still open when the interpreter
+    exits is closed then, before distributed closes the clusters."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        _OPEN.add(self)
 
     def close(self, timeout: Any = no_default) -> None:
         cluster = self.cluster
@@ -67,6 +75,19 @@ class ClusterClient(Client):
         finally:
             if cluster is not None:
                 cluster.close()  # a no-op once closed
+
+
+_OPEN: weakref.WeakSet[ClusterClient] = weakref.WeakSet()
+
+
+@atexit.register  # after distributed's exit hooks (imported above), so it runs before them
+def _close_open_clients() -> None:
+    # distributed closes a script's clusters at exit before its clients: the workers went
+    # while the scheduler still held what the client had scattered (from_pandas), and it
+    # logged an ERROR about data lost. The client's close releases that data first.
+    for client in list(_OPEN):
+        with suppress(Exception):  # as distributed's own exit hooks: nothing left to tell
+            client.close()
 
 
 def local_cluster(

@@ -246,6 +246,20 @@ if "__main__" == __name__:
 """
 
 
+_UNCLOSED = """\
+import numpy as np
+import pandas as pd
+
+import dask_cosim
+
+if __name__ == "__main__":
+    client = dask_cosim.local_cluster(1, gpus=False, dashboard_address=None)
+    pdf = pd.DataFrame({"a": [np.ones(3)] * 4, "b": [np.ones(3)] * 4})
+    df = dask_cosim.from_pandas(pdf)  # scattered to the worker
+    print(df.cosim.pairwise("a", "b").sum().compute())
+"""
+
+
 def _run_script(tmp_path: Path, source: str) -> subprocess.CompletedProcess[str]:
     script = tmp_path / "script.py"
     script.write_text(source)
@@ -281,6 +295,15 @@ def test_script_with_main_guard_starts_its_cluster(tmp_path: Path) -> None:
     proc = _run_script(tmp_path, _GUARDED)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "workers 1"
+
+
+def test_script_that_never_closes_its_client_exits_quietly(tmp_path: Path) -> None:
+    """docs/first-hour.md's script ends without client.close(): at exit the client goes
+    before its cluster, so the scheduler does not log an ERROR about scattered data lost."""
+    proc = _run_script(tmp_path, _UNCLOSED)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "4.0"
+    assert "ERROR" not in proc.stderr and "lose scattered data" not in proc.stderr, proc.stderr
 
 
 def test_worker_process_rerunning_a_script_is_stopped(monkeypatch: pytest.MonkeyPatch) -> None:
