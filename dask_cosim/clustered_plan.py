@@ -313,8 +313,9 @@ def plan(
         df.npartitions if lazy else 1, low,
     )  # fmt: skip
     logger.info("clustered: planned in %.1f s: about %.1f copies per row, %d shuffle "
-                "partitions; the search is lazy from here", time.perf_counter() - started,
-                1 + probes.sum() * scale / max(stats.rows, 1), found.partitions)  # fmt: skip
+                "partition%s; the search is lazy from here", time.perf_counter() - started,
+                1 + probes.sum() * scale / max(stats.rows, 1), found.partitions,
+                "" if found.partitions == 1 else "s")  # fmt: skip
     return found
 
 

@@ -411,3 +411,12 @@ def test_plan_reports_its_steps(pdf: pd.DataFrame, capsys: pytest.CaptureFixture
     assert "copies per row" in err and "the search is lazy from here" in err
     # The routing shuffle's partitions, named so (the result's partitions are others).
     assert f"copies per row, {found.partitions} shuffle partitions;" in err
+
+
+def test_plan_reports_one_shuffle_partition_in_the_singular(
+    pdf: pd.DataFrame, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with log_steps(True):
+        found = clustered.plan(to_dask(pdf, 1), "emb", 0.9, clusters=10)
+    assert found.partitions == 1
+    assert "copies per row, 1 shuffle partition;" in capsys.readouterr().err
