@@ -248,7 +248,14 @@ def check_scheduler(address: str, timeout: float) -> None:
 
 
 def _scheduler_hint(address: str) -> str:
-    host = urlsplit(address if "://" in address else f"tcp://{address}").hostname or "HOST"
+    where = urlsplit(address if "://" in address else f"tcp://{address}")
+    if where.port == 8786:  # the default port already: another service holds it there
+        return (
+            "8786 is the scheduler's default port, but another program listens on it at "
+            "that host: give the address the scheduler printed when it started "
+            "('Scheduler at: tcp://...')"
+        )
+    host = where.hostname or "HOST"
     host = f"[{host}]" if ":" in host else host
     return (
         "the dashboard is usually port 8787, the scheduler port 8786: "

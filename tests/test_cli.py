@@ -23,7 +23,7 @@ import torch
 from click.testing import CliRunner
 
 import dask_cosim
-from dask_cosim import io
+from dask_cosim import _cli, io
 from dask_cosim._cli import InputError, cli_spelling, one_line_errors
 from dask_cosim.cli import main
 from tests.helpers import pairs_frame, random_pairs, reference
@@ -257,6 +257,17 @@ def test_scheduler_given_the_dashboard_url(tmp_path: Path) -> None:
         "perhaps), not a scheduler's; the dashboard is usually port 8787, the scheduler port "
         "8786: e.g. --scheduler tcp://10.0.0.5:8786"
     )
+
+
+def test_scheduler_hint_at_the_default_port() -> None:
+    """Something that is not dask answering on port 8786 already: the hint does not offer
+    the address the user gave (it did), it says what to look for instead."""
+    for address in ("tcp://10.0.0.5:8786", "10.0.0.5:8786"):
+        hint = _cli._scheduler_hint(address)
+        assert "10.0.0.5:8786" not in hint
+        assert hint.endswith("give the address the scheduler printed when it started "
+                             "('Scheduler at: tcp://...')")  # fmt: skip
+    assert _cli._scheduler_hint("tcp://10.0.0.5:8787").endswith("--scheduler tcp://10.0.0.5:8786")
 
 
 def test_convert_info_and_pickle_refusal(tmp_path: Path) -> None:
