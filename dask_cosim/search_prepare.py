@@ -312,6 +312,33 @@ def _prepare_torch(
     return Prepared(unit.contiguous(), raw, inv, scale, valid, err, nrm)
 
 
+def _numba_rows(
+    p: Prepared, rows: torch.Tensor
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(values, positions of ``rows`` in them, inv, scale): what the numba re-score reads
+    for the rows ``rows`` of ``p``.  16-bit rows are widened to float32 (exactly), only
+    those asked for: a pair must score the same whatever dtype holds its values, as two
+    partitions of one column can differ (Arrow float16 rows come as float32 beside a
+    null row), and the tie rule compares scores from different partitions."""
+    if p.raw.dtype in _NUMBA_DTYPES:
+        return p.raw.contiguous().numpy(), rows.numpy(), p.inv.numpy(), p.scale.numpy()
+    used, at = torch.unique(rows, return_inverse=True)
+    wide = p.raw[used].to(torch.float32)
+    return wide.numpy(), at.numpy(), p.inv[used].numpy(), p.scale[used].numpy()
+
+
+def _numba_rescore(
+    fast: ModuleType, q: Prepared, i: torch.Tensor, r: Prepared, j: torch.Tensor, out: torch.Tensor
+) -> None:
+    """out[t] = the float64 score of (q[i[t]], r[j[t]]) by the numba kernel, unclamped."""
+    xq, qi, inv_q, scale_q = _numba_rows(q, i)
+    xr, ri, inv_r, scale_r = _numba_rows(r, j)
+    o = out.numpy()
+    by_rows(len(o), len(o) * q.dim, lambda a, b: fast.rescore(
+        xq, inv_q, scale_q, qi[a:b], xr, inv_r, scale_r, ri[a:b], o[a:b],
+    ))  # fmt: skip
+
+
 def rescore(
     q: Prepared, i: torch.Tensor, r: Prepared, j: torch.Tensor, *, chunk: int = 65536
 ) -> torch.Tensor:
@@ -322,13 +349,9 @@ def rescore(
     order."""
     out = torch.empty(len(i), dtype=torch.float64, device=q.unit.device)
     fast = numba_kernels() if out.device.type == "cpu" else None
-    if fast is not None and q.raw.dtype in _NUMBA_DTYPES and r.raw.dtype in _NUMBA_DTYPES:
-        xq, xr = q.raw.contiguous().numpy(), r.raw.contiguous().numpy()
-        qi, ri, o = i.numpy(), j.numpy(), out.numpy()
-        by_rows(len(o), len(o) * q.dim, lambda a, b: fast.rescore(
-            xq, q.inv.numpy(), q.scale.numpy(), qi[a:b],
-            xr, r.inv.numpy(), r.scale.numpy(), ri[a:b], o[a:b],
-        ))  # fmt: skip
+    if fast is not None:
+        for s in range(0, len(i), chunk):
+            _numba_rescore(fast, q, i[s : s + chunk], r, j[s : s + chunk], out[s : s + chunk])
     else:
         for s in range(0, len(i), chunk):
             ii, jj = i[s : s + chunk], j[s : s + chunk]

@@ -9,6 +9,7 @@ Every test module takes them from here, none from another test module."""
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import math
 import os
@@ -246,6 +247,16 @@ def to_dask(pdf: pd.DataFrame, npartitions: int) -> dd.DataFrame:
     """``pdf`` in ``npartitions`` dask partitions, object columns left as they are."""
     with dask.config.set({"dataframe.convert-string": False}):
         return dd.from_pandas(pdf, npartitions=npartitions, sort=False)
+
+
+def split_frame(pdf: pd.DataFrame, sizes: Sequence[int]) -> dd.DataFrame:
+    """``pdf`` as consecutive dask partitions of ``sizes`` rows (0 allowed), unknown
+    divisions, object columns left as they are."""
+    assert sum(sizes) == len(pdf), (sizes, len(pdf))
+    edges = np.concatenate([[0], np.cumsum(sizes)]).astype(int)
+    parts = [pdf.iloc[a:b] for a, b in itertools.pairwise(edges)]
+    with dask.config.set({"dataframe.convert-string": False}):
+        return dd.from_map(lambda part: part, parts, meta=pdf.iloc[:0], enforce_metadata=False)
 
 
 # The two-pass search (dask_cosim.search_twopass) against the float64 answer: every pair
