@@ -31,6 +31,7 @@ import pyarrow.parquet as pq
 import torch
 
 import dask_cosim
+from dask_cosim import _search_tiles, search_prepare
 from dask_cosim import search_kernels as sk
 from dask_cosim import search_precision as sp
 from dask_cosim import search_twopass as tp
@@ -200,6 +201,13 @@ def device_to_host_bytes(run: Any, tmp_path: Path) -> tuple[int, int]:
     events = json.loads(trace.read_text())["traceEvents"]
     copies = [e for e in events if e.get("cat") == "gpu_memcpy" and "DtoH" in e.get("name", "")]
     return len(copies), sum(int(e.get("args", {}).get("bytes", 0)) for e in copies)
+
+
+def hide_numba(monkeypatch: Any) -> None:
+    """Every search module that asks for the numba kernels is told there are none, while
+    ``monkeypatch`` (pytest's fixture) lasts: the torch path GPUs take."""
+    for module in (_search_tiles, sk, search_prepare):
+        monkeypatch.setattr(module, "numba_kernels", lambda: None)
 
 
 def run_in_triton_interpreter(code: str, timeout: int = 300) -> None:

@@ -10,20 +10,14 @@ import numpy as np
 import pytest
 import torch
 
-from dask_cosim import _search_sweep, _search_tiles, search_prepare
+from dask_cosim import _search_sweep, _search_tiles
 from dask_cosim import search_kernels as sk
-from tests.helpers import brute
+from tests.helpers import brute, hide_numba
 
 numba_kernels = pytest.importorskip("dask_cosim._search_numba")
 
 # float64 rounding of a cosine of D <= 384 values: scores this close are one score.
 SAME = 1e-13
-
-
-def hide_numba(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every module that asks for the numba kernels is told there are none."""
-    for module in (_search_tiles, sk, search_prepare):
-        monkeypatch.setattr(module, "numba_kernels", lambda: None)
 
 
 @pytest.fixture(params=["numba", "torch", "bfloat16"])
