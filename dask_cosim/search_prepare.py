@@ -357,7 +357,8 @@ def rescore(
             ii, jj = i[s : s + chunk], j[s : s + chunk]
             a = q.raw[ii].to(torch.float64) * q.inv[ii, None]
             b = r.raw[jj].to(torch.float64) * r.inv[jj, None]
-            out[s : s + chunk] = (a * b).sum(dim=1) * q.scale[ii] * r.scale[jj]
+            # One product of the two scales, as the numba kernel: cos(a, b) = cos(b, a).
+            out[s : s + chunk] = (a * b).sum(dim=1) * (q.scale[ii] * r.scale[jj])
     near = 1.0 - rescore_error(q.dim)
     out.clamp_(-1.0, 1.0)
     out.masked_fill_(out >= near, 1.0)

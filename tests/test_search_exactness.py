@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+import pytest
 
-from tests.helpers import as_column, split_frame
+from tests.helpers import as_column, hide_numba, search_frame, split_frame
 
 
 def test_float16_partitions_with_and_without_nulls_keep_the_tie_rule() -> None:
@@ -24,3 +25,18 @@ def test_float16_partitions_with_and_without_nulls_keep_the_tie_rule() -> None:
         pdf = pd.DataFrame({"emb": as_column(np.stack([a, a, a]), "fixed_size_list", null)})
         got = split_frame(pdf.assign(id=[0, 1, 2]), [1, 2]).cosim.topk(q, "emb", k=2, columns="id")
         assert got["id"].tolist() == [0, 2], seed
+
+
+def test_a_pair_scores_the_same_both_ways_on_the_torch_path(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The torch re-score (GPUs, installs without numba) multiplied its sum by the two
+    rows' scales one after the other, so cos(a, b) and cos(b, a) could differ in the last
+    bit: row a listed b at a threshold that row b's list did not reach."""
+    hide_numba(monkeypatch)
+    x = np.random.default_rng(0).standard_normal((40, 7))
+    got = search_frame(x).cosim.neighbors("emb", k=39)
+    score = dict(zip(zip(got["left"], got["right"]), got["score"]))
+    assert len(score) == 40 * 39
+    differ = [(a, b) for a, b in score if score[a, b] != score[b, a]]
+    assert not differ, f"{len(differ)} pairs score differently both ways, e.g. {differ[0]}"
