@@ -204,10 +204,11 @@ def device_to_host_bytes(run: Any, tmp_path: Path) -> tuple[int, int]:
 
 
 def hide_numba(monkeypatch: Any) -> None:
-    """Every search module that asks for the numba kernels is told there are none, while
-    ``monkeypatch`` (pytest's fixture) lasts: the torch path GPUs take."""
+    """Every search module that asks for numba kernels (the clustered search's too) is
+    told there are none, while ``monkeypatch`` (pytest's fixture) lasts: the torch path
+    GPUs take."""
     for module in (_search_tiles, sk, search_prepare):
-        monkeypatch.setattr(module, "numba_kernels", lambda: None)
+        monkeypatch.setattr(module, "numba_kernels", lambda *names: None)
 
 
 def run_in_triton_interpreter(code: str, timeout: int = 300) -> None:

@@ -1,15 +1,332 @@
 """Exact means exact: topk, join, neighbors, dedup and the clustered method's provable
 mode against a plain float64 brute force on adversarial rows, through the accessor on
-eager and dask frames, for every precision that claims the float64 answer and every CPU
-kernel (numba, torch, bfloat16 tiles); then the minimal cases that once broke it."""
+eager and dask frames (partitions of 0 and 1 rows included), for every precision that
+claims the float64 answer on CPUs and every CPU kernel (numba with float32 or bfloat16
+tiles, torch); then the minimal cases that once broke it.
+
+The reference is ``tests.helpers.brute`` (numpy, float64), with the documented snap of
+scores within ``rescore_error`` of +-1 to +-1.  Decisions exactly at a boundary (a
+threshold equal to a pair's score, ties at the k-th) are taken on the library's own
+float64 scores (``helpers.all_scores``), after checking them against the brute force:
+two float64 brute forces may differ in the last bit, and the claim is that the search
+decides as its float64 scores do, whatever partitions, tiles or kernel found them.
+"""
 
 from __future__ import annotations
 
+import itertools
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import dask
 import numpy as np
 import pandas as pd
 import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from tests.helpers import as_column, hide_numba, search_frame, split_frame
+from dask_cosim import search_kernels as sk
+from dask_cosim.errors import QueryWarning
+from tests.helpers import (
+    DTYPES,
+    EPS,
+    adversarial_rows,
+    all_scores,
+    as_column,
+    brute,
+    expected_pair_set,
+    expected_topk,
+    hide_numba,
+    search_frame,
+    split_frame,
+)
+
+PROPERTY = settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
+# The CPU kernels: numba with float32 tiles, numba with bfloat16 tiles (what CPUs with
+# bfloat16 units run for "exact"; any CPU computes them), torch (GPUs, no numba).
+KERNELS = ("float32", "bfloat16", "torch")
+# Every precision that claims the float64 answer on a CPU ("fast" runs exact there).
+PRECISIONS = ("exact", "fp32", "fast")
+
+
+@contextmanager
+def kernel(name: str) -> Iterator[None]:
+    with pytest.MonkeyPatch.context() as mp:
+        if name == "torch":
+            hide_numba(mp)
+        else:
+            mp.setattr(sk, "cpu_bfloat16", lambda: name == "bfloat16")
+        yield
+
+
+# --------------------------------------------------------------------------- rows
+
+
+@dataclass
+class Rows:
+    """Rows of one dtype (a tensor: numpy has no bfloat16) and their null mask."""
+
+    x: torch.Tensor
+    null: np.ndarray
+
+    def frame(self) -> pd.DataFrame:
+        """An "emb" column (Arrow fixed-size lists; object cells for bfloat16) beside
+        "id", indexed as ``search_frame`` does."""
+        if self.x.dtype != torch.bfloat16:
+            return search_frame(self.x.numpy(), null=self.null)
+        pdf = search_frame(np.zeros((len(self.x), 1), np.float32))
+        cells = np.empty(len(self.x), dtype=object)
+        for i, row in enumerate(self.x):
+            cells[i] = None if self.null[i] else row.clone()
+        return pdf.assign(emb=cells)
+
+
+def alter(x: np.ndarray, how: str, rng: np.random.Generator) -> None:
+    """Make a random row of ``x`` (in place) ``how``: another row times 3 or -1, a
+    float32 copy of one with a value moved by an ulp, its float16 rounding, scaled to a
+    largest value of 1e-5 or 6e4, or to a norm below eps."""
+    i, j = rng.integers(0, len(x), 2)
+    if how in ("3x", "-x"):
+        x[i] = (3.0 if how == "3x" else -1.0) * x[j]
+    elif how == "ulp":
+        x[i] = x[j].astype(np.float32)
+        c = rng.integers(x.shape[1])
+        x[i, c] = np.nextafter(np.float32(x[i, c]), np.float32(np.inf))
+    elif how == "fp16":
+        x[i] = x[i].astype(np.float16)
+    elif how in ("1e-5", "6e4"):
+        x[i] *= float(how) / max(np.abs(x[i]).max(), 1e-300)
+    else:
+        x[i] *= 1e-9 / max(np.linalg.norm(x[i]), 1e-300)
+
+
+@st.composite
+def rows(draw: st.DrawFn, max_rows: int = 24) -> Rows:
+    """Adversarial rows (``helpers.adversarial_rows``: a cluster within 1e-7 of a cosine,
+    duplicates, power-of-two multiples, near-parallel rows, extremes of the dtype, zero,
+    NaN, inf and null rows), a subset of them, plus x and 3x, x and -x, rows one float32
+    ulp apart, float16-representable values, magnitudes near float16's limits and rows
+    shorter than eps."""
+    dim = draw(st.sampled_from([1, 2, 7, 300]))
+    dtype = draw(st.sampled_from(list(DTYPES)))
+    seed = draw(st.integers(0, 2**16))
+    target = draw(st.sampled_from([0.8, 0.3, -0.5, 1 - 1e-6]))
+    base, null = adversarial_rows(40, dim, dtype, seed=seed, target=target)
+    x, null = base.double().numpy(), null.numpy().copy()
+    hows = draw(st.lists(st.sampled_from(["3x", "-x", "ulp", "fp16", "1e-5", "6e4", "tiny"])))
+    n = draw(st.integers(1, max_rows))
+    rng = np.random.default_rng(seed)
+    with np.errstate(all="ignore"):  # NaN and inf rows, scaled and rounded
+        for how in hows[:6]:
+            alter(x, how, rng)
+        keep = np.sort(rng.choice(len(x), size=n, replace=False))
+        t = torch.from_numpy(x[keep]).to(DTYPES[dtype])  # beyond float16's range: inf
+    return Rows(t, null[keep])
+
+
+@st.composite
+def sizes(draw: st.DrawFn, n: int) -> list[int]:
+    """Partition sizes summing to n, with empty and one-row partitions likely."""
+    cuts = sorted(draw(st.lists(st.integers(0, n), max_size=3)))
+    edges = [0, *cuts, n]
+    return [b - a for a, b in itertools.pairwise(edges)]
+
+
+# --------------------------------------------------------------------------- reference
+
+
+def scores(q: Rows, r: Rows) -> torch.Tensor:
+    """The float64 score of every pair (-inf where either row never matches): the
+    library's re-score, checked against the numpy brute force within two re-score
+    errors (each is within one of the exact cosine)."""
+    qp = sk.prepare(q.x, torch.from_numpy(q.null), eps=EPS)
+    rp = sk.prepare(r.x, torch.from_numpy(r.null), eps=EPS)
+    c = all_scores(qp, rp)
+    b = brute(q.x.double().numpy(), r.x.double().numpy(), eps=EPS)
+    b[q.null, :] = -np.inf
+    b[:, r.null] = -np.inf
+    e = sk.rescore_error(q.x.shape[1])
+    finite = np.isfinite(b)
+    b[finite] = np.where(b[finite] >= 1 - e, 1.0, np.where(b[finite] <= e - 1, -1.0, b[finite]))
+    assert (np.isfinite(c.numpy()) == finite).all(), "rows that never match differ"
+    gap = np.abs(c.numpy()[finite] - b[finite])
+    assert (gap <= 2 * e).all(), f"re-score {gap.max()} from the brute force"
+    return c
+
+
+def a_threshold(draw: st.DrawFn, c: torch.Tensor) -> float:
+    """A threshold at a pair's float64 score, a float64 or float32 ulp beside one, or a
+    round number (zero rows score 0.0; duplicates 1.0)."""
+    finite = c[torch.isfinite(c)].tolist()
+    how = draw(st.sampled_from(["at", "above", "below", "f32", "round"] if finite else ["round"]))
+    if how == "round":
+        return draw(st.sampled_from([1.0, 0.0, -1.0, 0.5]))
+    t = draw(st.sampled_from(finite))
+    if how in ("above", "below"):
+        t = float(np.nextafter(t, 2.0 if how == "above" else -2.0))
+    elif how == "f32":
+        t = float(np.nextafter(np.float32(t), np.float32(2.0)))
+    return min(1.0, max(-1.0, t))
+
+
+def pairs_of(got: pd.DataFrame, left: str = "left", right: str = "right") -> list:
+    """(left position, right position) of each result row, in order (ids 0..n-1)."""
+    return list(zip(got[left].tolist(), got[right].tolist()))
+
+
+def ranked(c: torch.Tensor, k: int, t: float | None, exclude_self: bool) -> list:
+    """(row, match, score) of the float64 top-k lists, best first, ties by position."""
+    want = expected_topk(c, k, exclude_self)
+    out = []
+    for i, (index, score) in enumerate(zip(want.index.tolist(), want.score.tolist())):
+        out += [(i, j, s) for j, s in zip(index, score) if j >= 0 and (t is None or s >= t)]
+    return out
+
+
+def check_ranked(got: pd.DataFrame, want: list, left: str, right: str, ranks: bool = True) -> None:
+    """``got`` lists the pairs of ``want`` in its order, with its float64 scores (in the
+    result's dtype), ranked 0, 1, ... within each left row."""
+    assert pairs_of(got, left, right) == [(i, j) for i, j, _ in want]
+    dtype = got["score"].dtype
+    assert (got["score"].to_numpy() == np.array([s for *_, s in want], dtype=dtype)).all()
+    if ranks:
+        assert (got["rank"].to_numpy() == got.groupby(left, sort=False).cumcount()).all()
+
+
+def check_threshold(
+    got: pd.DataFrame, c: torch.Tensor, t: float, mode: str | None, dim: int
+) -> None:
+    """The pairs of ``expected_pair_set`` in frame order; scores float64 ones, or float32
+    tile scores within ``margin`` away from the threshold (float32 results)."""
+    want = sorted(expected_pair_set(c, t, mode))
+    assert pairs_of(got, "left_id", "right_id") == want
+    exact = c[tuple(zip(*want))] if want else torch.zeros(0, dtype=torch.float64)
+    score = torch.from_numpy(got["score"].to_numpy().astype(np.float64))
+    if got["score"].dtype == np.float64:
+        assert torch.equal(score, exact)
+    else:
+        assert bool(((score - exact).abs() <= sk.margin(dim)).all())
+
+
+# --------------------------------------------------------------------------- properties
+
+
+@st.composite
+def frames(draw: st.DrawFn, pdf: pd.DataFrame) -> object:
+    """``pdf`` itself or in dask partitions of drawn sizes, prepared (``cosim.prepare``)
+    or not."""
+    df = pdf if draw(st.booleans()) else split_frame(pdf, draw(sizes(len(pdf))))
+    return df.cosim.prepare("emb") if draw(st.booleans()) else df
+
+
+def computed(obj: object) -> pd.DataFrame:
+    out = obj.compute() if hasattr(obj, "compute") else obj  # type: ignore[attr-defined]
+    return out.reset_index(drop=True) if "id" not in out else out
+
+
+def options(data: st.DataObject, precision: str) -> dict:
+    blocks = data.draw(st.sampled_from([64, 2]))  # 2: partitions searched in blocks
+    return {
+        "cosim.search.precision": precision,
+        "cosim.search.max-blocks": blocks,
+        "cosim.search.split-every": 2,
+        "scheduler": "sync",
+    }
+
+
+def check_dedup(kept: pd.DataFrame, removed: pd.DataFrame, c: torch.Tensor, t: float) -> None:
+    """Kept: the rows with no earlier row at or above ``t``; removed: each dropped row
+    with its earlier row of highest score (the earliest of equal ones)."""
+    earlier = torch.triu(c >= t, diagonal=1)  # [i, j]: i < j
+    dropped = earlier.any(dim=0)
+    assert kept["id"].tolist() == (~dropped).nonzero().squeeze(1).tolist()
+    want = []
+    for j in dropped.nonzero().squeeze(1).tolist():
+        best = c[:j, j].masked_fill(~earlier[:j, j], -np.inf)
+        i = int(torch.argmax(best))  # the first of the maxima
+        want.append((i, j, float(best[i])))
+    check_ranked(removed, want, "left_id", "right_id", ranks=False)
+
+
+@PROPERTY
+@given(
+    data=st.data(),
+    r=rows(),
+    name=st.sampled_from(KERNELS),
+    precision=st.sampled_from(PRECISIONS),
+)
+def test_threshold_searches_equal_float64(
+    data: st.DataObject, r: Rows, name: str, precision: str
+) -> None:
+    pdf, dim = r.frame(), r.x.shape[1]
+    with kernel(name), dask.config.set(options(data, precision)):
+        c = scores(r, r)
+        t = a_threshold(data.draw, c)
+        df = data.draw(frames(pdf))
+        got = computed(df.cosim.neighbors("emb", threshold=t, columns="id"))
+        check_threshold(got, c, t, "upper", dim)
+        got = computed(df.cosim.join(df, "emb", threshold=t, columns="id"))
+        check_threshold(got, c, t, None, dim)
+        kept, removed = df.cosim.dedup("emb", t, return_removed=True, columns="id")
+        check_dedup(computed(kept), computed(removed), c, t)
+
+
+@PROPERTY
+@given(
+    data=st.data(),
+    r=rows(),
+    name=st.sampled_from(KERNELS),
+    precision=st.sampled_from(PRECISIONS),
+)
+def test_ranked_searches_equal_float64(
+    data: st.DataObject, r: Rows, name: str, precision: str
+) -> None:
+    pdf, n = r.frame(), len(r.x)
+    k = data.draw(st.integers(1, n + 2))
+    picks = data.draw(st.lists(st.integers(0, n - 1), min_size=1, max_size=20))
+    q = Rows(r.x[picks], np.zeros(len(picks), bool))  # (16 queries or fewer: dot by dot)
+    with kernel(name), dask.config.set(options(data, precision)):
+        c = scores(r, r)
+        t = a_threshold(data.draw, c) if data.draw(st.booleans()) else None
+        df = data.draw(frames(pdf))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", QueryWarning)  # NaN and zero queries
+            got = df.cosim.topk(q.x, "emb", k=k, columns="id")
+        check_ranked(got, ranked(scores(q, r), k, None, False), "query", "id")
+        got = computed(df.cosim.neighbors("emb", k=k, threshold=t, columns="id"))
+        check_ranked(got, ranked(c, k, t, True), "left_id", "right_id")
+        got = computed(df.cosim.join(df, "emb", k=k, threshold=t, columns="id"))
+        check_ranked(got, ranked(c, k, t, False), "left_id", "right_id")
+
+
+@PROPERTY
+@given(
+    data=st.data(),
+    r=rows(),
+    name=st.sampled_from(KERNELS),
+    precision=st.sampled_from(PRECISIONS),
+)
+def test_clustered_provable_mode_equals_float64(
+    data: st.DataObject, r: Rows, name: str, precision: str
+) -> None:
+    pdf, dim = r.frame(), r.x.shape[1]
+    clusters = data.draw(st.integers(1, 4))
+    with kernel(name), dask.config.set(options(data, precision)):
+        c = scores(r, r)
+        t = a_threshold(data.draw, c)
+        t = t if t > 0 else 0.5  # the clustered method takes thresholds in (0, 1]
+        df = data.draw(frames(pdf))
+        kw = {"method": "clustered", "clusters": clusters, "columns": "id"}
+        got = computed(df.cosim.neighbors("emb", threshold=t, **kw))
+        check_threshold(got, c, t, "upper", dim)
+        kept, removed = df.cosim.dedup("emb", t, return_removed=True, **kw)
+        check_dedup(computed(kept), computed(removed), c, t)
+
+
+# --------------------------------------------------------------------------- regressions
 
 
 def test_float16_partitions_with_and_without_nulls_keep_the_tie_rule() -> None:
