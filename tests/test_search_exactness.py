@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import dask
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -333,7 +334,8 @@ def test_float16_partitions_with_and_without_nulls_keep_the_tie_rule() -> None:
     """An Arrow float16 partition holding a null row comes out of the reader as float32,
     one without as float16; the float64 re-score summed the two dtypes in different
     orders, so copies of a row in two partitions scored a last bit apart and the later
-    one could rank first."""
+    one could rank first (the reader now keeps float16, and the re-score no longer
+    depends on the dtype)."""
     for seed in range(8):
         rng = np.random.default_rng(seed)
         a = rng.standard_normal(64).astype(np.float16)
@@ -342,6 +344,12 @@ def test_float16_partitions_with_and_without_nulls_keep_the_tie_rule() -> None:
         pdf = pd.DataFrame({"emb": as_column(np.stack([a, a, a]), "fixed_size_list", null)})
         got = split_frame(pdf.assign(id=[0, 1, 2]), [1, 2]).cosim.topk(q, "emb", k=2, columns="id")
         assert got["id"].tolist() == [0, 2], seed
+        # Whatever dtype the reader gives, a 16-bit row scores as its float32 widening.
+        qp, one = sk.prepare(torch.from_numpy(q), eps=EPS), torch.zeros(1, dtype=torch.int64)
+        for dtype in (torch.float16, torch.bfloat16):
+            row = torch.from_numpy(a[None, :]).to(dtype)
+            got = [sk.rescore(qp, one, sk.prepare(r, eps=EPS), one) for r in (row, row.float())]
+            assert torch.equal(*got), (seed, dtype)
 
 
 def test_a_pair_scores_the_same_both_ways_on_the_torch_path(
@@ -357,3 +365,15 @@ def test_a_pair_scores_the_same_both_ways_on_the_torch_path(
     assert len(score) == 40 * 39
     differ = [(a, b) for a, b in score if score[a, b] != score[b, a]]
     assert not differ, f"{len(differ)} pairs score differently both ways, e.g. {differ[0]}"
+
+
+def test_integer_vectors_beside_a_null_row_are_read_exactly() -> None:
+    """A fixed-size list column of int64 with a null row was cast to float32 for the
+    null's NaN, which Arrow refuses beyond 2**24 (ArrowInvalid, in search and pairwise
+    alike); float32 would also have tied rows 0 and 2 here, which float64 tells apart."""
+    t = pa.list_(pa.int64(), 2)
+    x = [[2**30 + 1, 2**30], None, [2**30 + 2, 2**30]]
+    df = pd.DataFrame({"emb": pd.array(pa.array(x, type=t), dtype=pd.ArrowDtype(t))})
+    assert df.cosim.topk(np.array([[1.0, 0.0]]), "emb", k=2)["match"].tolist() == [2, 0]
+    got = df.cosim.pairwise("emb", "emb", dtype="float64")
+    np.testing.assert_array_equal(got.to_numpy(), [1.0, np.nan, 1.0])

@@ -136,12 +136,15 @@ def _list_chunk_values(
 
 
 def _float_values(values: pa.Array) -> np.ndarray:
-    """Arrow numeric values -> numpy, zero-copy unless they hold nulls (which become NaN)."""
+    """Arrow numeric values -> numpy, zero-copy unless they hold nulls (which become NaN):
+    then floats keep their type and integers become float64, as they would without
+    nulls (their search and ``dtype="float64"`` read them exactly up to 2**53)."""
     if values.null_count:
-        # A null inside a vector makes the whole row NaN, like NaN itself.
-        return values.cast(pa.float64() if values.type == pa.float64() else pa.float32()).to_numpy(
-            zero_copy_only=False
-        )
+        # A null inside a vector makes the whole row NaN, like NaN itself.  Integers
+        # beyond 2**53 round, as torch rounds them without nulls (Arrow's safe cast
+        # would raise).
+        wide = values.type if pa.types.is_floating(values.type) else pa.float64()
+        return values.cast(wide, safe=False).to_numpy(zero_copy_only=False)
     return values.to_numpy(zero_copy_only=True)
 
 
