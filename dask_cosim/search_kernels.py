@@ -393,7 +393,8 @@ def threshold_pairs(
             score = rescore(q, i, r, j)
             keep = score >= bar
         else:
-            score = s32.to(torch.float64)
+            # Clamped as every score is: the tile score of parallel rows can exceed 1.
+            score = s32.to(torch.float64).clamp_(-1.0, 1.0)
             near = (score - bar).abs_() < delta
             if bool(near.any()):
                 score[near] = rescore(q, i[near], r, j[near])

@@ -377,3 +377,14 @@ def test_integer_vectors_beside_a_null_row_are_read_exactly() -> None:
     assert df.cosim.topk(np.array([[1.0, 0.0]]), "emb", k=2)["match"].tolist() == [2, 0]
     got = df.cosim.pairwise("emb", "emb", dtype="float64")
     np.testing.assert_array_equal(got.to_numpy(), [1.0, np.nan, 1.0])
+
+
+def test_float32_tile_scores_are_clamped_to_one() -> None:
+    """Threshold-only searches with "fp32" report float32 tile scores away from the
+    threshold; the tile score of two copies of a row can round above 1 (1.0000001 here),
+    outside the [-1, 1] every score is clamped to."""
+    x = np.array([[0.02550155483186245, 0.29467862844467163]] * 2, np.float32)
+    pdf = search_frame(x)
+    with dask.config.set({"cosim.search.precision": "fp32"}):
+        assert pdf.cosim.neighbors("emb", threshold=0.5)["score"].tolist() == [1.0]
+        assert pdf.cosim.join(pdf, "emb", threshold=0.5)["score"].tolist() == [1.0] * 4
