@@ -115,7 +115,7 @@ def rows(draw: st.DrawFn, max_rows: int = 24) -> Rows:
     dtype = draw(st.sampled_from(list(DTYPES)))
     seed = draw(st.integers(0, 2**16))
     target = draw(st.sampled_from([0.8, 0.3, -0.5, 1 - 1e-6]))
-    base, null = adversarial_rows(40, dim, dtype, seed=seed, target=target)
+    base, null = adversarial_rows(max(40, max_rows), dim, dtype, seed=seed, target=target)
     x, null = base.double().numpy(), null.numpy().copy()
     hows = draw(st.lists(st.sampled_from(["3x", "-x", "ulp", "fp16", "1e-5", "6e4", "tiny"])))
     n = draw(st.integers(1, max_rows))
