@@ -241,9 +241,11 @@ def threshold_pairs(
 
     def decide(a0: int, qp: sk.Prepared, qa: sp.LowRows, i: torch.Tensor, j: torch.Tensor,
                s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+        # Low-precision scores that are reported are clamped as every score is: that of
+        # parallel rows can exceed 1 (by up to its bound).
         if not exact:
             keep = s >= t
-            return i[keep] + a0, j[keep], s[keep].to(torch.float64)
+            return i[keep] + a0, j[keep], s[keep].to(torch.float64).clamp_(-1.0, 1.0)
         score = s.to(torch.float64)
         if exact_scores:
             unsure = torch.ones_like(i, dtype=torch.bool)
@@ -251,7 +253,7 @@ def threshold_pairs(
             unsure = score - sp.pair_bound(qa, i, rl, j) < t
         score[unsure] = sk.rescore(qp, i[unsure], r, j[unsure])
         keep = score >= t
-        return i[keep] + a0, j[keep], score[keep]
+        return i[keep] + a0, j[keep], score[keep].clamp_(-1.0, 1.0)
 
     opts = _ThresholdRun(t, mode, diag, exact, engine, config, block_rows)
     parts = _threshold_blocks(q, ql, rl, opts, decide)
@@ -355,8 +357,8 @@ def topk(
         i, j, s, floor = _first_pass(
             qa, b, seed, k=k, mode=mode, diag=diag + a0, engine=engine, config=config
         )
-        if not exact:
-            return sk.top_of_pairs(n, i, j, s.to(torch.float64), k)
+        if not exact:  # ranked on s_hat clamped, as every score is
+            return sk.top_of_pairs(n, i, j, s.to(torch.float64).clamp_(-1.0, 1.0), k)
         bound = sp.pair_bound(qa, i, rl, j)
         s64 = s.to(torch.float64)
         # The final floor: the best of the kernel's and the k-th best s_hat - E among the

@@ -216,3 +216,16 @@ def test_handover_entry_points_on_lean_sides() -> None:
         i, j, s = tp.threshold_prepared(lean, lean, t, mode=mode, exact_scores=True, exact=True)
         assert set(zip(i.tolist(), j.tolist())) == expected_pair_set(c, t, mode)
         assert torch.equal(s, c[i, j])
+
+
+def test_low_precision_scores_reported_are_clamped() -> None:
+    """Scores the first pass reports as they are ("fast", and pairs certain to pass with
+    exact_scores off) are clamped to [-1, 1] as every score is: those of copies of a row
+    came out as s_hat, up to 1.0007 in float16."""
+    x = torch.randn(8, 7, generator=torch.Generator().manual_seed(18))
+    p, low = low_sides(torch.cat([x, x]), None)
+    for run in ({"exact": False}, {"exact_scores": False}):
+        _, _, s = tp.threshold_pairs(p, low, p, low, 0.5, mode="upper", engine="torch", **run)
+        assert len(s) >= 8 and float(s.max()) == 1.0, run
+    res = tp.topk(p, low, p, low, 2, exclude_self=True, exact=False, engine="torch")
+    assert float(res.score.max()) == 1.0
