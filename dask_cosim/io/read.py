@@ -243,8 +243,9 @@ def _read_piece(
     ``columns`` is filled in by dask's column projection: a parameter without a default,
     so that dask passes every projection, the empty one (``df[[]]``, the index alone:
     counting rows) included; every column of the frame when it projects none.  pyarrow's
-    path reads the columns ``filters`` compare besides, and drops them once the rows are
-    filtered; the cudf backend reads every column for an empty projection.
+    path and cudf's read the columns ``filters`` compare besides, and drop them once the
+    rows are filtered; cudf's reader reads every column for an empty projection, then
+    keeps none, so that each partition has the meta's columns.
 
     With the cudf backend, local files are decoded on the GPU by cudf's reader, several at
     a time where the piece is a tuple of files (``binary_vectors``: the columns of our
@@ -256,26 +257,27 @@ def _read_piece(
     columns over the dictionaries ``keys`` (:func:`.hive.add_keys`); None for other files.
     """
     file, row_groups, *ranges = piece
-    if backend == "cudf" and not columns:
-        columns = None  # cudf frames of no column are untried on a GPU: every column
+    read = _filtered_columns(columns, filters)
     # Labels that survive a filter need the rows before it: pyarrow's path, then.
     gpu = values is None and (first is None or filters is None)
     if backend == "cudf" and gpu_reads(fs, filters) and gpu:
         df = cudf_parquet.read_files(
             [file] if isinstance(file, str) else list(file),
             row_groups=row_groups,
-            columns=columns,
+            # An empty selection is untried with cudf's reader: every column, then none.
+            columns=read or None,
             filters=filters,
             vectors=binary_vectors or {},
             ranges=ranges[0] if ranges else None,
         )
+        if columns is not None:
+            df = df[list(columns)]  # the meta's columns: no filter's, none for df[[]]
         return positions.label(df, first)
     # Local files: memory-mapped or through a 1 MiB buffer (see _memory_map); pyarrow maps
     # only when given no filesystem.
     where: dict[str, Any] = {"filesystem": fs}
     if isinstance(fs, pafs.LocalFileSystem):
         where = {"memory_map": memory_map}
-    read = _filtered_columns(columns, filters)
     stored = hive.file_columns(read, keys)
     with naming_non_parquet(file):  # (stray files: as in their footers; a file gone)
         if in_batches:
