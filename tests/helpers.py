@@ -13,6 +13,7 @@ import itertools
 import json
 import math
 import os
+import pickle
 import subprocess
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -186,6 +187,15 @@ def no_computes() -> Iterator[None]:
 
     with dask.config.set(scheduler=forbidden):
         yield
+
+
+def graph_bytes(*collections: Any) -> int:
+    """The pickled size of the graphs of dask ``collections`` together (what the data they
+    hold in memory weigh in them)."""
+    graph: dict[Any, Any] = {}
+    for c in collections:
+        graph.update(c.__dask_graph__())
+    return len(pickle.dumps(graph))
 
 
 def device_to_host_bytes(run: Any, tmp_path: Path) -> tuple[int, int]:

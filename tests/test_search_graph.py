@@ -4,7 +4,6 @@ cache the work)."""
 
 from __future__ import annotations
 
-import pickle
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,7 @@ from dask.callbacks import Callback
 
 import dask_cosim
 from dask_cosim.io import vectors_to_arrow
-from tests.helpers import spy_on_reads
+from tests.helpers import graph_bytes, spy_on_reads
 
 
 def _frame(seed: int = 0, n: int = 40, d: int = 8) -> pd.DataFrame:
@@ -112,13 +111,6 @@ def test_options_change_the_keys(option: dict[str, Any]) -> None:
         assert _graph_keys(call) != before
 
 
-def _graph_bytes(*collections: Any) -> int:
-    graph: dict[Any, Any] = {}
-    for c in collections:
-        graph.update(c.__dask_graph__())
-    return len(pickle.dumps(graph))
-
-
 # name -> a lazy search of a dask frame (a tuple: several results of one call)
 IN_MEMORY: dict[str, Callable[[dd.DataFrame], Any]] = {
     "dedup": lambda df: df.cosim.dedup("emb", 0.9),
@@ -141,7 +133,7 @@ def test_a_frame_in_memory_is_held_once_by_the_graph(name: str, max_blocks: int)
     with dask.config.set({"cosim.search.max-blocks": max_blocks}):
         result = IN_MEMORY[name](df)
     results = result if isinstance(result, tuple) else (result,)
-    assert _graph_bytes(*results) < 1.2 * _graph_bytes(df)
+    assert graph_bytes(*results) < 1.2 * graph_bytes(df)
 
 
 def test_a_parquet_read_still_reads_only_the_vectors_for_the_search(
