@@ -12,6 +12,7 @@ from typing import Any
 import dask
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -273,14 +274,18 @@ def test_two_workers_share_one_gpu(tmp_path: Path) -> None:
 
 
 def _cudf_frame_of(pdf: pd.DataFrame) -> Any:
-    import pyarrow as pa
-
     from dask_cosim.backends import frame_from_arrow
 
     return frame_from_arrow(pa.Table.from_pandas(pdf, preserve_index=False), "cudf")
 
 
 # Paths changed since the last GPU run (docs/gpu.md), each against the pandas backend's.
+
+
+def _plain(values: Any) -> list[Any]:
+    """A pandas or cudf column or index as Python values, None for nulls."""
+    host = values.to_pandas() if hasattr(values, "to_pandas") else values
+    return [None if pd.isna(v) else v for v in host.tolist()]
 
 
 def _same_meta_as_data(df: Any) -> Any:
@@ -313,3 +318,132 @@ def test_cudf_projections_and_filters_on_columns_not_read(tmp_path: Path, layout
     got, want = _same_meta_as_data(_read(path, "cudf", **kwargs)), _read(path, "pandas", **kwargs)
     assert list(got.columns) == ["embeds_a"]
     np.testing.assert_array_equal(got.index.to_numpy(), want.compute().index.to_numpy())
+
+
+def test_cudf_reads_a_hive_folder_through_dasks_reader(tmp_path: Path) -> None:
+    """With the cudf backend a hive folder goes to dask's reader: the rows, vectors and key
+    (a categorical) of the pandas backend's read, a filter on the key too.  Labels are not
+    compared: dask's reader numbers each file from 0, ours number rows across the folder."""
+    pytest.importorskip("cudf")
+    pdf = _pairs(300, 8, null_at=()).reset_index(drop=True)
+    pdf["lang"] = np.array(["fr", "en", "de"])[np.arange(300) % 3]
+    table = pa.Table.from_pandas(pdf, preserve_index=False).replace_schema_metadata(None)
+    pq.write_to_dataset(table, tmp_path / "hive", partition_cols=["lang"])
+    for filters, rows in ((None, 300), ([("lang", "==", "en")], 100)):
+        on_gpu = _read(tmp_path / "hive", "cudf", filters=filters)
+        got = on_gpu.compute().to_pandas().sort_values("id")
+        want = _read(tmp_path / "hive", "pandas", filters=filters).compute().sort_values("id")
+        assert list(got.columns) == list(want.columns) and len(want) == rows
+        assert got["id"].tolist() == want["id"].tolist()
+        assert str(on_gpu._meta["lang"].dtype) == str(got["lang"].dtype) == "category"
+        assert got["lang"].astype(str).tolist() == want["lang"].astype(str).tolist()
+        assert _host_vectors(got["embeds_a"]) == _host_vectors(want["embeds_a"])
+
+
+@pytest.mark.parametrize("kind", ["datetime", "timedelta", "date"])
+def test_cudf_time_indexes_keep_their_divisions(tmp_path: Path, kind: str) -> None:
+    """A timestamp or duration index written from cudf partitions (cudf's writer) is in the
+    manifest as the pandas write puts it, and each folder reads back with the cudf backend
+    with the pandas read's divisions and labels, the meta's index dtype the data's.  A date
+    index (cudf has no date type: written from pandas) read with the cudf backend: the
+    meta's index dtype is the data's, the labels the dates'."""
+    cudf = pytest.importorskip("cudf")
+    dask_cudf = pytest.importorskip("dask_cudf")
+    pdf = _pairs(400, 8, null_at=())
+    steps = pd.to_timedelta(np.arange(400) * 90, "s")
+    days = (pd.Timestamp("2026-01-01") + steps * 960).date
+    pdf.index = {
+        "datetime": pd.DatetimeIndex(pd.Timestamp("2026-01-01") + steps, name="t"),
+        "timedelta": pd.TimedeltaIndex(steps, name="t"),
+        "date": pd.Index(pd.array(days, dtype="date32[pyarrow]"), name="t"),
+    }[kind]
+    folders = [tmp_path / "cpu"]
+    dask_cosim.to_parquet(dask_cosim.from_pandas(pdf, npartitions=2), folders[0])
+    assert (want := _read(folders[0], "pandas")).known_divisions
+    if kind != "date":
+        gdf = _cudf_frame_of(pdf)
+        gdf.index = cudf.from_pandas(pdf.index)
+        folders.append(tmp_path / "gpu")
+        written = dask_cosim.to_parquet(dask_cudf.from_cudf(gdf, npartitions=2), folders[1])
+        cpu_manifest = json.loads((folders[0] / "_dask_cosim.json").read_text())
+        for key in ("divisions", "index_type", "encoded_divisions"):
+            assert written.get(key) == cpu_manifest.get(key), key
+        assert _read(folders[1], "pandas").divisions == want.divisions
+    for folder in folders:
+        df = _read(folder, "cudf")
+        got = _same_meta_as_data(df).index.to_pandas()
+        if kind == "date":
+            assert pd.to_datetime(got).tolist() == [pd.Timestamp(d) for d in days]
+        else:
+            assert df.divisions == want.divisions and got.tolist() == pdf.index.tolist()
+
+
+def test_cudf_reads_categoricals_as_its_meta_says(tmp_path: Path) -> None:
+    """Categoricals of numbers are restored for pandas frames only (io.categories); the
+    cudf backend gives them as cudf reads them (printed): the meta's dtypes are the data's,
+    the values the pandas backend's."""
+    pytest.importorskip("cudf")
+    pdf = pd.DataFrame(
+        {
+            "x": np.arange(6.0),
+            "c": pd.Categorical([10, 20, None, 30, 10, 20], categories=[40, 30, 20, 10]),
+            "s": pd.Categorical(list("abcabc"), categories=list("zcba"), ordered=True),
+        },
+        index=pd.Index([3, 1, 2, 3, 1, 2], name="k"),
+    )
+    dask_cosim.to_parquet(dask_cosim.from_pandas(pdf, npartitions=2), tmp_path / "ours")
+    pdf.to_parquet(tmp_path / "pandas.parquet")
+    for path in (tmp_path / "ours", tmp_path / "pandas.parquet"):
+        got, want = _same_meta_as_data(_read(path, "cudf")), _read(path, "pandas").compute()
+        print(path.name, dict(got.dtypes.astype(str)))
+        for column in ("x", "c", "s"):
+            assert _plain(got[column]) == _plain(want[column]), (path.name, column)
+        assert _plain(got.index) == _plain(want.index)
+
+
+@pytest.mark.parametrize("stored", ["named", "unnamed", "none"])
+def test_describe_parquet_gives_the_index_a_cudf_read_gives(tmp_path: Path, stored: str) -> None:
+    """describe_parquet's ``index`` (one {"name", "dtype"} per level; None where the files
+    store none and the read numbers the rows) is what a read with the cudf backend gives."""
+    pytest.importorskip("cudf")
+    from dask_cosim.io import describe_parquet
+
+    pdf = _pairs(200, 8, null_at=())
+    path = tmp_path / ("plain.parquet" if stored == "none" else "d")
+    if stored == "none":
+        pdf.to_parquet(path, index=False)
+    else:
+        pdf.index = pdf.index.rename("key" if stored == "named" else None)
+        dask_cosim.to_parquet(dask_cosim.from_pandas(pdf, npartitions=2), path)
+    described = describe_parquet(path)["index"]
+    got = _same_meta_as_data(_read(path, "cudf")).index
+    if stored == "none":
+        assert described is None and got.to_pandas().tolist() == list(range(200))
+    else:
+        assert described == [{"name": got.name, "dtype": str(got.dtype)}]
+        assert got.name == ("key" if stored == "named" else None)
+
+
+def test_cudf_frames_written_together(tmp_path: Path) -> None:
+    """to_parquet_together of cudf frames (cudf's writer), two folders in one computation:
+    the manifests and the data of the same frames written from the pandas backend."""
+    cudf = pytest.importorskip("cudf")
+    from dask_cosim.io import to_parquet_together
+
+    dask_cosim.to_parquet(dask_cosim.from_pandas(_pairs(), npartitions=2), tmp_path / "src")
+    largest = max(f.stat().st_size for f in (tmp_path / "src").glob("*.parquet"))
+    manifests = {}
+    for backend in ("cudf", "pandas"):
+        with dask.config.set({"cosim.read.gpu-partition-bytes": largest}):  # a file each
+            df = _read(tmp_path / "src", backend)
+        assert df.npartitions == 2 and isinstance(df._meta, cudf.DataFrame) == (backend == "cudf")
+        out = tmp_path / backend
+        manifests[backend] = to_parquet_together(
+            [(df, out / "all", {"layout": "list"}), (df[["embeds_a", "id"]], out / "a", {})]
+        )
+    for gpu_manifest, cpu_manifest in zip(*manifests.values(), strict=True):
+        for key in ("rows", "divisions", "vectors", "layout"):
+            assert gpu_manifest[key] == cpu_manifest[key], key
+    for folder in ("all", "a"):
+        back = _read(tmp_path / "cudf" / folder, "pandas").compute()
+        pd.testing.assert_frame_equal(back, _read(tmp_path / "pandas" / folder, "pandas").compute())
