@@ -360,3 +360,71 @@ def test_clustered_on_cuda_equals_exact() -> None:
     assert set(zip(near["left"], near["right"], strict=True)) <= set(
         zip(want["left"], want["right"], strict=True)
     )
+
+
+@pytest.mark.parametrize("make", ["from_cudf", "to_backend"])
+def test_cudf_frames_in_memory_are_held_once_by_dedup_and_groups(make: str) -> None:
+    """A dask_cudf frame whose graph holds its data (dask_cudf.from_cudf, or a pandas
+    frame's to_backend("cudf")): dedup's and groups' graphs hold it once, and give the
+    pandas frame's rows and groups; a clustered neighbors carrying a column too, persisted."""
+    cudf = pytest.importorskip("cudf")
+    dask_cudf = pytest.importorskip("dask_cudf")
+    from dask_cosim.search_graph import holds_data
+    from tests.helpers import graph_bytes, search_frame, search_vectors, to_dask
+
+    pdf = search_frame(search_vectors(2000, 64, seed=5), "list")[["emb", "id"]]
+    ddf = to_dask(pdf, 4)
+    gdf = (
+        dask_cudf.from_cudf(cudf.from_pandas(pdf), 4)
+        if make == "from_cudf"
+        else ddf.to_backend("cudf")
+    )
+    assert holds_data(gdf)
+    searches = {
+        "dedup": lambda df: df.cosim.dedup("emb", 0.9),
+        "groups": lambda df: df.cosim.groups("emb", 0.9),
+        "clustered": lambda df: df.cosim.neighbors(
+            "emb", threshold=0.9, method="clustered", clusters=8, columns="id"
+        ).persist(),
+    }
+    for name, search in searches.items():
+        got = search(gdf)
+        if name != "clustered":
+            assert graph_bytes(got) < 1.2 * graph_bytes(gdf), name
+        got = got.compute()
+        assert isinstance(got, cudf.DataFrame), name
+        got, want = got.to_pandas().drop(columns="emb"), search(ddf).compute().drop(columns="emb")
+        if name == "clustered":  # the same pairs (the provable mode's), in either order
+            got, want = (
+                p.sort_values(["left", "right"]).reset_index(drop=True) for p in (got, want)
+            )
+        pd.testing.assert_frame_equal(got, want, obj=name)
+
+
+def test_cudf_queries_and_right_frames_are_scattered(client: Any) -> None:
+    """Under a distributed client topk's queries and join's eager right frame are scattered
+    to the workers, a cudf right frame too: no large graph, the pandas frames' answers."""
+    cudf = pytest.importorskip("cudf")
+    dask_cudf = pytest.importorskip("dask_cudf")
+    import warnings
+
+    from tests.helpers import search_frame, search_vectors, to_dask
+
+    x = search_vectors(2000, 64, seed=6)
+    pdf = search_frame(x, "list")[["emb", "id"]]
+    gdf = cudf.from_pandas(pdf)
+    on_workers = dask_cudf.from_cudf(gdf, 3).persist()  # (its own graph holds the frame)
+    with dask.config.set({"distributed.admin.large-graph-warning-threshold": "100kB"}):
+        with warnings.catch_warnings():
+            warnings.filterwarnings("error", message="Sending large graph")
+            hits = on_workers.cosim.topk(x, "emb", k=2, columns=["id"])
+            pairs = on_workers.cosim.join(gdf, "emb", k=2).compute()
+    assert isinstance(pairs, cudf.DataFrame)
+    ddf = to_dask(pdf, 3)
+    want_hits = ddf.cosim.topk(x, "emb", k=2, columns=["id"])
+    hits = hits.to_pandas() if hasattr(hits, "to_pandas") else hits
+    pd.testing.assert_frame_equal(hits, want_hits)
+    want = ddf.cosim.join(pdf, "emb", k=2).compute()
+    pd.testing.assert_frame_equal(
+        pairs.to_pandas().reset_index(drop=True), want.reset_index(drop=True)
+    )
