@@ -252,13 +252,17 @@ def check_dedup(kept: pd.DataFrame, removed: pd.DataFrame, c: torch.Tensor, t: f
     check_ranked(removed, want, "left_id", "right_id", ranks=False)
 
 
-@PROPERTY
-@given(
+# Every search property draws its rows, kernel and precision the same way.
+ANY_SEARCH = given(
     data=st.data(),
     r=rows(),
     name=st.sampled_from(KERNELS),
     precision=st.sampled_from(PRECISIONS),
 )
+
+
+@PROPERTY
+@ANY_SEARCH
 def test_threshold_searches_equal_float64(
     data: st.DataObject, r: Rows, name: str, precision: str
 ) -> None:
@@ -276,12 +280,7 @@ def test_threshold_searches_equal_float64(
 
 
 @PROPERTY
-@given(
-    data=st.data(),
-    r=rows(),
-    name=st.sampled_from(KERNELS),
-    precision=st.sampled_from(PRECISIONS),
-)
+@ANY_SEARCH
 def test_ranked_searches_equal_float64(
     data: st.DataObject, r: Rows, name: str, precision: str
 ) -> None:
@@ -304,12 +303,7 @@ def test_ranked_searches_equal_float64(
 
 
 @PROPERTY
-@given(
-    data=st.data(),
-    r=rows(),
-    name=st.sampled_from(KERNELS),
-    precision=st.sampled_from(PRECISIONS),
-)
+@ANY_SEARCH
 def test_clustered_provable_mode_equals_float64(
     data: st.DataObject, r: Rows, name: str, precision: str
 ) -> None:
