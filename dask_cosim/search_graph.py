@@ -81,7 +81,11 @@ class Builder:
     def collect(self, outs: list[Any], meta: Any, divisions: Any = None) -> Any:
         if not self.lazy:
             return outs[0]
-        return dd.from_delayed(outs, meta=meta, divisions=divisions, verify_meta=False)
+        # The partitions come back with the dtypes they were computed with: dask's string
+        # conversion would turn an object column (vectors of a frame built without it)
+        # into text, in the meta and the data alike.
+        with dask.config.set({"dataframe.convert-string": False}):
+            return dd.from_delayed(outs, meta=meta, divisions=divisions, verify_meta=False)
 
 
 def block_bounds(n: int, max_blocks: int) -> list[tuple[int, int]]:

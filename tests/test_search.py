@@ -523,3 +523,22 @@ def test_cudf_frames_give_the_pandas_answer() -> None:
     assert kept["id"].to_pandas().tolist() == pdf.cosim.dedup("emb", 0.6)["id"].tolist()
     hits = gdf.cosim.topk(x[:2], "emb", k=2, columns=["id"])
     assert isinstance(hits, cudf.DataFrame) and hits["id"].to_pandas().tolist()[::2] == [0, 1]
+
+
+@pytest.mark.parametrize("method", ["exact", "clustered"])
+def test_object_vector_columns_stay_vectors_in_results(method: str) -> None:
+    """A dask frame built with dask's string conversion off keeps its per-row arrays in an
+    object column; the rows dedup keeps, and the carried columns of its removed rows,
+    are those arrays still (the exact method's results went through dd.from_delayed,
+    which turned them into text under the default conversion)."""
+    x = np.random.default_rng(0).standard_normal((60, 8)).astype(np.float32)
+    x[30:40] = x[:10]
+    pdf = pd.DataFrame({"emb": list(x), "id": np.arange(60), "doc": list(x)})
+    df = to_dask(pdf, 3)
+    opts = {"method": method, "clusters": 3} if method == "clustered" else {}
+    kept, removed = df.cosim.dedup("emb", 0.99, return_removed=True, columns=["doc"], **opts)
+    assert kept._meta["doc"].dtype == object and removed._meta["left_doc"].dtype == object
+    kept, removed = dask.compute(kept, removed)
+    assert kept["id"].tolist() == list(range(30)) + list(range(40, 60))
+    assert isinstance(kept["emb"].iloc[0], np.ndarray)
+    np.testing.assert_array_equal(np.stack(removed["left_doc"]), x[:10])
