@@ -139,10 +139,39 @@ def column_spec(obj: Any, column: Any) -> VectorSpec:
     as text: for that, and only then, the first rows of the first partitions are read."""
     meta = obj._meta if is_dask_collection(obj) else obj
     try:
-        return vector_spec(meta[column], column)  # type: ignore[no-any-return]
+        spec: VectorSpec = vector_spec(meta[column], column)
     except StringColumnError as err:
         sample = _first_string(obj, column)
         raise string_column(column, err.dtype, sample, vector_columns(meta)) from None
+    if spec.dtype is None:
+        # An object column could hold anything; pandas before 3.0 keeps text there. Its
+        # first cell, where reading it computes nothing, tells now rather than at compute.
+        cell = _first_object_cell(obj, column)
+        if isinstance(cell, str):
+            raise string_column(column, meta[column].dtype, cell, vector_columns(meta))
+    return spec
+
+
+def _first_object_cell(obj: Any, column: Any, cells: int = 1000) -> Any:
+    """The first non-null of the first ``cells`` cells of the object column ``column`` of
+    an eager frame, or of the frame a ``dd.from_pandas`` collection holds in memory; None
+    otherwise (nothing is computed)."""
+    try:
+        series = _pandas_source(obj, column) if is_dask_collection(obj) else obj[column]
+        if series is None:
+            return None
+        for cell in series.iloc[:cells]:
+            if not _is_null(cell):
+                return cell
+    except Exception:  # an unusual frame: the column is checked when it is read
+        return None
+    return None
+
+
+def _is_null(cell: Any) -> bool:
+    if cell is None or type(cell).__name__ == "NAType":  # None, pandas.NA
+        return True
+    return isinstance(cell, float) and cell != cell
 
 
 def _first_string(obj: Any, column: Any, partitions: int = 3) -> str | None:
