@@ -146,55 +146,42 @@ def column_spec(obj: Any, column: Any) -> VectorSpec:
     if spec.dtype is None:
         # An object column could hold anything; pandas before 3.0 keeps text there. Its
         # first cell, where reading it computes nothing, tells now rather than at compute.
-        cell = _first_object_cell(obj, column)
+        cell = _first_cell(obj, column, cells=1000, compute=False)
         if isinstance(cell, str):
             raise string_column(column, meta[column].dtype, cell, vector_columns(meta))
     return spec
 
 
-def _first_object_cell(obj: Any, column: Any, cells: int = 1000) -> Any:
-    """The first non-null of the first ``cells`` cells of the object column ``column`` of
-    an eager frame, or of the frame a ``dd.from_pandas`` collection holds in memory; None
-    otherwise (nothing is computed)."""
-    try:
-        series = _pandas_source(obj, column) if is_dask_collection(obj) else obj[column]
-        if series is None:
-            return None
-        for cell in series.iloc[:cells]:
-            if not _is_null(cell):
-                return cell
-    except Exception:  # an unusual frame: the column is checked when it is read
-        return None
-    return None
+def _first_string(obj: Any, column: Any) -> str | None:
+    """:func:`_first_cell` of ``obj[column]`` as text (for an error's example)."""
+    cell = _first_cell(obj, column)
+    return None if cell is None else str(cell)
 
 
-def _is_null(cell: Any) -> bool:
-    if cell is None or type(cell).__name__ == "NAType":  # None, pandas.NA
-        return True
-    return isinstance(cell, float) and cell != cell
-
-
-def _first_string(obj: Any, column: Any, partitions: int = 3) -> str | None:
-    """The first non-null cell of ``obj[column]``: of the frame in memory behind a dask
-    frame made by ``dd.from_pandas`` (as it was before dask turned it into text), else
-    of the first ``partitions`` partitions; None when there is none or reading failed."""
+def _first_cell(
+    obj: Any, column: Any, cells: int | None = None, partitions: int = 3, compute: bool = True
+) -> Any:
+    """The first non-null of the first ``cells`` (None: all) cells of ``obj[column]``: of
+    an eager frame, of the frame in memory behind a dask frame made by ``dd.from_pandas``
+    (as it was before dask turned it into text), else, with ``compute``, of the first
+    ``partitions`` partitions; None when there is none or reading failed."""
     try:
         if not is_dask_collection(obj):
-            heads = [obj[column].dropna().head(1)]
+            heads = [obj[column].iloc[:cells].dropna().head(1)]
+        elif (source := _pandas_source(obj, column)) is not None:
+            heads = [source.iloc[:cells].dropna().head(1)]
+        elif compute:
+            series = obj[column]
+            n = min(series.npartitions, partitions)
+            heads = dask_compute(
+                *[series.partitions[i].dropna().head(1, npartitions=1, compute=False)
+                  for i in range(n)]
+            )  # fmt: skip
         else:
-            source = _pandas_source(obj, column)
-            if source is not None:
-                heads = [source.dropna().head(1)]
-            else:
-                series = obj[column]
-                n = min(series.npartitions, partitions)
-                heads = dask_compute(
-                    *[series.partitions[i].dropna().head(1, npartitions=1, compute=False)
-                      for i in range(n)]
-                )  # fmt: skip
+            return None
         for head in heads:
             if len(head):
-                return str(to_pandas(head).iloc[0])
+                return to_pandas(head).iloc[0]
     except Exception:  # the error being raised matters more than its example
         return None
     return None
