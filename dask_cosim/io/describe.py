@@ -42,7 +42,9 @@ def describe_parquet(path: Any) -> dict[str, Any]:
     # "__index_level_0__" (dask as "__null_dask_index__"), and the read names it None.
     index = df._meta.index
     levels = [index.get_level_values(i) for i in range(index.nlevels)]
-    stored = bool(_index_columns(_read_schema(files[0], fs)))
+    # (The first file's footer once: the one opened for the row count, where there is one.)
+    schema = opened[files[0]].schema_arrow if opened else _read_schema(files[0], fs)
+    stored = bool(_index_columns(schema))
     columns: dict[str, dict[str, Any]] = {}
     for name in df.columns:
         info: dict[str, Any] = {"dtype": str(df.dtypes[name])}
@@ -54,7 +56,7 @@ def describe_parquet(path: Any) -> dict[str, Any]:
         if spec is not None and spec.dtype is not None:
             dim = spec.dim
             if dim is None:  # a variable list: the first stored row tells
-                first = opened.get(files[0]) or pq.ParquetFile(files[0], filesystem=fs)
+                first = opened.get(files[0]) or _open(files[0], fs)
                 batch = next(first.iter_batches(batch_size=16, columns=[name]), None)
                 lengths = [] if batch is None else batch.column(0).value_lengths().drop_null()
                 dim = int(lengths[0].as_py()) if len(lengths) else None
