@@ -9,7 +9,8 @@ few thousand directions with spread, planted near-duplicates), one dask partitio
 - ``method="clustered"`` ``neighbors`` and ``dedup`` at each threshold, for each
   ``--n-probe`` mode: ``exact`` (the provable skip rule, recall 1), an integer (at most
   that many clusters probed per row) and 0 (each row against its own cluster only: NeMo
-  Curator's semantic dedup, on the same clusters);
+  Curator's semantic dedup, on the same clusters), into each of ``--clusters`` cluster
+  counts (default: the library's, about sqrt(rows));
 - beside every clustered figure its speed-up against the extrapolated exact time and its
   recall against exact all-pairs on ``--recall-rows`` sampled rows
   (``dask_cosim.clustered_recall``; the truth is computed once, at the lowest threshold).
@@ -19,6 +20,7 @@ Usage::
     python -m benchmarks.clustered                         # CPU: 1M x 384 (long)
     python -m benchmarks.clustered --rows 200000 --exact-rows 25000,50000,100000
     python -m benchmarks.clustered --quick                 # seconds, for the smoke test
+    python -m benchmarks.clustered --rows 200000 --exact-rows '' --clusters 224,447,894
     python -m benchmarks.clustered --device cuda --rows 10000000 --dim 768
 """
 
@@ -38,6 +40,7 @@ import torch
 from benchmarks import harness as h
 from dask_cosim import clustered
 from dask_cosim import clustered_recall as cr
+from dask_cosim.clustered_plan import default_clusters
 from dask_cosim.datasets import embedding_arrays
 from dask_cosim.io import vectors_to_arrow
 
@@ -89,6 +92,7 @@ TABLE = [
     h.Column("op", "op", align="<"),
     h.Column("threshold", "threshold", ".2f"),
     h.Column("n_probe", "n_probe", align="<"),
+    h.Column("clusters", "clusters", "d"),
     h.Column("s", "seconds", ".1f", 7),
     h.Column("x exact", "x_exact", ".1f"),
     h.Column("recall", "recall", ".5f"),
@@ -100,9 +104,12 @@ TABLE = [
 ]
 
 
-def _case(df: dd.DataFrame, op: str, t: float, mode: int | None, truth: Any, est: Any) -> h.Record:
-    """One clustered run, timed, with its recall on the truth's sampled rows."""
-    opts = {"method": "clustered", "n_probe": mode}
+def _case(
+    df: dd.DataFrame, op: str, t: float, mode: int | None, k: int, truth: Any, est: Any
+) -> h.Record:
+    """One clustered run into ``k`` clusters, timed, with its recall on the truth's
+    sampled rows."""
+    opts = {"method": "clustered", "n_probe": mode, "clusters": k}
     if op == "neighbors":
         secs, got = timed(lambda: df.cosim.neighbors("emb", threshold=t, **opts).compute())
         rec = cr.neighbors_recall(truth, got, t)
@@ -112,15 +119,15 @@ def _case(df: dd.DataFrame, op: str, t: float, mode: int | None, truth: Any, est
         rec = cr.dedup_recall(truth, got, t)
     return {
         "op": op, "threshold": t, "n_probe": "exact" if mode is None else str(mode),
-        "seconds": secs, "x_exact": est / secs if est else None, "recall": rec.recall,
-        "expected": rec.expected, "found": rec.found, "extra": rec.extra,
+        "clusters": k, "seconds": secs, "x_exact": est / secs if est else None,
+        "recall": rec.recall, "expected": rec.expected, "found": rec.found, "extra": rec.extra,
         "result_rows": len(got),
     }  # fmt: skip
 
 
-def _skipped(op: str, t: float, copies: float) -> h.Record:
+def _skipped(op: str, t: float, k: int, copies: float) -> h.Record:
     return {
-        "op": op, "threshold": t, "n_probe": "exact", "copies_per_row": copies,
+        "op": op, "threshold": t, "n_probe": "exact", "clusters": k, "copies_per_row": copies,
         "skipped": f"{copies:.0f} copies per row > --max-copies",
         **dict.fromkeys(("seconds", "x_exact", "recall", "expected", "extra", "result_rows")),
     }  # fmt: skip
@@ -156,6 +163,12 @@ def _ints(text: str) -> list[int]:
     show_default=True,
     help="Sizes of the exact all-pairs runs ('' for none).",
 )
+@click.option(
+    "--clusters",
+    default="",
+    show_default=True,
+    help="Cluster counts to try, e.g. 200,450,900 ('': the default, about sqrt(rows)).",
+)
 @click.option("--recall-rows", default=10_000, show_default=True)
 @click.option("--partition-rows", default=100_000, show_default=True)
 @click.option(
@@ -168,8 +181,8 @@ def _ints(text: str) -> list[int]:
 @h.results_options()
 def main(
     rows: int, dim: int, device: str, dtype: str, directions: int, thresholds: str, modes: str,
-    exact_rows: str, recall_rows: int, partition_rows: int, max_copies: float, quick: bool,
-    output: h.Output,
+    exact_rows: str, clusters: str, recall_rows: int, partition_rows: int, max_copies: float,
+    quick: bool, output: h.Output,
 ) -> None:  # fmt: skip
     """Clustered neighbours and dedup against exact all-pairs (extrapolated), with recall."""
     if quick:
@@ -177,6 +190,7 @@ def main(
         recall_rows, partition_rows = 500, 2000
     ts = sorted(float(t) for t in thresholds.split(","))
     probes = [None if m == "exact" else int(m) for m in modes.split(",")]
+    counts = _ints(clusters) or [default_clusters(rows)]
 
     def run(log: h.Log) -> h.Record:
         record: h.Record = {
@@ -210,23 +224,22 @@ def main(
             record["truth_seconds"] = secs
             log(f"truth of {recall_rows:,} sampled rows: {secs:.1f} s")
             cases = []
-            for t in ts:
-                for mode in probes:
-                    # The plan alone (k-means, the clusters' radii): how many blocks each
-                    # row is copied to.  A provable mode past --max-copies would hold that
-                    # many copies of the rows in the shuffle: skipped, and said so.
-                    p = clustered.plan(df, "emb", t, n_probe=mode)
-                    copies = 1.0 + float(p.probes.sum()) / max(p.stats.rows, 1)
-                    log(f"t={t} n_probe={mode}: {p.n_clusters} clusters, {copies:.1f} copies/row")
-                    for op in ("neighbors", "dedup"):
-                        if mode is None and copies > max_copies:
-                            cases.append(_skipped(op, t, copies))
-                            continue
-                        case = _case(df, op, t, mode, truth, est)
-                        case["copies_per_row"] = copies
-                        log(f"{op} t={t} n_probe={case['n_probe']}: {case['seconds']:.1f} s, "
-                            f"recall {case['recall']:.5f}")  # fmt: skip
-                        cases.append(case)
+            for t, k, mode in itertools.product(ts, counts, probes):
+                # The plan alone (k-means, the clusters' radii): how many blocks each
+                # row is copied to.  A provable mode past --max-copies would hold that
+                # many copies of the rows in the shuffle: skipped, and said so.
+                p = clustered.plan(df, "emb", t, n_probe=mode, clusters=k)
+                copies = 1.0 + float(p.probes.sum()) / max(p.stats.rows, 1)
+                log(f"t={t} n_probe={mode}: {k} clusters, {copies:.1f} copies/row")
+                for op in ("neighbors", "dedup"):
+                    if mode is None and copies > max_copies:
+                        cases.append(_skipped(op, t, k, copies))
+                        continue
+                    case = _case(df, op, t, mode, k, truth, est)
+                    case["copies_per_row"] = copies
+                    log(f"{op} t={t} n_probe={case['n_probe']} clusters={k}: "
+                        f"{case['seconds']:.1f} s, recall {case['recall']:.5f}")  # fmt: skip
+                    cases.append(case)
             record["cases"] = cases
         record["load_after"] = h.load_text()
         return record

@@ -31,6 +31,7 @@ def test_clustered_benchmark_runs(tmp_path: Path) -> None:
         for m in ("exact", "2", "0")
     }
     for case in cases:
+        assert case["clusters"] == 77  # the library's default for 6,000 rows: about sqrt
         assert case["extra"] == 0  # every pair reported is an exact one
         assert case["expected"] > 0
         if case["n_probe"] == "exact":
