@@ -64,15 +64,10 @@ class Side:
         # dask would pickle the tensors (slow); their bytes say the same.  ``scale``
         # depends on eps, so two sides normalised with different eps differ.
         p = self.prep
-        tensors = [_tensor_bytes(t) for t in (p.raw, p.scale, p.valid)]
+        tensors = [backends.tensor_token(t) for t in (p.raw, p.scale, p.valid)]
         carried = None if self.payload is None else backends.data_token(self.payload)
         labels = backends.data_token(self.labels)
         return (*tensors, labels, self.part, self.column, carried)
-
-
-def _tensor_bytes(t: torch.Tensor) -> tuple[str, tuple[int, ...], np.ndarray]:
-    flat = t.detach().cpu().contiguous().reshape(-1)
-    return str(t.dtype), tuple(t.shape), flat.view(torch.uint8).numpy()
 
 
 def prepare_side(

@@ -18,12 +18,18 @@ from dask.callbacks import Callback
 
 import dask_cosim
 from dask_cosim.io import vectors_to_arrow
-from tests.helpers import graph_bytes, spy_on_reads
+from tests.helpers import as_column, graph_bytes, spy_on_reads
 
 
 def _frame(seed: int = 0, n: int = 40, d: int = 8) -> pd.DataFrame:
     x = np.random.default_rng(seed).standard_normal((n, d)).astype(np.float32)
     return pd.DataFrame({"emb": vectors_to_arrow(x), "id": np.arange(n)})
+
+
+def _tensors(seed: int) -> pd.DataFrame:
+    """``_frame(seed)`` with its vectors as torch tensors in an object column."""
+    x = np.random.default_rng(seed).standard_normal((40, 8)).astype(np.float32)
+    return pd.DataFrame({"emb": as_column(x, "object_torch_300x1"), "id": np.arange(40)})
 
 
 def _dask(pdf: pd.DataFrame) -> dd.DataFrame:
@@ -56,6 +62,12 @@ CALLS: dict[str, tuple[Callable[[], Any], Callable[[], Any]]] = {
     "join with an eager right": (
         lambda: _dask(_frame()).cosim.join(_frame(1), "emb", k=2),
         lambda: _dask(_frame()).cosim.join(_frame(2), "emb", k=2),
+    ),
+    # dask's token of a torch tensor differs from copy to copy: a frame of tensors is
+    # named by their values.
+    "join with an eager right of tensors": (
+        lambda: _dask(_frame()).cosim.join(_tensors(1), "emb", k=2),
+        lambda: _dask(_frame()).cosim.join(_tensors(2), "emb", k=2),
     ),
     "join with an eager left": (
         lambda: _frame(1).cosim.join(_dask(_frame()), "emb", threshold=0.2),

@@ -16,7 +16,8 @@ here, keyed on the type of its first argument (dask's ``Dispatch``):
 - ``take_to_pandas(obj, positions)``: the rows (or labels) of a frame or index at the numpy
   ``positions``, as pandas: a device object gives only those rows to the host;
 - ``frame_like(pdf, like)``: the pandas frame ``pdf`` in the library of ``like``;
-- ``data_token(obj)``: a deterministic token of an eager frame's contents, for graph keys;
+- ``data_token(obj)``: a deterministic token of an eager frame's contents, for graph keys
+  (torch tensors in its object columns by value: :func:`tensors_by_value`);
 - ``to_host_tensor(array)``: an array (numpy, cupy, torch, lists: ``topk``'s queries) as a
   CPU tensor;
 - ``to_numbers(series)``: a column of numbers as a float64 tensor (NaN for nulls), on
@@ -68,6 +69,8 @@ __all__ = [
     "row_label",
     "stack_object_column",
     "take_to_pandas",
+    "tensor_token",
+    "tensors_by_value",
     "to_host_tensor",
     "to_numbers",
     "to_pandas",
@@ -131,6 +134,22 @@ def _on_host(obj: Any) -> bool:
 @data_token.register(object)
 def _dask_token(obj: Any) -> str:
     return tokenize(obj)
+
+
+def tensor_token(t: torch.Tensor) -> tuple[str, tuple[int, ...], np.ndarray]:
+    """What a token of the tensor ``t`` is made of: its dtype, shape and bytes.  dask
+    pickles a tensor to tokenize it, and the pickle differs from copy to copy and from
+    process to process: equal tensors would get other graph keys each time."""
+    flat = t.detach().cpu().contiguous().reshape(-1)
+    return str(t.dtype), tuple(t.shape), flat.view(torch.uint8).numpy()
+
+
+def tensors_by_value(cells: np.ndarray) -> np.ndarray:
+    """The object array ``cells`` (a column's) with each torch tensor as its
+    :func:`tensor_token`, for :func:`data_token`: dask tokenizes an object array by
+    pickling it, tensors included."""
+    gen = (tensor_token(c) if isinstance(c, torch.Tensor) else c for c in cells)
+    return np.fromiter(gen, dtype=object, count=len(cells))
 
 
 def column_spec(obj: Any, column: Any) -> VectorSpec:

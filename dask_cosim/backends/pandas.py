@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import torch
+from dask.base import tokenize
 
 from dask_cosim import errors
 from dask_cosim.backends import (
@@ -24,10 +25,12 @@ from dask_cosim.backends import (
     VectorSpec,
     add_columns,
     boolean_mask,
+    data_token,
     frame_like,
     make_result,
     row_label,
     take_to_pandas,
+    tensors_by_value,
     to_host_tensor,
     to_numbers,
     to_vectors,
@@ -420,6 +423,13 @@ def _pandas_to_numbers(series: pd.Series) -> torch.Tensor:
 def _pandas_add_columns(df: pd.DataFrame, pdf: pd.DataFrame) -> pd.DataFrame:
     # The arrays, not the Series: ``pdf``'s index need not be ``df``'s.
     return df.assign(**{str(c): pdf[c].array for c in pdf.columns})
+
+
+@data_token.register(pd.DataFrame)
+def _pandas_data_token(df: pd.DataFrame) -> str:
+    objects = (df.dtypes == np.dtype(object)).to_numpy()
+    cells = [tensors_by_value(df.iloc[:, i].to_numpy()) for i in np.flatnonzero(objects)]
+    return tokenize(df.iloc[:, ~objects], list(df.columns), cells)
 
 
 @to_host_tensor.register(torch.Tensor)
