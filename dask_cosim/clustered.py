@@ -68,11 +68,13 @@ def _found(df: Any, on: str, p: Plan, drops: bool, by: str) -> Any:
         )
         return found.set_index(by)
     layout = dask.delayed(p.layout, name=f"cosim-clustered-layout-{tokenize(p.layout)}")
-    routed = _pieces(df, on, p).map_partitions(
+    pieces, keyed = _pieces(df, on, p)
+    routed = pieces.map_partitions(
         cp.route_partition,
         on,
         layout,
         chunk_bytes=tiles["cpu"],
+        keyed=keyed,
         meta=cp.route_meta(df._meta.index, p.layout.dtype, p.layout.dim),
         token="cosim-clustered-route",
         **kwargs,
@@ -91,17 +93,18 @@ def _found(df: Any, on: str, p: Plan, drops: bool, by: str) -> Any:
     return _gather(found, by, df)
 
 
-def _pieces(df: dd.DataFrame, on: str, p: Plan) -> dd.DataFrame:
+def _pieces(df: dd.DataFrame, on: str, p: Plan) -> tuple[dd.DataFrame, bool]:
     """``df[[on]]`` for the routing, its partitions split into pieces (rows keyed by
-    their partition and position first) where one would hand the shuffle more than
-    ``cosim.search.clustered.route-bytes`` of routed rows: 500,000 x 384 float16 rows
-    routed to 2.6 blocks each are 1 GB, whose p2p transfer killed 6 GiB workers."""
+    their partition and position first: then True) where one would hand the shuffle
+    more than ``cosim.search.clustered.route-bytes`` of routed rows: 500,000 x 384
+    float16 rows routed to 2.6 blocks each are 1 GB, whose p2p transfer killed 6 GiB
+    workers."""
     per_partition = p.routed_bytes / max(1, df.npartitions)
     pieces = math.ceil(per_partition / options.clustered().route_bytes)
     if pieces <= 1:
-        return df[[on]]
+        return df[[on]], False
     keyed = df.map_partitions(cp.with_keys, on, meta=cp.with_keys(df._meta, on))
-    return keyed.clear_divisions().repartition(npartitions=df.npartitions * pieces)
+    return keyed.clear_divisions().repartition(npartitions=df.npartitions * pieces), True
 
 
 def _method(p: Plan) -> str | None:

@@ -71,10 +71,17 @@ def row_keys(part: int, n: int) -> np.ndarray:
 
 
 def with_keys(df: Any, column: str, partition_info: dict[str, Any] | None = None) -> Any:
-    """The partition's ``column`` and KEY, each row's frame-order key (its partition's
-    number and its position in it), so that the rows can be routed in pieces."""
+    """The partition's ``column`` and each row's frame-order key (its partition's number
+    and its position in it) in the column :func:`key_column` names, so that the rows can
+    be routed in pieces."""
     part = partition_number(partition_info)
-    return df[[column]].assign(**{KEY: row_keys(part, len(df))})
+    return df[[column]].assign(**{key_column(column): row_keys(part, len(df))})
+
+
+def key_column(column: Any) -> str:
+    """The name of :func:`with_keys`' key column beside the vector column ``column``:
+    KEY, unless the vectors are named so."""
+    return KEY if column != KEY else f"{KEY}_"
 
 
 def labels(df: Any) -> pd.Index:
@@ -254,15 +261,17 @@ def route_partition(
     eps: float,
     device: str,
     chunk_bytes: int,
+    keyed: bool = False,
     partition_info: dict[str, Any] | None = None,
 ) -> pd.DataFrame:
     """One copy of each usable row for its home cluster's block(s) and one for each block
     it probes: "_block", "_role", "_key" and the raw vectors ("_vec", the layout's dtype),
     indexed by the rows' labels.  Rows that cannot match are left out.  The keys are
-    the partition's KEY column where it has one (:func:`with_keys`: a piece of a
-    partition), else made from its number."""
+    made from the partition's number, or with ``keyed`` taken from the keys
+    :func:`with_keys` put beside ``column`` (a piece of a partition): never from a
+    column of the user's, whatever its name."""
     part = partition_number(partition_info)
-    all_keys = df[KEY].to_numpy() if KEY in df.columns else row_keys(part, len(df))
+    all_keys = df[key_column(column)].to_numpy() if keyed else row_keys(part, len(df))
     prep = prepared_rows(df, column, eps, device)
     d, usable, delta = _usable(prep)
     if delta > layout.delta:

@@ -145,7 +145,8 @@ def test_partitions_routed_in_pieces() -> None:
     want_kept = pdf.cosim.dedup("emb", 0.9)
     p = clustered.plan(ddf, "emb", 0.9, clusters=9)
     with dask.config.set({"cosim.search.clustered.route-bytes": int(p.routed_bytes / 3 / 4) + 1}):
-        pieces = clustered._pieces(ddf, "emb", p)
+        pieces, keyed = clustered._pieces(ddf, "emb", p)
+        assert keyed
         assert pieces.npartitions == 3 * 4
         with dask.config.set(scheduler="sync"):
             got = clustered.neighbors(ddf, "emb", threshold=0.9, clusters=9)
@@ -153,7 +154,7 @@ def test_partitions_routed_in_pieces() -> None:
             kept = clustered.dedup(ddf, "emb", 0.9, clusters=9)
             assert kept.divisions == ddf.divisions
             pd.testing.assert_frame_equal(kept.compute(), want_kept)
-    assert clustered._pieces(ddf, "emb", p).npartitions == 3  # 256MiB: one piece each
+    assert clustered._pieces(ddf, "emb", p)[0].npartitions == 3  # 256MiB: one piece each
 
 
 def test_generated_embeddings_every_partition_count() -> None:

@@ -102,6 +102,34 @@ def test_clustered_list_column_with_empty_partitions(pdf: pd.DataFrame) -> None:
         )
 
 
+@pytest.mark.filterwarnings("ignore:method='clustered' at threshold")  # few clusters ruled out
+def test_user_columns_named_like_the_routing_keys(pdf: pd.DataFrame) -> None:
+    """A column of the user's named "_key" (the routing's own key column) is data: an
+    eager frame's clustered search took it for the rows' keys (other pairs, other kept
+    rows, silently, or an IndexError), and vectors named "_key" failed everywhere, the
+    partitions routed in pieces included."""
+    small = pdf.iloc[:400]
+    shuffled = small.assign(_key=np.random.default_rng(0).permutation(len(small)))
+    named = small.rename(columns={"emb": "_key"})
+    p = clustered.plan(to_dask(named, 2), "_key", 0.9, clusters=6)
+    in_pieces = {"cosim.search.clustered.route-bytes": int(p.routed_bytes / 2 / 3) + 1}
+    cases = [(shuffled, "emb", {}), (named, "_key", {}), (to_dask(named, 2), "_key", {}),
+             (to_dask(named, 2), "_key", in_pieces)]  # fmt: skip
+    with dask.config.set(scheduler="sync"):
+        for frame, on, config in cases:
+            with dask.config.set(config):
+                want = dask.compute(frame.cosim.neighbors(on, threshold=0.9))[0]
+                got = frame.cosim.neighbors(on, threshold=0.9, method="clustered", clusters=6)
+                kept = frame.cosim.dedup(on, 0.9, method="clustered", clusters=6)
+                got, kept = dask.compute(got, kept)
+            assert len(want) > 20
+            pd.testing.assert_frame_equal(
+                got.reset_index(drop=True)[["left", "right"]],
+                want.reset_index(drop=True)[["left", "right"]],
+            )
+            pd.testing.assert_frame_equal(kept, dask.compute(search.dedup(frame, on, 0.9))[0])
+
+
 def test_rows_of_two_lengths_in_two_partitions_are_named() -> None:
     """Each partition is checked when read; two partitions of different D are named by
     the plan (clustered, with the fix) and by the pair task (exact)."""
