@@ -98,13 +98,22 @@ def _pair_columns(
     left: Any, lcols: list[Any], right: Any, rcols: list[Any]
 ) -> tuple[dict[str, Any], dict[str, str]]:
     """The carried columns of a pairs result, ``left_<c>`` then ``right_<c>``: {name:
-    dtype} for its meta, and {name in the partial frames: name} for finish_pairs."""
+    dtype} for its meta, and {name in the partial frames: name} for finish_pairs.
+    Raises ValueError where two columns of a side would give one name (``1`` and
+    ``"1"``): the second would overwrite the first."""
     dtypes: dict[str, Any] = {}
     inner: dict[str, str] = {}
+    source: dict[str, Any] = {}
     for side, frame, cols, prefix in ((0, left, lcols, "_q"), (1, right, rcols, "_p")):
         meta = backends.to_pandas(sg.meta_of(frame)[cols].iloc[:0]) if cols else None
         for n, c in enumerate(cols):
             name = f"{'right' if side else 'left'}_{c}"
+            if name in source:
+                raise ValueError(
+                    f"columns {source[name]!r} and {c!r} would both be carried as {name!r}; "
+                    f"rename one of them first (df.rename(columns={{{c!r}: ...}}))"
+                )
+            source[name] = c
             dtypes[name] = meta[c].dtype  # type: ignore[index]
             inner[f"{prefix}{n}"] = name
     return dtypes, inner
@@ -187,6 +196,7 @@ def neighbors(
     k, threshold = options.k_or_threshold(k, threshold)
     spec = check_column(df, on)
     cols = _carried(df, columns, "columns")
+    dtypes, carried = _pair_columns(df, cols, df, cols)
     _warn_if_labels_repeat([(df, "the frame", "'left' and 'right'")] * (not cols))
     how = options.search_method(method, k=k, threshold=threshold, n_probe=n_probe,
                                 clusters=clusters)  # fmt: skip
@@ -194,7 +204,6 @@ def neighbors(
         return _clustered("neighbors", df, on, threshold, how, columns=cols)
     opts = _options()
     like = sg.meta_of(df)
-    dtypes, carried = _pair_columns(df, cols, df, cols)
     meta = sp.result_meta(like.index, like.index, sp.score_dtype(spec), k is not None, dtypes)
     exact = meta["score"].dtype == np.float64
     build = sg.Builder(dask.is_dask_collection(df))
@@ -240,6 +249,7 @@ def dedup(
     threshold_value = options.search_threshold(threshold, required=True)
     spec = check_column(df, on)
     cols = _carried(df, columns, "columns")
+    dtypes, carried = _pair_columns(df, cols, df, cols)
     how = options.search_method(method, threshold=threshold, n_probe=n_probe, clusters=clusters)
     if return_removed:
         _warn_if_labels_repeat([(df, "the frame", "'left' and 'right'")] * (not cols))
@@ -253,7 +263,6 @@ def dedup(
     lengths = [build(len)(f) for f in frames] if len(frames) > len(sides) else None
     like = sg.meta_of(df)
     if return_removed:
-        dtypes, carried = _pair_columns(df, cols, df, cols)
         meta = sp.result_meta(like.index, like.index, sp.score_dtype(spec), False, dtypes)
         pair = functools.partial(build(sd.earlier_matches), precision=opts.precision)
         combine: Callable[..., Any] = sd.best_matches

@@ -99,6 +99,20 @@ def test_carried_columns_are_checked() -> None:
         df.cosim.join(df, "emb", k=1, right_columns=["doc"])
     with pytest.raises(ValueError, match=r"columns=\['id', 'id'\] names a column twice"):
         df.cosim.neighbors("emb", k=1, columns=["id", "id"])
+    # Two labels, one result name: the second column overwrote the first, silently.
+    both = df.assign(**{"1": df["id"] * 10}).rename(columns={"id": 1})
+    clash = r"columns 1 and '1' would both be carried as 'left_1'; rename one of them"
+    for call in (
+        lambda: both.cosim.neighbors("emb", k=1, columns=[1, "1"]),
+        lambda: both.cosim.neighbors("emb", threshold=THR, columns=[1, "1"], method="clustered"),
+        lambda: both.cosim.join(both, "emb", threshold=THR, columns=[1, "1"]),
+        lambda: both.cosim.dedup("emb", THR, return_removed=True, columns=[1, "1"]),
+    ):
+        with pytest.raises(ValueError, match=clash):
+            call()
+    clash = r"columns 1 and '1' would both be carried as 'right_1'"
+    with pytest.raises(ValueError, match=clash):
+        both.cosim.join(both, "emb", k=1, columns=[], right_columns=[1, "1"])
 
 
 def test_labels_that_may_repeat_are_warned_once_naming_the_fix() -> None:
