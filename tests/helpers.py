@@ -525,8 +525,11 @@ def read_duckdb(folder: Path) -> pd.DataFrame:
         df = con.sql(f"SELECT * FROM read_parquet('{folder}/*.parquet')").df()
     index = stored_index(folder)
     if index:
+        first = sorted(folder.glob("*.parquet"))[0]
+        stored = pq.read_schema(first).pandas_metadata["columns"]
+        names = {c["field_name"]: c["name"] for c in stored}
         df = df.set_index(index)
-        df.index.names = [None if n.startswith("__index_level_") else n for n in index]
+        df.index.names = [names[n] for n in index]
     return df
 
 

@@ -51,7 +51,8 @@ def frame_to_table(
     others = [c for c in df.columns if c not in vectors]
     # dask's own dispatch: pandas -> pa.Table.from_pandas, cudf -> DataFrame.to_arrow.
     table = to_pyarrow_table_dispatch(
-        _index_named_as_pyarrow(df[others], preserve_index), preserve_index=preserve_index
+        _index_named_as_pyarrow(df[others], preserve_index, vectors),
+        preserve_index=preserve_index,
     )
     fields, arrays = list(table.schema), list(table.columns)
     positions = {c: i for i, c in enumerate(df.columns)}
@@ -62,7 +63,8 @@ def frame_to_table(
         arrays.insert(positions[column], array)
     # From arrays, not add_column: a table of the index alone may have no columns, and
     # then pyarrow gives it 0 rows.
-    metadata = categories.recorded(table, _unnamed_generated_index(table.schema.metadata))
+    metadata = _generated_index_named(table.schema.metadata, df.index.name)
+    metadata = categories.recorded(table, metadata)
     return pa.Table.from_arrays(arrays, schema=pa.schema(fields, metadata))
 
 
@@ -322,10 +324,11 @@ def _file_schema(df: Any, layout: str, vectors: list[str], write_index: bool | N
     dispatch), each vector column's field from its D and dtype."""
     others = [c for c in df.columns if c not in vectors]
     empty = to_pyarrow_table_dispatch(
-        _index_named_as_pyarrow(df[others].iloc[:0], write_index), preserve_index=write_index
+        _index_named_as_pyarrow(df[others].iloc[:0], write_index, vectors),
+        preserve_index=write_index,
     )
     schema = _with_range_index(empty.schema, df.index)
-    schema = schema.with_metadata(_unnamed_generated_index(schema.metadata))
+    schema = schema.with_metadata(_generated_index_named(schema.metadata, df.index.name))
     positions = {c: i for i, c in enumerate(df.columns)}
     for column in sorted(vectors, key=positions.__getitem__):
         spec = backends.vector_spec(df[column].iloc[:0], str(column))
@@ -339,27 +342,34 @@ def _file_schema(df: Any, layout: str, vectors: list[str], write_index: bool | N
 _GENERATED_INDEX = re.compile(r"__index_level_\d+__")
 
 
-def _unnamed_generated_index(metadata: dict[bytes, bytes] | None) -> dict[bytes, bytes] | None:
-    """pandas metadata as pyarrow writes it for an unnamed index: ``"name": null`` next to
-    ``"field_name": "__index_level_0__"`` (cudf's reader keeps a non-null name as is)."""
+def _generated_index_named(
+    metadata: dict[bytes, bytes] | None, name: Any
+) -> dict[bytes, bytes] | None:
+    """pandas metadata as pyarrow writes it for an index stored as "__index_level_0__"
+    (:func:`_index_named_as_pyarrow`): ``"name"`` the index's own, ``null`` when unnamed
+    (cudf's reader keeps a non-null name as is)."""
     if not metadata or b"pandas" not in metadata:
         return metadata
     pandas_meta = json.loads(metadata[b"pandas"])
     for entry in pandas_meta.get("columns", []):
         if isinstance(entry.get("name"), str) and _GENERATED_INDEX.fullmatch(entry["name"]):
-            entry["name"] = None
+            entry["name"] = name
     return {**metadata, b"pandas": json.dumps(pandas_meta).encode()}
 
 
-def _index_named_as_pyarrow(df: Any, preserve_index: bool | None) -> Any:
-    """``df`` with an unnamed index that will be stored as a column named as pyarrow names
-    it, "__index_level_0__" (readers give it back unnamed); cudf would call it "index",
-    and readers would give it back with that name."""
+def _index_named_as_pyarrow(df: Any, preserve_index: bool | None, vectors: Sequence[Any]) -> Any:
+    """``df`` (the frame's columns but its ``vectors``) with an index that will be stored
+    as a column named as pyarrow names it where it is unnamed or named like a column,
+    "__index_level_0__": cudf would call an unnamed one "index" (readers would give it
+    back so named), and pyarrow, which does not see the vector columns, would give an
+    index named like one of them that name too, two fields of one name."""
     index = df.index
     stored_as_column = preserve_index is True or (
         preserve_index is None and not type(index).__name__ == "RangeIndex"
     )
-    if not stored_as_column or index.name is not None or getattr(index, "nlevels", 1) != 1:
+    if not stored_as_column or getattr(index, "nlevels", 1) != 1:
+        return df
+    if index.name is not None and index.name not in vectors:
         return df
     df = df.copy(deep=False)
     df.index = index.rename("__index_level_0__")

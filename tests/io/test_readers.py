@@ -4,7 +4,7 @@ datasets, DuckDB and ours (cudf on a GPU), whatever index or partitioning the fr
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
@@ -69,24 +69,42 @@ FRAMES: dict[str, Callable[[pd.DataFrame], dd.DataFrame]] = {
         p.set_index(pd.Index([f"r{i:03d}" for i in range(len(p))], dtype="str")), npartitions=2
     ),
     "index set from a column": lambda p: dask_cosim.from_pandas(p, npartitions=3).set_index("id"),
+    "index named like the vector column": lambda p: dask_cosim.from_pandas(
+        p.set_index(pd.Index(np.arange(len(p)) * 2, name="emb")), npartitions=3
+    ),
+    "names with spaces, dots, slashes and '='": lambda p: dask_cosim.from_pandas(
+        p.rename(columns={"id": "my id", "text": "a.b/c=d", "score": "__score é"}).set_index(
+            pd.Index(np.arange(len(p)) * 2, name="k=v/x y")
+        ),
+        npartitions=3,
+    ),
     "per-partition range indexes that repeat": _repeating,
     "empty partitions": _with_empty,
 }
 
 
-def check_every_reader(ddf: dd.DataFrame, folder: Path, layout: str = "list") -> None:
+# dask's reader refuses any file whose index is named like one of its columns, pandas'
+# own files too ("cannot insert emb, already exists"); the others read them.
+NOT_BY_DASK = {"index named like the vector column"}
+
+
+def check_every_reader(
+    ddf: dd.DataFrame, folder: Path, layout: str = "list", skip: Collection[str] = ()
+) -> None:
     want = ddf.compute()
     dask_cosim.to_parquet(ddf, folder, layout=layout)
     readers = READERS if layout == "list" else {"dask_cosim": READERS["dask_cosim"]}
     for reader, read in readers.items():
-        assert_same(read(folder), want, reader)
+        if reader not in skip:
+            assert_same(read(folder), want, reader)
 
 
 @pytest.mark.parametrize("nulls", [False, True], ids=["values", "nulls"])
 @pytest.mark.parametrize("frame", list(FRAMES))
 def test_every_reader_gets_the_folder_back_whole(tmp_path: Path, frame: str, nulls: bool) -> None:
+    skip = {"dask"} if frame in NOT_BY_DASK else set()
     with dask.config.set(scheduler="sync"):
-        check_every_reader(FRAMES[frame](source(nulls=nulls)), tmp_path / "out")
+        check_every_reader(FRAMES[frame](source(nulls=nulls)), tmp_path / "out", skip=skip)
 
 
 @pytest.mark.parametrize("frame", list(FRAMES))

@@ -149,10 +149,19 @@ def test_to_parquet_checks_arguments(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("layout", ["binary", "list"])
-@pytest.mark.parametrize("index", [None, pd.RangeIndex(10, 40, 3), pd.Index(np.arange(10) * 2)])
+@pytest.mark.parametrize(
+    "index",
+    [
+        None,
+        pd.RangeIndex(10, 40, 3),
+        pd.Index(np.arange(10) * 2),
+        pd.Index(np.arange(10) * 2, name="embeds_a"),
+    ],
+)
 def test_file_schema_without_the_data_is_the_written_schema(layout: str, index: Any) -> None:
     """The schema the GPU writer stores (built from empty slices, D from the metadata or
-    the first row) is the schema pyarrow gives the whole frame."""
+    the first row) is the schema pyarrow gives the whole frame; an index named like a
+    vector column is stored as "__index_level_0__", under its own name."""
     from dask_cosim.io.write import _file_schema, frame_to_table
 
     a, b = random_pairs(10, 6)
@@ -163,6 +172,7 @@ def test_file_schema_without_the_data_is_the_written_schema(layout: str, index: 
         assert got.equals(want, check_metadata=True), (got, want)
         for name in want.names:
             assert got.field(name).metadata == want.field(name).metadata
+        assert len(set(want.names)) == len(want.names)
 
 
 def test_binary_vectors_of_a_schema() -> None:
