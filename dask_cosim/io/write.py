@@ -211,6 +211,7 @@ def _stage(
     missing = [c for c in vectors if c not in meta.columns]
     if missing:
         raise errors.column_not_found(missing, meta.columns, "vector columns")
+    _check_names(meta)
     if write_index is None and df.npartitions > 1:
         # RangeIndex metadata describes one file: readers of a folder take the first
         # file's (pandas, pyarrow datasets: the name lost; dask: a KeyError) or none.  As a
@@ -238,6 +239,24 @@ def _stage(
     )
     manifest = dask.delayed(write_manifest, pure=False)(written, fs, staging, layout)
     return manifest, Staging(fs, staging, root, overwrite), df
+
+
+def _check_names(meta: Any) -> None:
+    """ValueError for a column or index not named by a string (``0``): Parquet's names
+    are strings, so the folder would not read back as written, or not at all."""
+    for c in meta.columns:
+        if not isinstance(c, str):
+            raise ValueError(
+                f"the name of column {c!r} is not a string ({type(c).__name__}): Parquet names "
+                "columns by strings; rename the columns first, e.g. df.rename(columns=str)"
+            )
+    for name in meta.index.names:
+        if name is not None and not isinstance(name, str):
+            raise ValueError(
+                f"the index's name {name!r} is not a string ({type(name).__name__}): "
+                "Parquet names columns by strings; rename it first, e.g. "
+                f"df.rename_axis({str(name)!r})"
+            )
 
 
 def compute_with_progress(*collections: Any) -> tuple[Any, ...]:

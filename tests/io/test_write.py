@@ -142,6 +142,19 @@ def test_to_parquet_checks_arguments(tmp_path: Path) -> None:
         dask_cosim.to_parquet(pdf, tmp_path / "x", vectors=["nope"])
     with pytest.raises(TypeError, match="expects a dask or pandas DataFrame, got list"):
         dask_cosim.to_parquet([1], tmp_path / "x")
+    # Names that are not strings came back as strings, or the folder failed to read (the
+    # columns named 0 and 1 of two partitions: "expected bytes, int found").
+    numbered = pdf.rename(columns={"embeds_a": 0, "embeds_b": 1})
+    for frame in (numbered, dd.from_pandas(numbered, npartitions=2)):
+        with pytest.raises(
+            ValueError,
+            match=r"name of column 0 is not a string \(int\): .* df\.rename\(columns=str\)",
+        ):
+            dask_cosim.to_parquet(frame, tmp_path / "x")
+    with pytest.raises(
+        ValueError, match=r"index's name 0 is not a string \(int\): .* df\.rename_axis\('0'\)"
+    ):
+        dask_cosim.to_parquet(pdf.rename_axis(0), tmp_path / "x")
     assert list(tmp_path.iterdir()) == []
 
 
