@@ -97,6 +97,7 @@ def _read_files(
     backend: str,
 ) -> dd.DataFrame:
     schema = _read_schema(files[0], fs)
+    labels, columns = columns, _field_names(columns)
     dictionaries = keys.dictionaries if keys is not None else {}
     if columns is not None:
         names = [*schema.names, *dictionaries]
@@ -134,7 +135,7 @@ def _read_files(
         [None if keys is None else keys.values[p[0]] for p in pieces],
         fs=fs,
         keys=dictionaries,
-        columns=columns,
+        columns=labels,
         filters=filters,
         backend=backend,
         # Read when the graph is built, so that it travels with it to remote workers.
@@ -257,6 +258,7 @@ def _read_piece(
     columns over the dictionaries ``keys`` (:func:`.hive.add_keys`); None for other files.
     """
     file, row_groups, *ranges = piece
+    labels, columns = columns, _field_names(columns)
     read = _filtered_columns(columns, filters)
     # Labels that survive a filter need the rows before it: pyarrow's path, then.
     gpu = values is None and (first is None or filters is None)
@@ -270,8 +272,8 @@ def _read_piece(
             vectors=binary_vectors or {},
             ranges=ranges[0] if ranges else None,
         )
-        if columns is not None:
-            df = df[list(columns)]  # the meta's columns: no filter's, none for df[[]]
+        if labels is not None:
+            df = df[list(labels)]  # the meta's columns: no filter's, none for df[[]]
         return positions.label(df, first)
     # Local files: memory-mapped or through a 1 MiB buffer (see _memory_map); pyarrow maps
     # only when given no filesystem.
@@ -302,6 +304,12 @@ def _read_piece(
     df = backends.frame_from_arrow(restore_vectors(table), backend)
     df = categories.as_stored(df, table.schema)
     return positions.label(df, first)
+
+
+def _field_names(columns: list[Any] | None) -> list[str] | None:
+    """Column labels as the files name their fields: pandas stores a column labelled
+    ``0`` as "0", and its pandas metadata makes the label 0 again when it is read."""
+    return None if columns is None else [c if isinstance(c, str) else str(c) for c in columns]
 
 
 def _filtered_columns(columns: list[str] | None, filters: Any) -> list[str] | None:
