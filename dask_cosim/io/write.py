@@ -361,17 +361,16 @@ def _file_schema(df: Any, layout: str, vectors: list[str], write_index: bool | N
 _GENERATED_INDEX = re.compile(r"__index_level_\d+__")
 
 
-def _generated_index_named(
-    metadata: dict[bytes, bytes] | None, name: Any
-) -> dict[bytes, bytes] | None:
+def _generated_index_named(metadata: dict[bytes, bytes] | None, name: Any) -> Any:
     """pandas metadata as pyarrow writes it for an index stored as "__index_level_0__"
     (:func:`_index_named_as_pyarrow`): ``"name"`` the index's own, ``null`` when unnamed
-    (cudf's reader keeps a non-null name as is)."""
+    (cudf's reader keeps a non-null name as is); a column so named keeps its name."""
     if not metadata or b"pandas" not in metadata:
         return metadata
     pandas_meta = json.loads(metadata[b"pandas"])
+    index = {c for c in pandas_meta.get("index_columns", []) if isinstance(c, str)}
     for entry in pandas_meta.get("columns", []):
-        if isinstance(entry.get("name"), str) and _GENERATED_INDEX.fullmatch(entry["name"]):
+        if entry.get("field_name") in index and _GENERATED_INDEX.fullmatch(str(entry["name"])):
             entry["name"] = name
     return {**metadata, b"pandas": json.dumps(pandas_meta).encode()}
 

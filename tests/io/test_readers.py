@@ -72,6 +72,10 @@ FRAMES: dict[str, Callable[[pd.DataFrame], dd.DataFrame]] = {
     "index named like the vector column": lambda p: dask_cosim.from_pandas(
         p.set_index(pd.Index(np.arange(len(p)) * 2, name="emb")), npartitions=3
     ),
+    "a column named as pyarrow names an unnamed index": lambda p: dask_cosim.from_pandas(
+        p.rename(columns={"text": "__index_level_0__"}).set_index(pd.Index(np.arange(len(p)) * 2)),
+        npartitions=3,
+    ),
     "names with spaces, dots, slashes and '='": lambda p: dask_cosim.from_pandas(
         p.rename(columns={"id": "my id", "text": "a.b/c=d", "score": "__score é"}).set_index(
             pd.Index(np.arange(len(p)) * 2, name="k=v/x y")
