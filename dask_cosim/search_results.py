@@ -147,4 +147,6 @@ def finish_topk(merged: pd.DataFrame, like: Any, columns: list[Any], score: np.d
         if isinstance(like, pd.DataFrame):  # (cudf's own dtypes: frame_like's job)
             carried = carried.astype(like[c].dtype)
         out[c] = carried.reset_index(drop=True)
+    if isinstance(like, pd.DataFrame):  # labels as the frame's index has them (categories)
+        out["match"] = out["match"].astype(like.index.dtype)
     return backends.frame_like(out, like)

@@ -91,6 +91,20 @@ def test_join_and_neighbors_carry_columns_that_name_the_rows() -> None:
     assert got["right_doc"].dtype == other["doc"].dtype
 
 
+def test_labels_keep_the_index_dtype() -> None:
+    """The labels of every result have the searched frame's index dtype: a categorical
+    index gives categorical labels in topk's match as in join's left and right."""
+    x = vectors(30)
+    pdf = frame(x).set_index(pd.CategoricalIndex([f"r{i}" for i in range(30)], name="key"))
+    for name, df in as_frames(pdf).items():
+        if name == "dask, repeated labels":
+            continue  # numbered from 0 there
+        want = pdf.index.dtype
+        assert computed(df.cosim.topk(x[:2], "emb", k=3))["match"].dtype == want, name
+        got = computed(df.cosim.neighbors("emb", k=2))
+        assert got["left"].dtype == got["right"].dtype == want, name
+
+
 def test_carried_columns_are_checked() -> None:
     df = frame(vectors())
     with pytest.raises(KeyError, match=r"columns: column 'idd' not found; did you mean 'id'"):
