@@ -313,12 +313,13 @@ def topk(
     --keep columns (e.g. an id).
     """
     from dask_cosim import runs
-    from dask_cosim.search import check_column
+    from dask_cosim.search import check_column, check_topk_columns
 
     df = runs.read_inputs(inputs, _READS)
     queries = runs.read_queries(queries_path, query_on, on)
     check_column(df, on, "on")
     runs.check_columns(df, keep, "--keep column")
+    check_topk_columns(keep, f"--keep {' '.join(keep)}", "the output has its own; keep others")
 
     def build() -> Callable[[], Any]:
         import dask

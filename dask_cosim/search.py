@@ -44,6 +44,15 @@ def _options() -> sg.Options:
     )
 
 
+def check_topk_columns(columns: Sequence[Hashable], what: str, fix: str) -> None:
+    """ValueError where a carried column of ``topk`` (``what`` they are) has the name of
+    a result column (query, rank, match, score): it would overwrite it; ``fix`` says what
+    to do."""
+    clash = sorted({str(c) for c in columns} & {"query", "rank", "match", "score"})
+    if clash:
+        raise ValueError(f"{what} would overwrite the result columns {clash}; {fix}")
+
+
 def check_column(frame: Any, column: Any, argument: str = "on") -> backends.VectorSpec:
     """What ``column`` of ``frame`` (dask, pandas or cudf: its metadata; the first rows
     only for a column of strings, to tell text from vectors written as text) holds, or
@@ -362,12 +371,9 @@ def topk(
     spec = check_column(df, on)
     columns = _carried(df, columns, "columns")
     _warn_if_labels_repeat([(df, "the frame", "'match'")] * (not columns))
-    clash = sorted({str(c) for c in columns} & {"query", "rank", "match", "score"})
-    if clash:
-        raise ValueError(
-            f"columns={columns!r} would overwrite the result columns {clash}; rename them "
-            "first (df.rename(columns=...))"
-        )
+    check_topk_columns(
+        columns, f"columns={columns!r}", "rename them first (df.rename(columns=...))"
+    )
     opts = _options()
     query = sp.query_side(queries, opts.eps)
     _check_dims(spec, f"column {on!r}", query.prep.dim, "the queries")

@@ -136,6 +136,22 @@ def test_input_errors_exit_2_before_a_cluster_starts(
     assert len(pd.read_parquet(folder)) == 300
 
 
+def test_topk_keep_named_like_a_result_column_exits_2_before_a_cluster_starts(
+    tmp_path: Path,
+) -> None:
+    x = np.eye(4, dtype=np.float32)
+    pq.write_table(
+        pa.table({"score": [1, 2, 3, 4], "emb": io.encode_vectors(x)}), tmp_path / "in.parquet"
+    )
+    np.save(tmp_path / "q.npy", x[:1])
+    proc = cli("topk", str(tmp_path / "in.parquet"), "--on", "emb", "--queries",
+               str(tmp_path / "q.npy"), "--keep", "score", "-o", str(tmp_path / "out"))  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert "--keep score would overwrite the result columns ['score']" in proc.stderr
+    assert "cluster     " not in proc.stderr  # the line describing a cluster started
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize(
     ("output", "removed", "message"),
     [
