@@ -110,6 +110,18 @@ def test_topk_queries_as_series_tensor_and_bad_shapes() -> None:
     assert len(pdf.cosim.topk(np.zeros((0, D)), "emb")) == 0
 
 
+def test_topk_read_only_queries_warn_nothing() -> None:
+    # Read-only arrays are common queries (np.load(mmap_mode="r"), pandas 3's to_numpy);
+    # torch.from_numpy warns on them, once per process.
+    x = vectors()
+    queries = x[[3, 11]].copy()
+    queries.flags.writeable = False
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = frame(x).cosim.topk(queries, "emb", k=1)
+    assert got["match"].tolist() == [33, 113]
+
+
 @pytest.mark.parametrize("npartitions", [1, 2])
 def test_topk_carries_columns_in_their_own_dtypes(npartitions: int) -> None:
     """Int64 with nulls (ids past 2**53 exact), categories, strings and booleans keep

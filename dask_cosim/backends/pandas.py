@@ -439,11 +439,12 @@ def _tensor_to_host_tensor(array: torch.Tensor) -> torch.Tensor:
 
 @to_host_tensor.register(object)
 def _array_to_host_tensor(array: Any) -> torch.Tensor:
-    """numpy arrays and anything ``np.asarray`` takes (nested lists)."""
+    """numpy arrays and anything ``np.asarray`` takes (nested lists); a C-contiguous numpy
+    array is shared, not copied (read-only ones too, without torch's warning)."""
     values = np.asarray(array)
     if values.dtype.kind not in "fiu":
         raise TypeError(
             f"queries of dtype {values.dtype} are not vectors of numbers; give a 2-D "
             "numpy/cupy array or torch tensor (n, D), or a Series of vectors"
         )
-    return torch.from_numpy(np.ascontiguousarray(values))
+    return _as_tensor(np.ascontiguousarray(values))
