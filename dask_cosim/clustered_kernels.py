@@ -27,7 +27,7 @@ Rounding, derived rather than guessed (u = 2**-24, float32's unit roundoff):
 - a float32 product of D terms is within ``gamma_D = D*u' / (1 - D*u')`` of the exact sum of
   products of its inputs (any summation order, fused multiply-adds included), where u' is
   the unit roundoff of the product's inputs: u for IEEE float32, 2**-11 for TF32 and
-  2**-8 for bfloat16 (torch's float32 matmul precision "highest", "high", "medium");
+  2**-8 for bfloat16 (as torch is set: :func:`~dask_cosim.search_precision.float32_matmul`);
 
 so a computed score ``s`` is within ``delta = gamma_D (1 + e_d)(1 + c_u) + e_d (1 + c_u) + c_u``
 of ``cos(x, z)`` (:func:`product_error`).  Bounds then use ``arccos(s + delta) <= angle <=
@@ -51,6 +51,7 @@ import numpy as np
 import torch
 
 from dask_cosim import search_kernels as sk
+from dask_cosim import search_precision as sp
 from dask_cosim._search_sweep import by_rows
 
 __all__ = [
@@ -60,6 +61,7 @@ __all__ = [
     "cluster_stats",
     "directions",
     "floors",
+    "matmul_inputs",
     "nearest",
     "product_error",
     "route",
@@ -73,14 +75,22 @@ U64 = 2.0**-53
 ANGLE_SLACK = 2.0**-46
 
 
-_INPUT_ROUNDOFF = {"highest": U32, "high": 2.0**-11, "medium": 2.0**-8}
+_INPUT_ROUNDOFF = {"ieee": U32, "tf32": 2.0**-11, "bf16": 2.0**-8}
+
+
+def matmul_inputs() -> str:
+    """What torch's float32 products may round their inputs to as it is set now ("ieee",
+    "tf32" or "bf16"): the plan's products and the workers' may run on different devices,
+    so the setting that rounds most on either counts (both derive the same delta)."""
+    kinds = (sp.float32_matmul(device) for device in ("cpu", "cuda"))
+    return max(kinds, key=sp.FLOAT32_MATMUL.index)
 
 
 def product_error(dim: int, err: float = 8.0 * U32) -> float:
     """delta: the largest difference between a computed float32 score of a direction row
     (within ``err`` of its exact direction: :func:`directions`) and a centroid, and the
     cosine of their exact directions (module docstring)."""
-    u_in = _INPUT_ROUNDOFF.get(torch.get_float32_matmul_precision(), 2.0**-8)
+    u_in = _INPUT_ROUNDOFF[matmul_inputs()]
     n_u = dim * u_in
     if n_u >= 0.5:
         raise ValueError(f"vectors of {dim} values are too long for float32 bounds")

@@ -276,9 +276,10 @@ def route_partition(
     d, usable, delta = _usable(prep)
     if delta > layout.delta:
         raise RuntimeError(
-            f"torch's float32 matmul precision here is {torch.get_float32_matmul_precision()!r}, "
-            "lower than where the cluster radii were computed; set the same "
-            "torch.set_float32_matmul_precision on every worker"
+            f"torch's float32 matrix products here may round their inputs to {ck.matmul_inputs()}, "
+            "more than where the cluster radii were computed; give every worker the same "
+            "torch float32 matmul settings (torch.set_float32_matmul_precision or "
+            "torch.backends' fp32_precision)"
         )
     home, prow, pclu = ck.route(
         d, layout.centroids.to(d.device), layout.floor.to(d.device), layout.threshold,

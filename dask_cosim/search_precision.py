@@ -36,12 +36,14 @@ from dataclasses import dataclass
 import torch
 
 __all__ = [
+    "FLOAT32_MATMUL",
     "KINDS",
     "PRECISIONS",
     "TAU",
     "U_ACC",
     "LowRows",
     "down32",
+    "float32_matmul",
     "kappa",
     "kind_for",
     "low_scores",
@@ -249,14 +251,38 @@ def bound_matrix(a: LowRows, b: LowRows) -> torch.Tensor:
     return a.coef[:, None] * b.rho[None, :] + a.nu[:, None] * b.err[None, :] + TAU
 
 
+# What torch may round float32 matrix products' inputs to, least rounding first.
+FLOAT32_MATMUL = ("ieee", "tf32", "bf16")
+_LEGACY_MATMUL = {"highest": "ieee", "high": "tf32", "medium": "bf16"}
+
+
+def float32_matmul(device_type: str) -> str:
+    """How torch's float32 matrix products on ``device_type`` ("cuda", else the CPU's
+    oneDNN) treat their inputs as torch is set now: one of :data:`FLOAT32_MATMUL`, the
+    most rounding any of its settings allows.
+
+    torch 2.9 added per-backend ``fp32_precision`` settings ("none" inherits: the
+    operation's, then the backend's, then ``torch.backends.fp32_precision``), and
+    ``torch.get_float32_matmul_precision`` raises once they disagree with it: both are
+    read, that one only where it answers, so torch before 2.9 and either way of setting
+    it give the same answer."""
+    backend = torch.backends.cuda if device_type == "cuda" else torch.backends.mkldnn
+    kinds = []
+    for owner in (getattr(backend, "matmul", None), backend, torch.backends):
+        setting = getattr(owner, "fp32_precision", None)
+        if setting in FLOAT32_MATMUL:
+            kinds.append(setting)
+            break
+    try:
+        kinds.append(_LEGACY_MATMUL.get(torch.get_float32_matmul_precision(), "bf16"))
+    except RuntimeError:  # the per-backend settings were set: they are the truth
+        pass
+    return max(kinds, key=FLOAT32_MATMUL.index, default="ieee")
+
+
 def _ieee_float32(device: torch.device) -> bool:
     """Whether float32 products on ``device`` are IEEE (not TF32 or bfloat16 inside)."""
-    if torch.get_float32_matmul_precision() != "highest":
-        return False
-    if device.type == "cuda":
-        return not torch.backends.cuda.matmul.allow_tf32
-    mkldnn = getattr(torch.backends.mkldnn, "matmul", None)
-    return getattr(mkldnn, "fp32_precision", "none") in ("none", "ieee")
+    return float32_matmul(device.type) == "ieee"
 
 
 def low_scores(a: LowRows, b: LowRows) -> torch.Tensor:

@@ -29,6 +29,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.dataset as pads
 import pyarrow.parquet as pq
+import pytest
 import torch
 
 import dask_cosim
@@ -211,6 +212,38 @@ def device_to_host_bytes(run: Any, tmp_path: Path) -> tuple[int, int]:
     events = json.loads(trace.read_text())["traceEvents"]
     copies = [e for e in events if e.get("cat") == "gpu_memcpy" and "DtoH" in e.get("name", "")]
     return len(copies), sum(int(e.get("args", {}).get("bytes", 0)) for e in copies)
+
+
+# torch's per-backend float32 matmul settings (torch >= 2.9), parents before children: a
+# parent's value reaches the children left at "none" when set.
+FP32_PRECISION_SETTINGS = {
+    "generic": lambda: torch.backends,
+    "mkldnn": lambda: torch.backends.mkldnn,
+    "mkldnn.matmul": lambda: torch.backends.mkldnn.matmul,
+    "cuda.matmul": lambda: torch.backends.cuda.matmul,
+}
+needs_fp32_precision = pytest.mark.skipif(
+    not hasattr(torch.backends.cuda.matmul, "fp32_precision"),
+    reason="torch before 2.9 has no per-backend fp32_precision settings",
+)
+
+
+@contextmanager
+def fp32_precision(**settings: str) -> Iterator[None]:
+    """torch's ``fp32_precision`` settings (keys of FP32_PRECISION_SETTINGS with "." as
+    "_") set the new way, from torch's defaults (all "none": a child set before keeps its
+    value), while the block runs; all of them as they were afterwards."""
+    owners = [get() for get in FP32_PRECISION_SETTINGS.values()]
+    saved = [owner.fp32_precision for owner in owners]
+    try:
+        for owner in owners:
+            owner.fp32_precision = "none"
+        for name, value in settings.items():
+            FP32_PRECISION_SETTINGS[name.replace("_", ".")]().fp32_precision = value
+        yield
+    finally:
+        for owner, value in zip(owners, saved):
+            owner.fp32_precision = value
 
 
 def hide_numba(monkeypatch: Any) -> None:

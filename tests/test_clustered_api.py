@@ -23,7 +23,14 @@ from dask_cosim import clustered_kernels as ck
 from dask_cosim._cli import log_steps
 from dask_cosim.cli import main
 from dask_cosim.datasets import embedding_arrays, make_embeddings
-from tests.helpers import as_column, counting_computes, spy_on_reads, to_dask
+from tests.helpers import (
+    as_column,
+    counting_computes,
+    fp32_precision,
+    needs_fp32_precision,
+    spy_on_reads,
+    to_dask,
+)
 
 
 @pytest.fixture(scope="module")
@@ -85,6 +92,29 @@ def test_clustered_removed_rows_equal_exact(pdf: pd.DataFrame) -> None:
             # Which earlier row each removed row names: the same float64 rule, ties alike.
             pd.testing.assert_frame_equal(removed[["left", "right"]], expected[["left", "right"]])
             np.testing.assert_allclose(removed["score"], expected["score"], rtol=1e-12, atol=0)
+
+
+@needs_fp32_precision
+def test_clustered_under_torch_per_backend_float32_settings(pdf: pd.DataFrame) -> None:
+    """TF32 products on CUDA set torch 2.9's new way, which makes
+    torch.get_float32_matmul_precision raise: the bounds widen for TF32 inputs, and the
+    answer stays the exact one."""
+    want = pdf.cosim.neighbors("emb", threshold=0.9)
+    ieee = ck.product_error(16)
+    with fp32_precision(cuda_matmul="tf32"):
+        assert ck.product_error(16) > 100 * ieee
+        got = pdf.cosim.neighbors("emb", threshold=0.9, method="clustered", clusters=12)
+    pd.testing.assert_frame_equal(
+        got.reset_index(drop=True)[["left", "right"]],
+        want.reset_index(drop=True)[["left", "right"]],
+    )
+    # Planned with IEEE products, computed with TF32 ones: the radii do not cover that.
+    lazy = to_dask(pdf, 2).cosim.neighbors("emb", threshold=0.9, method="clustered", clusters=12)
+    with (
+        fp32_precision(cuda_matmul="tf32"),
+        pytest.raises(RuntimeError, match="may round their inputs to tf32, more than where"),
+    ):
+        lazy.compute(scheduler="sync")
 
 
 def test_clustered_list_column_with_empty_partitions(pdf: pd.DataFrame) -> None:

@@ -30,7 +30,9 @@ from tests.helpers import (
     check_topk,
     expected_pair_set,
     expected_topk,
+    fp32_precision,
     low_sides,
+    needs_fp32_precision,
 )
 
 
@@ -152,9 +154,36 @@ def test_reduced_precision_float32_products_fall_back_to_float64() -> None:
     torch.set_float32_matmul_precision("medium")
     try:
         got = sp.low_scores(low, low)
+        kinds = sp.float32_matmul("cpu"), sp.float32_matmul("cuda")
     finally:
         torch.set_float32_matmul_precision(old)
     assert (got - want).abs().max() < 1e-5
+    assert kinds == ("bf16", "bf16")
+
+
+@needs_fp32_precision
+@pytest.mark.parametrize(
+    ("settings", "cpu", "cuda"),
+    [
+        ({}, "ieee", "ieee"),
+        ({"cuda_matmul": "tf32"}, "ieee", "tf32"),
+        ({"mkldnn_matmul": "bf16"}, "bf16", "ieee"),
+        ({"generic": "tf32", "cuda_matmul": "ieee"}, "tf32", "ieee"),
+    ],
+)
+def test_torch_per_backend_float32_settings_are_read(
+    settings: dict[str, str], cpu: str, cuda: str
+) -> None:
+    """torch 2.9's fp32_precision settings: torch.get_float32_matmul_precision raises once
+    they are used, and what they allow decides how the products are accumulated."""
+    x = torch.randn(20, 64)
+    _, low = low_sides(x, None)
+    want = sp.low_scores(low, low)
+    with fp32_precision(**settings):
+        got = sp.low_scores(low, low)
+        kinds = sp.float32_matmul("cpu"), sp.float32_matmul("cuda")
+    assert (got - want).abs().max() < 1e-5
+    assert kinds == (cpu, cuda)
 
 
 rows_strategy = hnp.arrays(
