@@ -39,6 +39,8 @@ __all__ = [
     "PARALLEL_MIN_WORK",
     "DirectPart",
     "NumbaPairs",
+    "PairLimit",
+    "TooManyPairs",
     "TopkPart",
     "TorchPairs",
     "by_rows",
@@ -182,15 +184,43 @@ DIRECT_BLOCK_ROWS = 16384
 _MODES = {None: 0, "upper": 1, "exclude_self": 2}
 
 
+class TooManyPairs(Exception):
+    """Raised by :meth:`PairLimit.add` once ``found`` pairs exceed its ``most``."""
+
+    def __init__(self, found: int, most: int) -> None:
+        super().__init__(f"{found} pairs found, more than {most}")
+        self.found, self.most = found, most
+
+
+class PairLimit:
+    """The most pairs a search may collect, counted tile by tile over every part (and
+    every call it is handed to): a search that would hold more stops with
+    :class:`TooManyPairs` as soon as a tile passes the limit, before its buffers grow."""
+
+    def __init__(self, most: int) -> None:
+        self.most, self.found = most, 0
+        self._lock = threading.Lock()
+
+    def add(self, n: int) -> None:
+        with self._lock:
+            self.found += n
+            found = self.found
+        if found > self.most:
+            raise TooManyPairs(found, self.most)
+
+
 class _Pairs:
     """Pair collection's common state: the rows' bars ``low`` (float32, inf for invalid
     rows), the columns' validity, and for ``mode`` "upper" / "exclude_self" each row's
-    own position ``pos`` among the columns (keep only later columns / not itself)."""
+    own position ``pos`` among the columns (keep only later columns / not itself);
+    ``limit``: the most pairs to collect, or None."""
 
     def __init__(
-        self, low: torch.Tensor, valid: torch.Tensor, pos: torch.Tensor, mode: str | None, tq: int
-    ) -> None:
+        self, low: torch.Tensor, valid: torch.Tensor, pos: torch.Tensor, mode: str | None, tq: int,
+        limit: PairLimit | None = None,
+    ) -> None:  # fmt: skip
         self.low, self.valid, self.pos, self.mode = low, valid, pos, _MODES[mode]
+        self.limit = limit
         # The smallest position of each block of tq rows: "upper" skips the tiles that
         # lie wholly on or below the diagonal.
         n = len(pos)
@@ -209,9 +239,9 @@ class NumbaPairs(_Pairs):
 
     def __init__(
         self, fast: ModuleType, low: torch.Tensor, valid: torch.Tensor, pos: torch.Tensor,
-        mode: str | None, tq: int, tr: int,
+        mode: str | None, tq: int, tr: int, limit: PairLimit | None = None,
     ) -> None:  # fmt: skip
-        super().__init__(low, valid, pos, mode, tq)
+        super().__init__(low, valid, pos, mode, tq, limit)
         self.fast = fast
         self.np_low, self.np_valid, self.np_pos = low.numpy(), valid.numpy(), pos.numpy()
         self.n = 0
@@ -234,7 +264,9 @@ class NumbaPairs(_Pairs):
                 self.i, self.j, self.s, self.n,
             )  # fmt: skip
             if n >= 0:
-                self.n = n
+                added, self.n = n - self.n, n
+                if self.limit is not None:
+                    self.limit.add(added)
                 return
             self._grow(2 * len(self.i) + tile.size)
 
@@ -252,9 +284,9 @@ class TorchPairs(_Pairs):
 
     def __init__(
         self, low: torch.Tensor, valid: torch.Tensor, pos: torch.Tensor, mode: str | None,
-        tq: int, identity: bool, all_valid: bool,
+        tq: int, identity: bool, all_valid: bool, limit: PairLimit | None = None,
     ) -> None:  # fmt: skip
-        super().__init__(low, valid, pos, mode, tq)
+        super().__init__(low, valid, pos, mode, tq, limit)
         self.identity, self.all_valid = identity, all_valid
         self.out: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
 
@@ -277,6 +309,8 @@ class TorchPairs(_Pairs):
             pos = self.pos[ii + a0]
             flat = flat[(cols > pos) if self.mode == 1 else (cols != pos)]
         if len(flat):
+            if self.limit is not None:
+                self.limit.add(len(flat))
             ii = torch.div(flat, c1 - c0, rounding_mode="floor")
             self.out.append((ii + a0, flat - ii * (c1 - c0) + c0, s.view(-1)[flat]))
 

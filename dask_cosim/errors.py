@@ -18,6 +18,7 @@ __all__ = [
     "ACCEPTED",
     "QueryWarning",
     "RepeatedLabelsWarning",
+    "ResultTooLargeError",
     "StringColumnError",
     "binary_column",
     "cell_not_vector",
@@ -130,6 +131,12 @@ class StringColumnError(TypeError):
         super().__init__(message)
         self.dtype = dtype
         self.sample = sample
+
+
+class ResultTooLargeError(RuntimeError):
+    """A task of a search found more pairs than ``cosim.search.max-result-bytes`` lets it
+    hold (:mod:`dask_cosim.search_budget` says how much and why); raised on the worker
+    in place of running it out of memory.  Not a MemoryError: nothing should retry it."""
 
 
 # str() of a numpy array, torch tensor or list: "[0.1 0.2 ...]", "tensor([[0.1], ...".

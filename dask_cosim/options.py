@@ -42,6 +42,7 @@ __all__ = [
     "positive_int",
     "search_k",
     "search_max_blocks",
+    "search_max_result_bytes",
     "search_method",
     "search_precision",
     "search_split_every",
@@ -170,6 +171,16 @@ def search_max_blocks(value: Any = None) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
         raise ValueError(f"cosim.search.max-blocks={value!r} must be an integer >= 1, e.g. 64")
     return int(value)
+
+
+def search_max_result_bytes(value: Any = None) -> int | str:
+    """Config ``cosim.search.max-result-bytes``: "auto" (a share of the memory of the
+    worker that runs each task, :mod:`dask_cosim.search_budget`) or a positive size in
+    bytes (an int)."""
+    value = _given(value, "search.max-result-bytes")
+    if value == "auto":
+        return "auto"
+    return _positive_size(value, "cosim.search.max-result-bytes", "'auto' or '2GiB'")
 
 
 @dataclass(frozen=True)

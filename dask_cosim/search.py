@@ -29,6 +29,7 @@ from dask_cosim import search_dedup as sd
 from dask_cosim import search_graph as sg
 from dask_cosim import search_partition as sp
 from dask_cosim import search_results as sr
+from dask_cosim.search_budget import Budget
 
 __all__ = ["check_column", "dedup", "groups", "join", "neighbors", "prepare", "topk"]
 
@@ -41,6 +42,7 @@ def _options() -> sg.Options:
         split_every=options.search_split_every(),
         precision=options.search_precision(),
         max_blocks=options.search_max_blocks(),
+        max_result_bytes=options.search_max_result_bytes(),
     )
 
 
@@ -82,9 +84,12 @@ def _check_dims(spec_a: backends.VectorSpec, what_a: str, dim_b: int | None, wha
         raise errors.dims_differ(what_a, spec_a.dim, what_b, dim_b)
 
 
-def _combine(k: int | None) -> Callable[..., Any]:
-    """How partial pair frames of one left partition merge: the k best, or all of them."""
-    return sr.concat_pairs if k is None else functools.partial(sr.merge_topk, k)
+def _combine(k: int | None, budget: Budget | None = None) -> Callable[..., Any]:
+    """How partial pair frames of one left partition merge: the k best, or all of them
+    (as many as ``budget`` allows one task)."""
+    if k is not None:
+        return functools.partial(sr.merge_topk, k)
+    return sr.concat_pairs if budget is None else functools.partial(sr.concat_within, budget)
 
 
 def _carried(frame: Any, columns: Hashable | Sequence[Hashable] | None, argument: str) -> list[Any]:
@@ -173,6 +178,7 @@ def join(
     exact = score_dtype == np.float64
     build = sg.Builder(dask.is_dask_collection(left) or dask.is_dask_collection(right))
     rsides = sg.sides(build, right, right_on, opts, rcols)
+    budget = None if k is not None else Budget(opts.max_result_bytes, "join", on, threshold)
     outs = []
     for lside in sg.sides(build, left, on, opts, lcols):
         if k is not None:
@@ -182,10 +188,10 @@ def join(
             pair = build(sp.pair_threshold)
             pieces = [
                 pair(lside, r, threshold, opts.tile_bytes, exact_scores=exact,
-                     precision=opts.precision)
+                     precision=opts.precision, budget=budget)
                 for r in rsides
             ]  # fmt: skip
-        merged = build.tree(pieces, _combine(k), opts.split_every)
+        merged = build.tree(pieces, _combine(k, budget), opts.split_every)
         outs.append(build(sr.finish_pairs)(merged, meta, k is not None, like, carried))
     return build.collect(outs, backends.frame_like(meta, like))
 
@@ -218,6 +224,7 @@ def neighbors(
     build = sg.Builder(dask.is_dask_collection(df))
     sides = sg.sides(build, df, on, opts, cols)
     n = len(sides)
+    budget = None if k is not None else Budget(opts.max_result_bytes, "neighbors", on, threshold)
     pieces: list[list[Any]] = [[] for _ in range(n)]
     for i in range(n):
         for j in range(i, n):
@@ -233,11 +240,11 @@ def neighbors(
                 pair = build(sp.pair_threshold)
                 pieces[i].append(
                     pair(sides[i], other, threshold, opts.tile_bytes, exact_scores=exact,
-                         precision=opts.precision)
+                         precision=opts.precision, budget=budget)
                 )  # fmt: skip
-    finish = build(sr.finish_pairs)
+    finish, combine = build(sr.finish_pairs), _combine(k, budget)
     outs = [
-        finish(build.tree(p, _combine(k), opts.split_every), meta, k is not None, like, carried)
+        finish(build.tree(p, combine, opts.split_every), meta, k is not None, like, carried)
         for p in pieces
     ]
     return build.collect(outs, backends.frame_like(meta, like))
@@ -271,14 +278,16 @@ def dedup(
     sides = sg.sides(build, df, on, opts, cols, frames)
     lengths = [build(len)(f) for f in frames] if len(frames) > len(sides) else None
     like = sg.meta_of(df)
+    budget = Budget(opts.max_result_bytes, "dedup", on, threshold_value)
     if return_removed:
         meta = sp.result_meta(like.index, like.index, sp.score_dtype(spec), False, dtypes)
-        pair = functools.partial(build(sd.earlier_matches), precision=opts.precision)
+        pair = functools.partial(build(sd.earlier_matches), precision=opts.precision,
+                                 budget=budget)  # fmt: skip
         combine: Callable[..., Any] = sd.best_matches
         drop: Callable[..., Any] = sd.drop_matched
     else:
         pair = functools.partial(build(sp.pair_threshold), positions=True,
-                                 precision=opts.precision)  # fmt: skip
+                                 precision=opts.precision, budget=budget)  # fmt: skip
         combine, drop = sr.union_positions, sr.drop_rows
     outs, removed = [], []
     for j, (a, b) in enumerate(sg.block_bounds(len(frames), opts.max_blocks)):
@@ -324,14 +333,17 @@ def groups(df: Any, on: str, threshold: float, *, name: str = "group") -> Any:
     frames = build.partitions(df)
     sides = sg.sides(build, df, on, opts, frames=frames)
     n = len(sides)
-    edge = functools.partial(build(sd.earlier_matches), precision=opts.precision, edges=True)
+    budget = Budget(opts.max_result_bytes, "groups", on, threshold_value)
+    edge = functools.partial(build(sd.earlier_matches), precision=opts.precision, edges=True,
+                             budget=budget)  # fmt: skip
     edges = [
         edge(sides[i], sides[j] if j > i else None, threshold_value, opts.tile_bytes)
         for i in range(n)
         for j in range(i, n)
     ]
     rows = [build(sd.side_rows)(side) for side in sides]
-    all_edges = build.tree(edges, sd.concat_edges, opts.split_every)
+    concat = functools.partial(sd.concat_edges, budget)
+    all_edges = build.tree(edges, concat, opts.split_every)
     # One task holds every edge: the components need the whole graph.
     found = build(sd.components, nout=n)(rows, all_edges)
     lengths = [build(len)(f) for f in frames] if len(frames) > n else None

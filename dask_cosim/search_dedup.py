@@ -25,6 +25,7 @@ import pandas as pd
 
 from dask_cosim import search_partition as sp
 from dask_cosim import search_results as sr
+from dask_cosim.search_budget import Budget
 
 __all__ = [
     "best_matches",
@@ -48,13 +49,15 @@ def earlier_matches(
     precision: str = "fp32",
     *,
     edges: bool = False,
+    budget: Budget | None = None,
 ) -> Any:
     """For each row of ``r`` (of ``q`` when ``r`` is None: then only earlier rows of
     ``q`` count) with a row of ``q`` scoring at least ``threshold``: the best such row
     (float64 score, ties to the earlier row), one pair per right row; with ``edges``
-    every such pair instead, as an (E, 2) array of the two rows' ordering keys."""
+    every such pair instead, as an (E, 2) array of the two rows' ordering keys.
+    ``budget``: as :func:`~dask_cosim.search_partition.pair_threshold` takes it."""
     pairs = sp.pair_threshold(q, r, threshold, tile_bytes, exact_scores=not edges,
-                              precision=precision)  # fmt: skip
+                              precision=precision, budget=budget)  # fmt: skip
     pairs["_lkey"] = (np.int64(q.part) << sp.POS_BITS) + pairs["_l"].to_numpy(np.int64)
     if edges:
         return pairs[["_lkey", "_key"]].to_numpy(np.int64).reshape(-1, 2)
@@ -88,7 +91,12 @@ def drop_matched(df: Any, best: pd.DataFrame, *before: int) -> Any:
     return sr.drop_rows(df, np.sort(best["_key"].to_numpy() & _POSITION_MASK), *before)
 
 
-def concat_edges(*parts: np.ndarray) -> np.ndarray:
+def concat_edges(budget: Budget, *parts: np.ndarray) -> np.ndarray:
+    """The edges of ``parts`` in one array, once ``budget`` allows them in one task (the
+    components take about :data:`~dask_cosim.search_budget.PAIR_BYTES` per edge)."""
+    budget.check(
+        sum(len(p) for p in parts), "the merge of every pair, which groups needs in one task"
+    )
     return np.concatenate(parts)
 
 

@@ -36,6 +36,7 @@ class Options:
     split_every: int
     precision: str
     max_blocks: int
+    max_result_bytes: int | str
 
 
 def meta_of(obj: Any) -> Any:

@@ -45,6 +45,7 @@ from dask_cosim._search_sweep import (
     DIRECT_MAX_QUERIES,
     DirectPart,
     NumbaPairs,
+    PairLimit,
     TopkPart,
     TorchPairs,
     by_rows,
@@ -327,6 +328,7 @@ def threshold_pairs(
     exact_scores: bool = True,
     precision: str = "fp32",
     bfloat16: bool | None = None,
+    limit: PairLimit | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Every pair with float64 cos(q[i], r[j]) >= threshold: (i, j, score), unsorted.
 
@@ -340,14 +342,22 @@ def threshold_pairs(
     as for :func:`topk` (on CUDA: one threshold for all rows, no ``row_pos``), and so is
     ``bfloat16``: the pairs of bfloat16 tiles within their bound of the threshold are
     all re-scored (every score is then the float64 one).
+
+    ``limit`` counts the candidate pairs (those near or above the threshold) as tiles
+    find them and raises :class:`~dask_cosim._search_sweep.TooManyPairs` past its most;
+    on CUDA with ``precision`` "exact" or "fast", once the pairs are found (before they
+    leave the device).
     """
     if precision != "fp32" and q.unit.device.type == "cuda" and row_pos is None:
         from dask_cosim import search_twopass
 
         exact = precision == "exact"
-        return search_twopass.threshold_prepared(
+        pairs = search_twopass.threshold_prepared(
             q, r, float(threshold), mode=mode, exact_scores=exact_scores, exact=exact
         )
+        if limit is not None:
+            limit.add(len(pairs[0]))
+        return pairs
     device = q.unit.device
     nq, nr = len(q), len(r)
     empty = torch.zeros(0, dtype=torch.int64, device=device)
@@ -377,9 +387,11 @@ def threshold_pairs(
     tq, tr = tiles(nq, nr, tile_bytes, 1 if fast is None else fast.BLOCK)
     make: Callable[[], NumbaPairs | TorchPairs]
     if fast is not None:
-        make = lambda: NumbaPairs(fast, low32, r.valid, pos, mode, tq, tr)  # noqa: E731
+        make = lambda: NumbaPairs(fast, low32, r.valid, pos, mode, tq, tr, limit)  # noqa: E731
     else:
-        make = lambda: TorchPairs(low32, r.valid, pos, mode, tq, identity, r.all_valid)  # noqa: E731
+        make = lambda: TorchPairs(  # noqa: E731
+            low32, r.valid, pos, mode, tq, identity, r.all_valid, limit
+        )
     parts: list[NumbaPairs | TorchPairs] = sweep(qa, ra, tq, tr, make, fast is not None)
     found = [part.result() for part in parts]
     with torch.no_grad():

@@ -24,6 +24,7 @@ import torch
 
 from dask_cosim import backends, errors, partition, search_twopass, staging
 from dask_cosim import search_kernels as sk
+from dask_cosim.search_budget import Budget, collecting
 
 __all__ = [
     "COMPANIONS",
@@ -360,6 +361,7 @@ def pair_threshold(
     exact_scores: bool = False,
     positions: bool = False,
     precision: str = "fp32",
+    budget: Budget | None = None,
 ) -> Any:
     """Every pair (row of ``q``, row of ``r``) scoring at least ``threshold``.
 
@@ -368,23 +370,29 @@ def pair_threshold(
     Returns the pairs as a frame (float64 scores with ``exact_scores``, else float32 ones
     away from the threshold), or with ``positions`` only the sorted positions in ``r``
     (``q`` when ``r`` is None) of the right rows: those dedup drops.  With ``precision``
-    "exact" on CUDA every reported score is the float64 one.
+    "exact" on CUDA every reported score is the float64 one.  ``budget``: the pairs the
+    task may hold, past which it raises :class:`~dask_cosim.errors.ResultTooLargeError`.
     """
     other = q if r is None else r
     sides = _aligned(q, other)
     if sides is None:
         return np.zeros(0, dtype=np.int64) if positions else _empty_pairs(q, other)
     qp, rp = sides
-    i, j, s = sk.threshold_pairs(
-        qp,
-        rp,
-        threshold,
-        tile_bytes=_tile_bytes(tile_bytes, rp.unit.device),
-        mode="upper" if r is None else None,
-        # Positions need only the pair set; a float16 pass's score is no score to report.
-        exact_scores=(exact_scores or precision == "exact") and not positions,
-        precision=precision,
+    where = f"the task of partition {q.part} " + (
+        "with itself" if r is None else f"with partition {other.part} of the other side"
     )
+    with collecting(budget, where) as limit:
+        i, j, s = sk.threshold_pairs(
+            qp,
+            rp,
+            threshold,
+            tile_bytes=_tile_bytes(tile_bytes, rp.unit.device),
+            mode="upper" if r is None else None,
+            # Positions need only the pair set; a float16 pass's score is none to report.
+            exact_scores=(exact_scores or precision == "exact") and not positions,
+            precision=precision,
+            limit=limit,
+        )
     if positions:
         return np.unique(j.cpu().numpy())
     return _pairs_frame(q, other, i, j, s)

@@ -1,0 +1,121 @@
+"""How many pairs one task of a threshold search may hold, and the error past that.
+
+A threshold search (``join`` / ``neighbors`` with ``threshold`` alone, and the pairs
+``dedup`` and ``groups`` scan) returns every pair scoring at or above the threshold: its
+size grows with the pairs found, not with the rows, and a low threshold on real
+embeddings finds a sizeable fraction of all N x M pairs.  Each task counts its pairs as
+its tiles find them (:class:`~dask_cosim._search_sweep.PairLimit`) and stops with
+:class:`~dask_cosim.errors.ResultTooLargeError` once they would take more than
+``cosim.search.max-result-bytes``, instead of running its worker out of memory (which
+dask answers by restarting the worker, then ``KilledWorker``, without a word about why).
+
+Pairs are counted at :data:`PAIR_BYTES` each, what one takes in a task's frame of
+pairs.  Building that frame and sorting it take about 2.5 times as much at their peak
+(measured), hence the share "auto" takes: :data:`AUTO_SHARE` of the memory of one
+thread, the worker's memory limit over its threads (distributed), else the memory
+available over the CPUs (local schedulers, eager frames).  Read on the worker that runs
+the task.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from dask.utils import format_bytes
+
+from dask_cosim._search_sweep import PairLimit, TooManyPairs
+from dask_cosim.errors import ResultTooLargeError
+
+__all__ = ["AUTO_SHARE", "PAIR_BYTES", "Budget", "collecting"]
+
+# Bytes of one pair in a task's frame of pairs: the left row's position and ordering
+# key, two int64 labels and the score (carried columns come on top).
+PAIR_BYTES = 40
+# "auto": the pairs of one task may take this fraction of one thread's memory.
+AUTO_SHARE = 1 / 8
+
+
+@dataclass(frozen=True)
+class Budget:
+    """What the tasks of one search may hold: ``setting`` is
+    ``cosim.search.max-result-bytes`` as :func:`dask_cosim.options.search_max_result_bytes`
+    checked it ("auto" or bytes, part of the graph's keys); ``op``, ``column`` and
+    ``threshold`` name the search in the error."""
+
+    setting: int | str
+    op: str
+    column: str
+    threshold: float | None
+
+    def allowed(self) -> tuple[int, str]:
+        """The bytes one task may hold here, and where that number comes from."""
+        key = f"cosim.search.max-result-bytes={self.setting!r}"
+        if self.setting != "auto":
+            return int(self.setting), key
+        memory, threads, what = _memory()
+        share = int(memory * AUTO_SHARE / threads)
+        per = f"1/{round(1 / AUTO_SHARE)} of {what} ({format_bytes(memory)})"
+        return share, f"{key}: {per} per thread, {threads} thread{'s' * (threads > 1)}"
+
+    def limit(self) -> PairLimit:
+        return PairLimit(self.allowed()[0] // PAIR_BYTES)
+
+    def check(self, found: int, where: str) -> None:
+        """Raise the error when ``found`` pairs are more than one task may hold."""
+        if found > self.allowed()[0] // PAIR_BYTES:
+            raise self.error(found, where)
+
+    def error(self, found: int, where: str) -> ResultTooLargeError:
+        allowed, why = self.allowed()
+        fixes = ["raise the threshold"]
+        if self.op in ("join", "neighbors"):
+            fixes.append("give k= to keep each row's k best matches")
+        if self.op != "groups":  # its components need every pair in one task
+            fixes.append(
+                "split the frame into more partitions (fewer pairs per task; a side is "
+                "cut into at most cosim.search.max-blocks blocks)"
+            )
+        fixes.append("set a larger cosim.search.max-result-bytes where the workers have the memory")
+        return ResultTooLargeError(
+            f"{self.op}(threshold={self.threshold!r}) on column {self.column!r}: {where} "
+            f"found {found:,} pairs ({format_bytes(found * PAIR_BYTES)} at {PAIR_BYTES} "
+            f"bytes a pair), more than one task may hold, {format_bytes(allowed)} ({why}); "
+            "stopped before its worker runs out of memory. A threshold search's result "
+            f"grows with the pairs found, not with the rows: {', '.join(fixes[:-1])}, or "
+            f'{fixes[-1]} (docs/similarity-search.md, "Memory")'
+        )
+
+
+@contextmanager
+def collecting(budget: Budget | None, where: str) -> Iterator[PairLimit | None]:
+    """The limit to hand a search's kernels (None: no ``budget``), its
+    :class:`~dask_cosim._search_sweep.TooManyPairs` turned into ``budget``'s error,
+    naming the task by ``where`` ("partitions 0 and 3")."""
+    if budget is None:
+        yield None
+        return
+    try:
+        yield budget.limit()
+    except TooManyPairs as stop:
+        raise budget.error(stop.found, where) from None
+
+
+def _memory() -> tuple[int, int, str]:
+    """(bytes, threads sharing them, what they are): the memory limit of the worker
+    running this task, else the memory available now and the CPUs."""
+    try:
+        from distributed import get_worker
+
+        worker = get_worker()
+        limit = worker.memory_manager.memory_limit
+        if limit:
+            return int(limit), max(1, worker.state.nthreads), "the worker's memory limit"
+    except (ImportError, ValueError, AttributeError):
+        pass
+    import psutil
+
+    available = psutil.virtual_memory().available
+    return int(available), max(1, os.cpu_count() or 1), "the memory available"
