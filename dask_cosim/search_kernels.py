@@ -93,8 +93,9 @@ _NEG_INF = float("-inf")
 
 @dataclass
 class TopK:
-    """Per query row its best rows: ``index`` (n, k) int64 positions (-1: none) and
-    ``score`` (n, k) float64 (-inf: none), sorted by score descending, then position."""
+    """Per query row its best rows: ``index`` (n, w) int64 positions (-1: none) and
+    ``score`` (n, w) float64 (-inf: none), sorted by score descending, then position;
+    w is k, or fewer where the other side has fewer rows."""
 
     index: torch.Tensor
     score: torch.Tensor
@@ -281,10 +282,13 @@ def topk(
     fast = numba_kernels() if q.unit.device.type == "cpu" and max(nq, nr) < 2**31 else None
 
     def state(n: int, own: torch.Tensor, other: torch.Tensor, same: bool = False) -> Any:
+        # No row has more candidates than the other side has rows: a k beyond them would
+        # only allocate (k=10**6 for 2,000 queries: a 15 GiB state).
+        width = min(kk, max(1, len(other)))
         return (
-            Running(n, kk, own, other, same)
+            Running(n, width, own, other, same)
             if fast is None
-            else Heaps(fast, n, kk, own, other, same)
+            else Heaps(fast, n, width, own, other, same)
         )
 
     qa, ra, bound = q.unit, r.unit, None

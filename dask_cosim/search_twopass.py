@@ -398,8 +398,9 @@ def topk_prepared(
     """:func:`~dask_cosim.search_kernels.topk`'s contract in two passes (``both``: a
     second search, the rows of ``r`` against ``q``)."""
     ql, rl = lowered(q), lowered(r)
-    res = topk(q, ql, r, rl, k, exclude_self=same, exact=exact)
-    return res, (topk(r, rl, q, ql, k, exact=exact) if both else None)
+    kq, kr = min(k, max(1, len(r))), min(k, max(1, len(q)))  # k > rows: (n, k) for nothing
+    res = topk(q, ql, r, rl, kq, exclude_self=same, exact=exact)
+    return res, (topk(r, rl, q, ql, kr, exact=exact) if both else None)
 
 
 def threshold_prepared(

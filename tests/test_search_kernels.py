@@ -47,6 +47,29 @@ def test_topk_equals_brute_force_for_any_tile(tile_bytes: int, k: int) -> None:
     check_topk(res, brute(q, r), k)
 
 
+def test_k_beyond_the_rows_allocates_for_the_rows() -> None:
+    """A row has no more matches than the other side has rows: k=10**6 against 91 rows
+    keeps (n, 91) state, not (n, 10**6) (15 GiB for 2,000 queries), on every path."""
+    from dask_cosim import search_twopass
+
+    rng = np.random.default_rng(3)
+    q = rng.standard_normal((37, 16)).astype(np.float32)
+    r = rng.standard_normal((91, 16)).astype(np.float32)
+    for both in (False, True):
+        res, res_r = sk.topk(prep(q), prep(r), 10**6, tile_bytes=4096, both=both)
+        assert res.index.shape[1] <= len(r)
+        check_topk(res, brute(q, r), len(r))
+        if both:
+            assert res_r is not None and res_r.index.shape[1] <= len(q)
+        two, two_r = search_twopass.topk_prepared(
+            prep(q), prep(r), 10**6, same=False, both=both, exact=True
+        )
+        assert two.index.shape[1] <= len(r)
+        check_topk(two, brute(q, r), len(r))
+        if both:
+            assert two_r is not None and two_r.index.shape[1] <= len(q)
+
+
 def test_duplicates_ranked_by_position_whatever_the_tiles() -> None:
     rng = np.random.default_rng(1)
     r = rng.standard_normal((120, 8)).astype(np.float32)
