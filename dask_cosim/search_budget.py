@@ -105,7 +105,8 @@ def collecting(budget: Budget | None, where: str) -> Iterator[PairLimit | None]:
 
 def _memory() -> tuple[int, int, str]:
     """(bytes, threads sharing them, what they are): the memory limit of the worker
-    running this task, else the memory available now and the CPUs."""
+    running this task, else the memory available now (within a container's limit) and
+    the CPUs."""
     try:
         from distributed import get_worker
 
@@ -116,6 +117,9 @@ def _memory() -> tuple[int, int, str]:
     except (ImportError, ValueError, AttributeError):
         pass
     import psutil
+    from distributed import system
 
-    available = psutil.virtual_memory().available
+    # psutil sees the host's memory; distributed's limit sees a container's (cgroups) and
+    # RLIMIT_RSS too, as a worker's default memory limit does.
+    available = min(psutil.virtual_memory().available, system.MEMORY_LIMIT)
     return int(available), max(1, os.cpu_count() or 1), "the memory available"

@@ -96,6 +96,17 @@ def _auto_budget() -> int:
     return Budget("auto", "neighbors", "emb", 0.5).allowed()[0]
 
 
+def test_auto_without_a_worker_sees_a_containers_memory_limit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A container's limit (cgroups), as distributed reads it at import: the host's
+    # available memory may be far more.
+    from distributed import system
+
+    monkeypatch.setattr(system, "MEMORY_LIMIT", 2**26)
+    assert _auto_budget() <= int(2**26 * AUTO_SHARE)
+
+
 def test_auto_is_a_share_of_the_workers_memory_limit_and_the_error_reaches_the_client(
     loop: object,
 ) -> None:
