@@ -60,12 +60,16 @@ class Budget:
         per = f"1/{round(1 / AUTO_SHARE)} of {what} ({format_bytes(memory)})"
         return share, f"{key}: {per} per thread, {threads} thread{'s' * (threads > 1)}"
 
+    def most_pairs(self) -> int:
+        """The most pairs one task may hold here."""
+        return self.allowed()[0] // PAIR_BYTES
+
     def limit(self) -> PairLimit:
-        return PairLimit(self.allowed()[0] // PAIR_BYTES)
+        return PairLimit(self.most_pairs())
 
     def check(self, found: int, where: str) -> None:
         """Raise the error when ``found`` pairs are more than one task may hold."""
-        if found > self.allowed()[0] // PAIR_BYTES:
+        if found > self.most_pairs():
             raise self.error(found, where)
 
     def error(self, found: int, where: str) -> ResultTooLargeError:
