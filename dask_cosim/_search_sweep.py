@@ -233,6 +233,11 @@ class _Pairs:
     def wants(self, a0: int, a1: int, c0: int, c1: int) -> bool:
         return self.mode != 1 or c1 > self.first[a0 // self.tq]
 
+    def _found(self, n: int) -> None:
+        """Count ``n`` more pairs against the limit, if there is one."""
+        if self.limit is not None:
+            self.limit.add(n)
+
 
 class NumbaPairs(_Pairs):
     """Collects (i, j, float32 score) with the numba scan, into arrays it grows."""
@@ -264,9 +269,8 @@ class NumbaPairs(_Pairs):
                 self.i, self.j, self.s, self.n,
             )  # fmt: skip
             if n >= 0:
-                added, self.n = n - self.n, n
-                if self.limit is not None:
-                    self.limit.add(added)
+                self._found(n - self.n)
+                self.n = n
                 return
             self._grow(2 * len(self.i) + tile.size)
 
@@ -309,8 +313,7 @@ class TorchPairs(_Pairs):
             pos = self.pos[ii + a0]
             flat = flat[(cols > pos) if self.mode == 1 else (cols != pos)]
         if len(flat):
-            if self.limit is not None:
-                self.limit.add(len(flat))
+            self._found(len(flat))
             ii = torch.div(flat, c1 - c0, rounding_mode="floor")
             self.out.append((ii + a0, flat - ii * (c1 - c0) + c0, s.view(-1)[flat]))
 
