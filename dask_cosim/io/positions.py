@@ -26,14 +26,14 @@ from dask_cosim.io.files import naming_non_parquet
 __all__ = [
     "POSITION",
     "Numbering",
+    "filtered",
     "label",
     "label_rows",
     "numbered_pieces",
     "numbering",
-    "with_positions",
 ]
 
-# The column that carries row positions through a filter, then becomes the index.
+# The column that carries row positions through a filter (then taken out: the labels).
 POSITION = "__dask_cosim_position__"
 
 # The name dask's to_parquet stores an unnamed index under; its reader gives it back None.
@@ -115,31 +115,37 @@ def _footer(fs: pafs.FileSystem, file: str) -> pq.FileMetaData:
         return pq.read_metadata(file, filesystem=fs)
 
 
-def with_positions(table: pa.Table, first: Numbering) -> pa.Table:
-    """``table`` with its rows' labels in a :data:`POSITION` column, to survive a filter."""
+def filtered(
+    table: pa.Table, expression: Any, first: Numbering | None
+) -> tuple[pa.Table, np.ndarray | None]:
+    """``table``'s rows that ``expression`` keeps, and with ``first`` their labels (their
+    positions in the table before the filter, numbered from ``first``), kept apart from
+    the table: a column of them would be taken for one of the file's own by its pandas
+    metadata, which makes the names of columns labelled by numbers numbers again."""
+    if first is None:
+        return table.filter(expression), None
     start, step, _ = first
     labels = start + step * np.arange(table.num_rows, dtype=np.int64)
-    return table.append_column(POSITION, pa.array(labels))
+    table = table.append_column(POSITION, pa.array(labels)).filter(expression)
+    return table.drop_columns([POSITION]), table.column(POSITION).to_numpy()
 
 
-def label_rows(df: Any, first: Numbering) -> Any:
-    """``df`` (pandas or cudf) labelled from ``first``: by its :data:`POSITION` column when
-    it has one (rows filtered after reading), else consecutively."""
+def label_rows(df: Any, first: Numbering, kept: np.ndarray | None = None) -> Any:
+    """``df`` (pandas or cudf) labelled from ``first``: by ``kept`` when a filter dropped
+    rows (:func:`filtered`), else consecutively."""
     start, step, name = first
-    if POSITION in df.columns:
-        df = df.set_index(POSITION)
-    else:
-        df.index = range(start, start + step * len(df), step)
+    df.index = kept if kept is not None else range(start, start + step * len(df), step)
     df.index.name = name
     return df
 
 
-def label(df: Any, first: Numbering | None) -> Any:
-    """``df`` (pandas or cudf) labelled from ``first`` (:func:`label_rows`), or, with
-    ``first`` None, by its stored index, named None where dask stored it unnamed
-    (:data:`DASK_UNNAMED_INDEX`), as dask's reader names it."""
+def label(df: Any, first: Numbering | None, kept: np.ndarray | None = None) -> Any:
+    """``df`` (pandas or cudf) labelled from ``first`` (:func:`label_rows`, ``kept``: the
+    labels of the rows a filter kept), or, with ``first`` None, by its stored index, named
+    None where dask stored it unnamed (:data:`DASK_UNNAMED_INDEX`), as dask's reader
+    names it."""
     if first is not None:
-        return label_rows(df, first)
+        return label_rows(df, first, kept)
     if df.index.name == DASK_UNNAMED_INDEX:
         df.index.name = None
     return df

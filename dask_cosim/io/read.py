@@ -54,13 +54,15 @@ def read_parquet(path: Any, columns: list[str] | None = None, **kwargs: Any) -> 
         A file, a folder of files, a local glob, or a URL pyarrow or fsspec knows.  A
         glob's wildcards match no name starting with "_" or "." (``_SUCCESS``,
         ``_metadata``, a manifest, hidden files), as a folder's listing skips them.
-    columns : list of str, optional
-        Columns to read (the index comes along).  Columns that later steps never use are
-        not read either (dask's column projection): ``df[[]].map_partitions(len)`` reads
-        the index alone (``len(df)`` is dask's own, which reads every column).
+    columns : list, optional
+        Columns to read (the index comes along), by label or by the files' field names
+        (pandas stores a column labelled 0 as the field "0": ``[0]`` or ``["0"]``).
+        Columns that later steps never use are not read either (dask's column
+        projection): ``df[[]].map_partitions(len)`` reads the index alone (``len(df)`` is
+        dask's own, which reads every column).
     filters : list or pyarrow expression, optional
         Row filters, as in ``pyarrow.parquet.read_table``; they may compare columns that
-        ``columns`` (or dask's projection) leaves out.
+        ``columns`` (or dask's projection) leaves out, named as ``columns`` names them.
     **kwargs
         Anything else (and globs in URLs) goes to ``dask.dataframe.read_parquet``, with
         list columns still kept as Arrow lists.
@@ -97,7 +99,7 @@ def _read_files(
     backend: str,
 ) -> dd.DataFrame:
     schema = _read_schema(files[0], fs)
-    labels, columns = columns, _field_names(columns)
+    columns, filters = _field_names(columns), _named_filters(filters)
     dictionaries = keys.dictionaries if keys is not None else {}
     if columns is not None:
         names = [*schema.names, *dictionaries]
@@ -108,6 +110,8 @@ def _read_files(
     empty = _projected(schema, hive.file_columns(columns, dictionaries)).empty_table()
     empty = _in_order(hive.add_keys(empty, dictionaries, {}, columns), columns)
     meta = categories.as_meta(backends.frame_from_arrow(restore_vectors(empty), backend), schema)
+    # The columns as the frame labels them (pandas' metadata may make "0" the label 0).
+    labels = None if columns is None else list(meta.columns)
     divisions = manifest_divisions(manifest, schema, meta)
     binary = binary_vectors(schema)
     pieces: list[tuple[Any, ...]] = []
@@ -295,15 +299,14 @@ def _read_piece(
             )
     if values is not None:
         table = hive.add_keys(table, keys, values, read)
+    kept = None  # the labels of the rows a filter keeps, where the files store none
     if filters is not None:
-        if first is not None:
-            table = positions.with_positions(table, first)
-        table = table.filter(pq.filters_to_expression(filters))
+        table, kept = positions.filtered(table, pq.filters_to_expression(filters), first)
     if read != columns or values is not None:
         table = _in_order(table, columns)
     df = backends.frame_from_arrow(restore_vectors(table), backend)
     df = categories.as_stored(df, table.schema)
-    return positions.label(df, first)
+    return positions.label(df, first, kept)
 
 
 def _field_names(columns: list[Any] | None) -> list[str] | None:
@@ -312,16 +315,30 @@ def _field_names(columns: list[Any] | None) -> list[str] | None:
     return None if columns is None else [c if isinstance(c, str) else str(c) for c in columns]
 
 
+def _named_filters(filters: Any) -> Any:
+    """Filters in list form (one conjunction of (column, op, value), or a list of them, as
+    pyarrow reads them) as a list of conjunctions naming columns as the files name their
+    fields (:func:`_field_names`: the label 0 as "0", as ``columns`` may name it); a
+    pyarrow expression as it is."""
+    if not isinstance(filters, (list, tuple)) or not filters:
+        return filters
+    # pyarrow tells the forms apart by a column name first; a label need not be a str.
+    conjunctions = [filters] if not isinstance(filters[0][0], (list, tuple)) else filters
+    return [
+        [(c if isinstance(c, str) else str(c), *rest) for c, *rest in conjunction]
+        for conjunction in conjunctions
+    ]
+
+
 def _filtered_columns(columns: list[str] | None, filters: Any) -> list[str] | None:
-    """The columns to read for ``columns`` and ``filters``: with those that filters in
-    list form compare added; all (None) for a pyarrow expression, which names none."""
+    """The columns to read for ``columns`` and ``filters`` (:func:`_named_filters`): with
+    those that filters in list form compare added; all (None) for a pyarrow expression,
+    which names none."""
     if columns is None or filters is None:
         return columns
-    if not isinstance(filters, (list, tuple)):
+    if not isinstance(filters, list):
         return None
-    # As pyarrow reads them: one conjunction of (column, op, value), or a list of them.
-    conjunctions = [filters] if filters and isinstance(filters[0][0], str) else filters
-    compared = [str(term[0]) for conjunction in conjunctions for term in conjunction]
+    compared = [term[0] for conjunction in filters for term in conjunction]
     return list(dict.fromkeys([*columns, *compared]))
 
 
@@ -393,11 +410,10 @@ def _projected(schema: pa.Schema, columns: list[str] | None) -> pa.Schema:
 
 
 def _in_order(table: pa.Table, columns: list[str] | None) -> pa.Table:
-    """``table``'s ``columns`` (None: all) in that order, then its index columns and row
-    positions (:data:`.positions.POSITION`)."""
+    """``table``'s ``columns`` (None: all) in that order, then its index columns."""
     if columns is None:
         return table
-    kept = [*columns, *_index_columns(table.schema), positions.POSITION]
+    kept = [*columns, *_index_columns(table.schema)]
     return table.select([c for c in dict.fromkeys(kept) if c in table.column_names])
 
 

@@ -368,28 +368,6 @@ def test_a_pandas_file_of_fixed_size_lists_reads_any_projection(tmp_path: Path) 
     assert got["match"].tolist() == [0, 1]
 
 
-def test_columns_pandas_named_by_numbers_read_back_whole(tmp_path: Path) -> None:
-    """pandas writes columns labelled 0 and 1 as fields "0" and "1", and with its index
-    the labels' dtype, which makes them 0 and 1 again: the meta had them, but each
-    partition asked the files for those labels and got no column, an empty frame
-    without an error."""
-    a, _ = random_pairs(12, 4)
-    pdf = pd.DataFrame({0: list(a), 1: np.arange(12) * 3})  # 0: lists of floats
-    folder = tmp_path / "numbered"
-    folder.mkdir()
-    pdf.iloc[:5].to_parquet(folder / "part.0.parquet")
-    pdf.iloc[5:].to_parquet(folder / "part.1.parquet")
-    want = pd.read_parquet(folder)
-    assert list(want.columns) == [0, 1]
-    with dask.config.set(scheduler="sync"):
-        df = dask_cosim.read_parquet(folder)
-        got = df.compute()
-        assert list(got.columns) == [0, 1]
-        assert got[1].tolist() == want[1].tolist()
-        assert dask_cosim.read_parquet(folder, columns=[1])[1].sum().compute() == 198
-        assert df.cosim.topk(a[[3, 7]], 0, k=1, columns=[1])[1].tolist() == [9, 21]
-
-
 @pytest.mark.gpu
 def test_cudf_reader_numbers_files_without_an_index(tmp_path: Path) -> None:
     pytest.importorskip("cudf")
