@@ -31,18 +31,14 @@ from hypothesis import strategies as st
 
 from dask_cosim import search_kernels as sk
 from dask_cosim.errors import QueryWarning
-from tests.helpers import (
+from tests.helpers import as_column, brute, hide_numba, search_frame, split_frame
+from tests.search_checks import (
     DTYPES,
     EPS,
     adversarial_rows,
     all_scores,
-    as_column,
-    brute,
     expected_pair_set,
     expected_topk,
-    hide_numba,
-    search_frame,
-    split_frame,
 )
 
 PROPERTY = settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))

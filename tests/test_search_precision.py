@@ -20,7 +20,8 @@ from hypothesis.extra import numpy as hnp
 from dask_cosim import search_kernels as sk
 from dask_cosim import search_precision as sp
 from dask_cosim import search_twopass as tp
-from tests.helpers import (
+from tests.helpers import fp32_precision, needs_fp32_precision
+from tests.search_checks import (
     DTYPES,
     EPS,
     adversarial_rows,
@@ -30,9 +31,7 @@ from tests.helpers import (
     check_topk,
     expected_pair_set,
     expected_topk,
-    fp32_precision,
     low_sides,
-    needs_fp32_precision,
 )
 
 

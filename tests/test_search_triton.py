@@ -14,14 +14,14 @@ import math
 import pytest
 import torch
 
-from tests.helpers import (
+from tests.helpers import run_in_triton_interpreter
+from tests.search_checks import (
     adversarial_rows,
     check_bound,
     check_overflow,
     check_threshold,
     check_topk,
     low_sides,
-    run_in_triton_interpreter,
 )
 
 needs_triton = pytest.mark.skipif(
