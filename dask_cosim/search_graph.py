@@ -21,7 +21,7 @@ from dask.base import tokenize
 from dask_cosim import backends
 from dask_cosim import search_partition as sp
 from dask_cosim import search_results as sr
-from dask_cosim.io.convert import active_client
+from dask_cosim.io.convert import active_client, objects_kept
 
 __all__ = ["Builder", "Options", "block_bounds", "holds_data", "meta_of", "sides"]
 
@@ -85,7 +85,7 @@ class Builder:
         # The partitions come back with the dtypes they were computed with: dask's string
         # conversion would turn an object column (vectors of a frame built without it)
         # into text, in the meta and the data alike.
-        with dask.config.set({"dataframe.convert-string": False}):
+        with objects_kept():
             return dd.from_delayed(outs, meta=meta, divisions=divisions, verify_meta=False)
 
 

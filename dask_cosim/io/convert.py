@@ -4,6 +4,9 @@ other formats (.npy/.npz arrays, pandas pickles) into frames (:func:`source_fram
 from __future__ import annotations
 
 import math
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +23,25 @@ from dask_cosim.io.layouts import vectors_to_arrow
 
 # Partition size from_pandas aims at when neither npartitions nor chunksize is given.
 TARGET_PARTITION_BYTES = 128 * 2**20
+
+# dask reads 'dataframe.convert-string' from its config, one dict for the whole process.
+# ``with dask.config.set(...)`` puts back on leaving the value it found on entering: two
+# threads inside at once, the one leaving last put back the other's temporary False, and
+# every frame built later in the process kept its strings as objects.
+_CONVERT_STRING = threading.RLock()
+
+
+@contextmanager
+def objects_kept() -> Iterator[None]:
+    """While inside, dask leaves the object columns of the frames built as they are
+    (config ``dataframe.convert-string`` off); on leaving, the setting is what it was.
+
+    Every frame this package builds with the setting off is built in here, one thread at
+    a time (a lock is held while the setting is off).  The config is the process's: a
+    frame that other code builds in another thread meanwhile is built with it off too.
+    """
+    with _CONVERT_STRING, dask.config.set({"dataframe.convert-string": False}):
+        yield
 
 
 def vector_columns(pdf: pd.DataFrame) -> list[str]:
@@ -99,14 +121,15 @@ def from_pandas(
         if converted[column].dtype == object
         and pd.api.types.infer_dtype(converted[column], skipna=True) != "string"
     ]
-    if not (keep and pyarrow_strings_enabled()):
-        ddf = dd.from_pandas(converted, npartitions=npartitions, chunksize=chunksize, sort=sort)
-        return _on_workers(ddf)
-    strings = to_pyarrow_string(converted)  # what dask does to the other columns
-    for column in keep:
-        strings[column] = converted[column].array
-    with dask.config.set({"dataframe.convert-string": False}):
-        ddf = dd.from_pandas(strings, npartitions=npartitions, chunksize=chunksize, sort=sort)
+    with _CONVERT_STRING:  # the user's setting, not another thread's moment off
+        objects = bool(keep) and pyarrow_strings_enabled()
+        if objects:
+            strings = to_pyarrow_string(converted)  # what dask does to the other columns
+            for column in keep:
+                strings[column] = converted[column].array
+            converted = strings
+        with objects_kept() if objects else nullcontext():
+            ddf = dd.from_pandas(converted, npartitions=npartitions, chunksize=chunksize, sort=sort)
     return _on_workers(ddf)
 
 
@@ -138,7 +161,7 @@ def _on_workers(ddf: dd.DataFrame) -> dd.DataFrame:
     parts = dask.compute(*ddf.to_delayed(), scheduler="sync")
     futures = client.scatter(list(parts), hash=False)
     # The partitions are converted already: nothing is left for convert-string to do.
-    with dask.config.set({"dataframe.convert-string": False}):
+    with objects_kept():
         return dd.from_delayed(futures, meta=ddf._meta, divisions=ddf.divisions, verify_meta=False)
 
 
