@@ -6,20 +6,39 @@ force), with no warning, and nothing of the process's global state (dask's confi
 warnings filters) may be left changed.
 
 Races show only when a thread switch falls in a short window: the tests that look for
-one repeat the racy call in several threads for a fraction of a second, which made the
+one repeat the racy call in several threads for a fraction of a second (some asking
+Python to switch threads every microsecond, :func:`switching_often`), which made the
 races below show in nearly every run before their fixes."""
 
 from __future__ import annotations
 
+import sys
 import threading
-from collections.abc import Callable
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import dask
+import numpy as np
 import pandas as pd
+import pyarrow as pa
 
 import dask_cosim
+from dask_cosim.backends import tensor_view
 from tests.helpers import search_frame, search_vectors, to_dask
+
+
+@contextmanager
+def switching_often() -> Iterator[None]:
+    """Python switches threads every microsecond (not every 5 ms) while inside."""
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(before)
 
 
 def in_threads(work: Callable[[], Any], n: int, seconds: float) -> list[Any]:
@@ -76,3 +95,45 @@ def test_building_frames_in_threads_leaves_convert_string_as_it_was() -> None:
     assert converted
     assert not any(pd.api.types.is_object_dtype(f.dtypes["text"]) for f in converted)
     assert all(pd.api.types.is_object_dtype(f.dtypes["misc"]) for f in converted)
+
+
+def test_read_only_arrays_become_tensors_without_touching_the_warnings_filters() -> None:
+    # numpy before 2.1 cannot export a read-only array (an Arrow column's values) through
+    # DLPack; torch.from_numpy then, which warns about it.  Silencing that warning with
+    # warnings.catch_warnings, in every task of every partition, swapped the process's
+    # filters: one task restoring them undid what another thread had set meanwhile.
+    class Numpy20(np.ndarray):
+        """An array whose DLPack export refuses read-only data, as numpy's did before 2.1."""
+
+        def __dlpack__(self, *args: Any, **kwargs: Any) -> Any:
+            if not self.flags.writeable:
+                raise BufferError("Cannot export readonly array since signalling readonly "
+                                  "is unsupported by DLPack.")  # fmt: skip
+            return super().__dlpack__(*args, **kwargs)
+
+    values = pa.array(np.arange(64, dtype=np.float32)).to_numpy(zero_copy_only=True)
+    array = values.view(Numpy20)
+    assert not array.flags.writeable
+    before = list(warnings.filters)
+    try:
+        with warnings.catch_warnings(record=True) as caught, switching_often():
+            warnings.simplefilter("always")
+            added = []
+
+            def add_filters() -> None:  # a user's thread, setting filters meanwhile
+                for i in range(100):
+                    added.append(f"set by the user {i}")
+                    warnings.filterwarnings("ignore", message=added[-1])
+                    time.sleep(0.0005)
+
+            user = threading.Thread(target=add_filters)
+            user.start()
+            tensors = in_threads(lambda: tensor_view(array), 4, 0.1)
+            user.join()
+            kept = {f[1].pattern for f in warnings.filters if f[1] is not None}
+            assert [message for message in added if message not in kept] == []
+        assert caught == []
+    finally:
+        warnings.filters[:] = before
+    assert all(t.data_ptr() == values.ctypes.data for t in tensors)  # no copy
+    assert tensors[0].tolist() == values.tolist()

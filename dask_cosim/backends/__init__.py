@@ -25,9 +25,10 @@ here, keyed on the type of its first argument (dask's ``Dispatch``):
 - ``add_columns(df, pdf)``: ``df`` with the columns of the pandas frame ``pdf`` (its rows,
   in order) added, in the library of ``df``;
 
-:func:`concat_frames` (dask's ``concat`` dispatch), and :func:`frame_from_arrow`, which
-picks the library by name ("pandas" or "cudf", dask's ``dataframe.backend``) because a
-table read from a file has no library yet.  A partition goes to Arrow through dask's own
+:func:`concat_frames` (dask's ``concat`` dispatch), :func:`tensor_view` (a numpy array
+as a tensor, without a copy), and :func:`frame_from_arrow`, which picks the library by
+name ("pandas" or "cudf", dask's ``dataframe.backend``) because a table read from a file
+has no library yet.  A partition goes to Arrow through dask's own
 ``to_pyarrow_table_dispatch``.
 
 pandas and numpy are registered by :mod:`.pandas` when this package is imported; cudf and
@@ -70,6 +71,7 @@ __all__ = [
     "stack_object_column",
     "take_to_pandas",
     "tensor_token",
+    "tensor_view",
     "tensors_by_value",
     "to_host_tensor",
     "to_numbers",
@@ -150,6 +152,33 @@ def tensors_by_value(cells: np.ndarray) -> np.ndarray:
     pickling it, tensors included."""
     gen = (tensor_token(c) if isinstance(c, torch.Tensor) else c for c in cells)
     return np.fromiter(gen, dtype=object, count=len(cells))
+
+
+def tensor_view(array: np.ndarray) -> torch.Tensor:
+    """A CPU tensor of ``array``'s memory, without a copy (read-only arrays included:
+    Arrow columns; nothing in this package writes to an input).
+
+    DLPack rather than ``torch.from_numpy``, which warns on read-only arrays.  numpy before
+    2.1 cannot export those through DLPack: from_numpy then, of a view of the same memory
+    that numpy calls writable.  (Not ``warnings.catch_warnings`` around it: that swaps the
+    process's warning filters, and from many tasks' threads at once one restoring them
+    undid what another thread had set meanwhile.)
+    """
+    try:
+        return torch.from_dlpack(array)
+    except BufferError:
+        return torch.from_numpy(np.asarray(_Writable(array)))
+
+
+class _Writable:
+    """``array``'s memory, marked writable, for ``np.asarray`` to view; the view holds this
+    object and this object ``array``, so the memory lives as long as the view."""
+
+    def __init__(self, array: np.ndarray) -> None:
+        interface = dict(array.__array_interface__)
+        interface["data"] = (interface["data"][0], False)  # (address, read-only)
+        self.__array_interface__ = interface
+        self.array = array
 
 
 def column_spec(obj: Any, column: Any) -> VectorSpec:

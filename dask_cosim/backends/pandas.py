@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import math
-import warnings
 from typing import Any
 
 import numpy as np
@@ -30,6 +29,7 @@ from dask_cosim.backends import (
     make_result,
     row_label,
     take_to_pandas,
+    tensor_view,
     tensors_by_value,
     to_host_tensor,
     to_numbers,
@@ -38,22 +38,6 @@ from dask_cosim.backends import (
 )
 
 __all__ = ["arrow_value_spec", "arrow_vector_types", "frame_from_arrow", "stack_object_column"]
-
-
-def _as_tensor(array: np.ndarray) -> torch.Tensor:
-    """Zero-copy numpy -> torch view of ``array``.
-
-    DLPack rather than ``torch.from_numpy``: Arrow buffers are read-only, and from_numpy
-    warns on those, while DLPack shares them silently (nothing here writes to an input).
-    numpy before 2.1 cannot export a read-only array through DLPack: from_numpy then,
-    without its warning.
-    """
-    try:
-        return torch.from_dlpack(array)
-    except BufferError:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-            return torch.from_numpy(array)
 
 
 # --------------------------------------------------------------------------- pandas meta
@@ -286,11 +270,11 @@ def _pandas_to_vectors(s: pd.Series, column: str) -> Vectors:
             blocks = [np.zeros((0, dim), spec.dtype)]
         null_all = np.concatenate(nulls) if nulls else np.zeros(0, bool)
         return Vectors(
-            [_as_tensor(b) for b in blocks], null_all if null_all.any() else None, dim, n
+            [tensor_view(b) for b in blocks], null_all if null_all.any() else None, dim, n
         )
     if pd.api.types.is_object_dtype(s.dtype):
         stacked, null = stack_object_column(s.to_numpy(), s.index, column)
-        tensor = stacked if isinstance(stacked, torch.Tensor) else _as_tensor(stacked)
+        tensor = stacked if isinstance(stacked, torch.Tensor) else tensor_view(stacked)
         return Vectors([tensor], null, tensor.shape[1], n)
     vector_spec(s, column)  # raises the right TypeError
     raise errors.not_vectors(column, s.dtype)
@@ -416,7 +400,7 @@ def _pandas_frame_like(pdf: pd.DataFrame, like: Any) -> pd.DataFrame:
 @to_numbers.register(pd.Series)
 def _pandas_to_numbers(series: pd.Series) -> torch.Tensor:
     values = series.to_numpy(dtype=np.float64, na_value=np.nan)
-    return _as_tensor(np.ascontiguousarray(values))
+    return tensor_view(np.ascontiguousarray(values))
 
 
 @add_columns.register(pd.DataFrame)
@@ -447,4 +431,4 @@ def _array_to_host_tensor(array: Any) -> torch.Tensor:
             f"queries of dtype {values.dtype} are not vectors of numbers; give a 2-D "
             "numpy/cupy array or torch tensor (n, D), or a Series of vectors"
         )
-    return _as_tensor(np.ascontiguousarray(values))
+    return tensor_view(np.ascontiguousarray(values))
