@@ -12,6 +12,7 @@ races below show in nearly every run before their fixes."""
 
 from __future__ import annotations
 
+import functools
 import sys
 import threading
 import time
@@ -24,10 +25,18 @@ import dask
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import torch
 
 import dask_cosim
 from dask_cosim.backends import tensor_view
-from tests.helpers import search_frame, search_vectors, to_dask
+from tests.helpers import (
+    pairs_frame,
+    random_pairs,
+    reference,
+    search_frame,
+    search_vectors,
+    to_dask,
+)
 
 
 @contextmanager
@@ -42,8 +51,8 @@ def switching_often() -> Iterator[None]:
 
 
 def in_threads(work: Callable[[], Any], n: int, seconds: float) -> list[Any]:
-    """``work()`` over and over in ``n`` threads for ``seconds``: what each call returned,
-    and any exception raised here."""
+    """``work()`` over and over in ``n`` threads for ``seconds``: what the calls returned.
+    The first exception raised in a thread stops them all and is raised here."""
     stop = threading.Event()
     results: list[Any] = []
     errors: list[BaseException] = []
@@ -66,6 +75,26 @@ def in_threads(work: Callable[[], Any], n: int, seconds: float) -> list[Any]:
     if errors:
         raise errors[0]
     return results
+
+
+def each_in_a_thread(work: Callable[[int], Any], n: int) -> None:
+    """``work(0)`` ... ``work(n - 1)`` at once, each in a thread of its own; the first
+    exception raised is raised here."""
+    errors: list[BaseException] = []
+
+    def call(i: int) -> None:
+        try:
+            work(i)
+        except BaseException as err:  # reported in the test's thread
+            errors.append(err)
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(n)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
 
 
 # --------------------------------------------------------------------------- global state
@@ -137,3 +166,91 @@ def test_read_only_arrays_become_tensors_without_touching_the_warnings_filters()
         warnings.filters[:] = before
     assert all(t.data_ptr() == values.ctypes.data for t in tensors)  # no copy
     assert tensors[0].tolist() == values.tolist()
+
+
+# --------------------------------------------------------------------------- answers
+
+
+def frames(n: int = 120, d: int = 8, npartitions: int = 6) -> dict[str, Any]:
+    """The same rows (exact and near duplicates) as float16 and float32 Arrow columns and
+    an object column of bfloat16 tensors, in many small partitions."""
+    x = search_vectors(n, d, seed=1)
+    bf16 = torch.from_numpy(x).to(torch.bfloat16)
+    cells = np.empty(n, dtype=object)
+    for i in range(n):
+        cells[i] = bf16[i]
+    out = {}
+    for name, pdf in [
+        ("float16", search_frame(x.astype(np.float16))),
+        ("bfloat16", search_frame(x).assign(emb=cells)),
+        ("float32", search_frame(x)),
+    ]:
+        out[name] = to_dask(pdf, npartitions)
+    return out
+
+
+def searches(ddf: Any) -> dict[str, Any]:
+    """Lazy results of each kind of search on ``ddf``'s "emb"."""
+    return {
+        "join": ddf.cosim.join(ddf, "emb", threshold=0.4, columns="id"),
+        "neighbors": ddf.cosim.neighbors("emb", k=3),
+        "dedup": ddf.cosim.dedup("emb", threshold=0.9),
+        "groups": ddf.cosim.groups("emb", threshold=0.9),
+        "clustered": ddf.cosim.neighbors(
+            "emb", threshold=0.5, method="clustered", clusters=4, n_probe=2
+        ),
+    }
+
+
+def assert_same(got: dict[str, Any], want: dict[str, Any]) -> None:
+    """Each result in ``got`` is the one in ``want``, to the bit."""
+    assert got.keys() == want.keys()
+    for name, frame in want.items():
+        if isinstance(frame, pd.Series):
+            pd.testing.assert_series_equal(got[name], frame, check_exact=True, obj=name)
+        else:
+            pd.testing.assert_frame_equal(got[name], frame, check_exact=True, obj=name)
+
+
+def test_one_graph_of_every_search_and_dtype_on_eight_threads() -> None:
+    jobs = {}
+    for dtype, ddf in frames().items():
+        jobs |= {f"{name} {dtype}": result for name, result in searches(ddf).items()}
+    a, b = random_pairs(2400, 16)
+    jobs["pairwise"] = to_dask(pairs_frame(a, b, "fixed_size_list"), 24).cosim.pairwise(
+        "embeds_a", "embeds_b"
+    )
+    alone = dask.compute(jobs, scheduler="sync")[0]
+    np.testing.assert_allclose(alone["pairwise"].to_numpy(), reference(a, b), rtol=0, atol=1e-6)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        together = dask.compute(jobs, scheduler="threads", num_workers=8)[0]
+    assert [str(w.message) for w in caught] == []
+    assert_same(together, alone)
+
+
+def test_python_threads_each_computing_their_own_searches() -> None:
+    queries = search_vectors(5, 8, seed=2)
+    jobs: dict[str, Any] = {}
+    for dtype, ddf in frames().items():
+        jobs |= {f"{name} {dtype}": result for name, result in searches(ddf).items()}
+        # topk computes when called (dask's default scheduler: threads, in each thread).
+        jobs[f"topk {dtype}"] = functools.partial(ddf.cosim.topk, queries, "emb", k=4)
+
+    def run(job: Any) -> Any:
+        return job() if callable(job) else dask.compute(job, num_workers=4)[0]
+
+    with dask.config.set(scheduler="sync"):
+        alone = {name: run(job) for name, job in jobs.items()}
+    names = list(jobs)
+    together: dict[str, Any] = {}
+
+    def compute_share(first: int) -> None:
+        for name in names[first::4]:
+            together[name] = run(jobs[name])
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        each_in_a_thread(compute_share, 4)
+    assert [str(w.message) for w in caught] == []
+    assert_same(together, alone)
