@@ -1,7 +1,8 @@
 """Search results: partial frames of candidate pairs merged and finished into the rows a
 user gets.
 
-Knows no dask.  The per-partition functions of :mod:`dask_cosim.search_partition` give
+Knows no dask graphs (only dask's placeholder for unknown categories in a meta).  The
+per-partition functions of :mod:`dask_cosim.search_partition` give
 pandas frames of pairs (``left``, ``right``, ``score``, the ordering key ``_key``, the left
 row's number ``_l`` and carried columns ``_q0``, ``_p0``, ...); here they are merged
 (:func:`merge_topk`, :func:`concat_pairs`, :func:`union_positions`) and finished
@@ -14,11 +15,13 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from dask.dataframe.utils import UNKNOWN_CATEGORIES
 
 from dask_cosim import backends
 from dask_cosim.search_budget import Budget
 
 __all__ = [
+    "castable",
     "concat_frames",
     "concat_pairs",
     "concat_within",
@@ -100,6 +103,17 @@ def _ranks(groups: np.ndarray) -> np.ndarray:
     return np.arange(len(groups)) - starts
 
 
+def castable(dtype: Any) -> Any:
+    """The dtype to cast result values to for the meta's ``dtype``: itself, except for a
+    categorical of unknown categories (dask's meta of a categorical read from Parquet),
+    which stands for whatever categories the values have; cast to it, every value would
+    become null (it holds only the placeholder category)."""
+    if isinstance(dtype, pd.CategoricalDtype) and dtype.categories is not None:
+        if UNKNOWN_CATEGORIES in dtype.categories:
+            return pd.CategoricalDtype(ordered=dtype.ordered)
+    return dtype
+
+
 def finish_pairs(
     merged: pd.DataFrame,
     meta: pd.DataFrame,
@@ -133,7 +147,7 @@ def pairs_result(
         out["rank"] = _ranks(df["_l"].to_numpy()).astype(np.int64)
     for inner, name in (carried or {}).items():
         out[name] = df[inner].array
-    out = out.astype(meta.dtypes.to_dict())
+    out = out.astype({c: castable(dtype) for c, dtype in meta.dtypes.items()})
     return out if like is None else backends.frame_like(out, like)
 
 
@@ -154,8 +168,8 @@ def finish_topk(merged: pd.DataFrame, like: Any, columns: list[Any], score: np.d
         # own dtype, not numpy's (float64 for Int64, objects for categories).
         carried = df[f"_p{n}"] if f"_p{n}" in df else pd.Series([], dtype=object)
         if isinstance(like, pd.DataFrame):  # (cudf's own dtypes: frame_like's job)
-            carried = carried.astype(like[c].dtype)
+            carried = carried.astype(castable(like[c].dtype))
         out[c] = carried.reset_index(drop=True)
     if isinstance(like, pd.DataFrame):  # labels as the frame's index has them (categories)
-        out["match"] = out["match"].astype(like.index.dtype)
+        out["match"] = out["match"].astype(castable(like.index.dtype))
     return backends.frame_like(out, like)
