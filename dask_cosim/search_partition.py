@@ -150,11 +150,17 @@ def prepare_columns(df: Any, column: str, *, eps: float, device: str = "auto") -
         and p.raw.dtype in (torch.float32, torch.float64)
         and p.unit.data_ptr() != p.raw.data_ptr()
     )
-    if stored:
+    # Of fixed size where the column's dtype fixes D (as read_parquet and from_pandas give
+    # it): a partition with no unit rows stored (rows of norm 1, no rows) then still has
+    # the meta's dtype, and Parquet a D to store for it.
+    dim = backends.vector_spec(df[column].iloc[:0], column).dim
+    if stored and dim:
+        unit = pa.FixedSizeListArray.from_arrays(pa.array(p.unit.numpy().reshape(-1)), dim)
+    elif stored:
         step = np.arange(0, n * p.dim + 1, p.dim, dtype=np.int32)
         unit = pa.ListArray.from_arrays(step, pa.array(p.unit.numpy().reshape(-1)))
     else:
-        unit = pa.nulls(n, pa.list_(pa.float32()))
+        unit = pa.nulls(n, pa.list_(pa.float32(), dim) if dim else pa.list_(pa.float32()))
     extra = pd.DataFrame(
         {
             companion(column, "inv"): p.inv.cpu().numpy(),

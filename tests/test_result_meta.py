@@ -16,7 +16,7 @@ import pytest
 from dask.dataframe.utils import has_known_categories
 
 import dask_cosim
-from tests.helpers import search_frame, search_vectors
+from tests.helpers import search_frame, search_vectors, split_frame
 
 N, D = 40, 8
 
@@ -93,3 +93,40 @@ def test_topk_of_unknown_categories_keeps_their_values(tmp_path: Path, where: st
     want = pdf.cosim.topk(queries, "emb", k=4, columns=["id", "kind"])
     assert got["kind"].notna().all() and got["match"].notna().all()
     pd.testing.assert_frame_equal(as_values(got), as_values(want), check_dtype=False)
+
+
+def assert_partitions_match_meta(lazy: Any) -> list[pd.DataFrame]:
+    """Every computed partition of ``lazy`` has its meta's columns, dtypes and index
+    (dtype and name); known divisions bound each partition's labels.  The partitions."""
+    meta = lazy._meta
+    parts = list(dask.compute(*lazy.to_delayed(), scheduler="sync"))
+    for i, part in enumerate(parts):
+        assert list(part.columns) == list(meta.columns), i
+        assert part.dtypes.to_dict() == meta.dtypes.to_dict(), (i, part.dtypes, meta.dtypes)
+        assert part.index.dtype == meta.index.dtype and part.index.name == meta.index.name, i
+        if lazy.known_divisions and len(part):
+            lo, hi = lazy.divisions[i], lazy.divisions[i + 1]
+            last = i == len(parts) - 1
+            assert lo <= part.index.min() and (
+                part.index.max() <= hi if last else part.index.max() < hi
+            ), i
+    return parts
+
+
+@pytest.mark.parametrize("layout", ["binary", "list"])
+def test_prepared_frame_of_unit_rows_writes_and_reads_back(tmp_path: Path, layout: str) -> None:
+    """Rows already of norm 1 store no unit rows (nulls), nor does an empty partition: the
+    prepared frame still has the meta's dtypes in every partition, writes in either layout
+    and reads back prepared, with the same answers."""
+    x = search_vectors(N, D).astype(np.float64)
+    x[: N // 2] /= np.linalg.norm(x[: N // 2], axis=1, keepdims=True)  # the first partition
+    pdf = search_frame(x.astype(np.float32))
+    prepared = split_frame(pdf, [N // 2, 0, N - N // 2]).cosim.prepare("emb")
+    assert_partitions_match_meta(prepared)
+    dask_cosim.to_parquet(prepared, tmp_path / "prepared", layout=layout)
+    back = dask_cosim.read_parquet(str(tmp_path / "prepared"))
+    assert_partitions_match_meta(back)
+    with dask.config.set(scheduler="sync"):
+        got = back.cosim.neighbors("emb", k=3, columns="id").compute()
+    want = pdf.cosim.neighbors("emb", k=3, columns="id")
+    pd.testing.assert_frame_equal(got.reset_index(drop=True), want)
