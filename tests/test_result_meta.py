@@ -9,14 +9,23 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import cloudpickle
 import dask
+import dask.dataframe as dd
 import numpy as np
 import pandas as pd
 import pytest
-from dask.dataframe.utils import has_known_categories
+from dask.dataframe.utils import assert_eq, has_known_categories
 
 import dask_cosim
-from tests.helpers import search_frame, search_vectors, split_frame
+from tests.helpers import (
+    as_column,
+    no_computes,
+    search_frame,
+    search_vectors,
+    split_frame,
+    to_dask,
+)
 
 N, D = 40, 8
 
@@ -60,6 +69,36 @@ def read_back(pdf: pd.DataFrame, tmp_path: Path) -> Any:
     return dask_cosim.read_parquet(str(tmp_path / "in"))
 
 
+def same_dtype(meta: Any, got: Any) -> bool:
+    """Whether a partition's ``got`` dtype is the meta's: equal, or categorical where the
+    meta's categories are unknown (dask's meta of a categorical read from Parquet)."""
+    if isinstance(meta, pd.CategoricalDtype) and not has_known_categories(pd.Index([], dtype=meta)):
+        return isinstance(got, pd.CategoricalDtype) and got.ordered == meta.ordered
+    return bool(meta == got)
+
+
+def assert_partitions_match_meta(lazy: Any) -> list[Any]:
+    """Every computed partition of ``lazy`` (a frame or Series) has its meta's columns (in
+    order), dtypes and index (dtype and name); known divisions bound each partition's
+    labels.  Returns the partitions."""
+    meta = lazy._meta
+    parts = list(dask.compute(*lazy.to_delayed(), scheduler="sync"))
+    for i, part in enumerate(parts):
+        if isinstance(meta, pd.Series):
+            assert part.name == meta.name and same_dtype(meta.dtype, part.dtype), i
+        else:
+            assert list(part.columns) == list(meta.columns), i
+            for c in meta.columns:
+                assert same_dtype(meta[c].dtype, part[c].dtype), (i, c, part[c].dtype)
+        assert same_dtype(meta.index.dtype, part.index.dtype), (i, part.index.dtype)
+        assert part.index.name == meta.index.name, i
+        if lazy.known_divisions and len(part):
+            first, last = min(part.index.tolist()), max(part.index.tolist())
+            lo, hi = lazy.divisions[i], lazy.divisions[i + 1]
+            assert lo <= first and (last <= hi if i == len(parts) - 1 else last < hi), i
+    return parts
+
+
 @pytest.mark.parametrize("search", sorted(SEARCHES))
 @pytest.mark.parametrize("where", ["column", "index"])
 def test_categoricals_of_unknown_categories_keep_their_values(
@@ -95,24 +134,6 @@ def test_topk_of_unknown_categories_keeps_their_values(tmp_path: Path, where: st
     pd.testing.assert_frame_equal(as_values(got), as_values(want), check_dtype=False)
 
 
-def assert_partitions_match_meta(lazy: Any) -> list[pd.DataFrame]:
-    """Every computed partition of ``lazy`` has its meta's columns, dtypes and index
-    (dtype and name); known divisions bound each partition's labels.  The partitions."""
-    meta = lazy._meta
-    parts = list(dask.compute(*lazy.to_delayed(), scheduler="sync"))
-    for i, part in enumerate(parts):
-        assert list(part.columns) == list(meta.columns), i
-        assert part.dtypes.to_dict() == meta.dtypes.to_dict(), (i, part.dtypes, meta.dtypes)
-        assert part.index.dtype == meta.index.dtype and part.index.name == meta.index.name, i
-        if lazy.known_divisions and len(part):
-            lo, hi = lazy.divisions[i], lazy.divisions[i + 1]
-            last = i == len(parts) - 1
-            assert lo <= part.index.min() and (
-                part.index.max() <= hi if last else part.index.max() < hi
-            ), i
-    return parts
-
-
 @pytest.mark.parametrize("layout", ["binary", "list"])
 def test_prepared_frame_of_unit_rows_writes_and_reads_back(tmp_path: Path, layout: str) -> None:
     """Rows already of norm 1 store no unit rows (nulls), nor does an empty partition: the
@@ -130,3 +151,115 @@ def test_prepared_frame_of_unit_rows_writes_and_reads_back(tmp_path: Path, layou
         got = back.cosim.neighbors("emb", k=3, columns="id").compute()
     want = pdf.cosim.neighbors("emb", k=3, columns="id")
     pd.testing.assert_frame_equal(got.reset_index(drop=True), want)
+
+
+# Every lazy result: the searches above carrying "id", "text" (str), "kind" (categorical)
+# and "when" (datetime), and those that carry nothing.
+CARRIED = ["id", "text", "kind", "when"]
+LAZY: dict[str, Callable[[Any], Any]] = {
+    **{name: lambda df, run=run: run(df, CARRIED) for name, run in SEARCHES.items()},
+    "pairwise": lambda df: df.cosim.pairwise("emb", "emb"),
+    "prepare": lambda df: df.cosim.prepare("emb"),
+    "join_threshold": lambda df: df.cosim.join(df, "emb", threshold=0.3, columns=CARRIED),
+    "dedup": lambda df: df.cosim.dedup("emb", 0.4),
+    "groups": lambda df: df.cosim.groups("emb", 0.4),
+    "dedup_clustered": lambda df: df.cosim.dedup("emb", 0.4, method="clustered"),
+}
+
+
+SOURCES = ["from_pandas", "parquet", "empty_partitions", "zero_rows"]
+
+
+def source(name: str, tmp_path: Path) -> Any:
+    """A dask frame of the test rows (a str index, a datetime column "when"): from pandas,
+    read from Parquet, in partitions some empty with null rows and object-of-arrays
+    vectors, or of zero rows."""
+    pdf = frame().assign(when=pd.date_range("2024-01-01", periods=N, freq="D"))
+    pdf.index = pd.Index([f"r{i:02d}" for i in range(N)], name="key")
+    if name == "parquet":
+        return read_back(pdf, tmp_path)
+    if name == "empty_partitions":
+        null = np.zeros(N, bool)
+        null[[3, 17]] = True
+        objects = pdf.assign(emb=as_column(search_vectors(N, D), "object_numpy", null))
+        return split_frame(objects, [0, 15, 0, N - 15])
+    return to_dask(pdf.iloc[:0] if name == "zero_rows" else pdf, 1 if name == "zero_rows" else 3)
+
+
+def vectorless(df: Any) -> Any:
+    """``df`` without its vector columns, which dask's assert_eq cannot hash."""
+    meta = df._meta if dask.is_dask_collection(df) else df
+    if isinstance(meta, pd.Series):
+        return df
+    return df.drop(columns=[c for c in meta.columns if str(c).startswith("emb")])
+
+
+@pytest.mark.parametrize("search", sorted(LAZY))
+@pytest.mark.parametrize("kind", SOURCES)
+def test_partitions_match_the_meta(tmp_path: Path, kind: str, search: str) -> None:
+    df = source(kind, tmp_path)
+    result = LAZY[search](df)
+    parts = assert_partitions_match_meta(result)
+    with dask.config.set(scheduler="sync"):
+        whole = result.compute()
+        assert len(result) == len(whole) == sum(len(p) for p in parts)
+        assert_eq(vectorless(result), vectorless(whole))
+        # (dask warns where the first partition has fewer rows: all partitions are read.)
+        head = result.head(3, npartitions=-1)
+        assert_eq(vectorless(head), vectorless(whole.head(3)))
+
+
+@pytest.mark.parametrize("search", ["neighbors_threshold", "dedup_removed", "dedup", "groups"])
+def test_downstream_operations_give_what_the_computed_result_gives(
+    tmp_path: Path, search: str
+) -> None:
+    """What dask users do next, built without computing anything, gives on the lazy result
+    what it gives on the computed one: projections (which dask pushes into the graph),
+    merges with the searched frame, groupbys, concat, persist, repartition, ``.loc`` where
+    the divisions are known, a pickled graph, and Parquet through dask's writer and ours."""
+    df = source("from_pandas", tmp_path)
+    result = LAZY[search](df)
+    with dask.config.set(scheduler="sync"):
+        whole = result.compute()
+    by = "left" if "left" in whole.columns else "id"
+    # The searched frame's rows, joined on the labels the result names (its own index).
+    text = df[["text"]].rename(columns={"text": "text_of"})
+    how: dict[str, Any] = {"left_on": "left"} if by == "left" else {"left_index": True}
+    with no_computes():
+        projected = result[[by, "id" if by == "id" else "score"]]
+        merged = result.merge(text, right_index=True, how="left", **how)
+        grouped = result.groupby(by).size()
+        doubled = dd.concat([result, result])
+        single = result.repartition(npartitions=1)
+    with dask.config.set(scheduler="sync"):
+        assert_eq(projected, whole[list(projected.columns)])
+        want = whole.merge(text.compute(), right_index=True, how="left", **how)
+        assert_eq(vectorless(merged), vectorless(want))
+        assert_eq(grouped, whole.groupby(by).size())
+        assert_eq(vectorless(doubled), vectorless(pd.concat([whole, whole])))
+        assert_eq(vectorless(single), vectorless(whole))
+        assert_eq(vectorless(result.persist()), vectorless(whole))
+        if result.known_divisions:
+            label = whole.index[len(whole) // 2]
+            assert_eq(vectorless(result.loc[label]), vectorless(whole.loc[[label]]))
+        graph = cloudpickle.loads(cloudpickle.dumps(result.__dask_graph__()))
+        assert set(graph) == set(result.__dask_graph__())
+        vectorless(result).to_parquet(tmp_path / "dask")
+        back = dd.read_parquet(tmp_path / "dask")
+        assert_eq(back, vectorless(whole), check_divisions=False, check_index=by != "left")
+        dask_cosim.to_parquet(result, tmp_path / "ours")
+        back = dask_cosim.read_parquet(str(tmp_path / "ours")).compute()
+        assert_eq(vectorless(back), vectorless(whole), check_index=by != "left")
+
+
+def test_on_a_cluster_of_processes(tmp_path: Path, client: Any) -> None:
+    """On distributed's worker processes, each partition of a search of a Parquet read
+    has the meta's dtypes, and the result is the one the local scheduler computes."""
+    df = source("parquet", tmp_path)
+    for search in ("join_k", "neighbors_threshold", "dedup_removed", "groups"):
+        result = LAZY[search](df)
+        parts = client.gather(client.compute(result.to_delayed()))
+        local = assert_partitions_match_meta(result)
+        for got, want in zip(parts, local, strict=True):
+            assert got.dtypes.to_dict() == want.dtypes.to_dict(), search
+            pd.testing.assert_frame_equal(vectorless(got), vectorless(want), obj=search)
