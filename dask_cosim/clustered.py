@@ -36,6 +36,7 @@ from dask.base import tokenize
 
 from dask_cosim import backends, options, search
 from dask_cosim import clustered_partition as cp
+from dask_cosim import clustered_results as cr
 from dask_cosim import search_graph as sg
 from dask_cosim import search_partition as sp
 from dask_cosim.clustered_plan import Plan, plan
@@ -142,9 +143,9 @@ def _gather(found: Any, by: str, df: Any, carried: bool = False) -> Any:
 
 def _carry(found: Any, df: Any, cols: list[Any], prefix: str) -> Any:
     """``found`` (gathered by :func:`_gather`) with the ``cols`` of the rows its keys
-    name, taken from their own partitions: :func:`clustered_partition.with_carried`."""
+    name, taken from their own partitions: :func:`clustered_results.with_carried`."""
     if not dask.is_dask_collection(found):
-        return cp.with_carried(found, df[cols], prefix)
+        return cr.with_carried(found, df[cols], prefix)
     payload = df[cols]
     if sg.holds_data(df):
         # Not a projection of the frame in memory: persist() optimizes the graph twice,
@@ -153,9 +154,9 @@ def _carry(found: Any, df: Any, cols: list[Any], prefix: str) -> Any:
         # ("Missing dependency", dask 2026.8).  A projection of a read stays one: it
         # narrows the read.
         payload = df.map_partitions(_select, cols, meta=payload._meta)
-    meta = cp.with_carried(found._meta, payload._meta, prefix)
+    meta = cr.with_carried(found._meta, payload._meta, prefix)
     return dd.map_partitions(
-        cp.with_carried, found, payload, prefix, meta=meta, align_dataframes=False
+        cr.with_carried, found, payload, prefix, meta=meta, align_dataframes=False
     )
 
 
@@ -174,8 +175,8 @@ def _per_partition(fn: Any, found: Any, *args: Any, meta: Any = None) -> Any:
 def _drop(df: Any, found: Any) -> Any:
     """``df`` without the rows whose keys index ``found``."""
     if not dask.is_dask_collection(df):
-        return cp.drop_keys(df, found)
-    return dd.map_partitions(cp.drop_keys, df, found, meta=df._meta, align_dataframes=False)
+        return cr.drop_keys(df, found)
+    return dd.map_partitions(cr.drop_keys, df, found, meta=df._meta, align_dataframes=False)
 
 
 def _search(df: Any, on: str, p: Plan, cols: list[Any]) -> Any:
@@ -191,7 +192,7 @@ def _search(df: Any, on: str, p: Plan, cols: list[Any]) -> Any:
         found = _carry(_gather(found.reset_index(), "_lkey", df, True), df, cols, "_q")
     out_meta = backends.frame_like(meta, like)
     # Numbered from 0 in each partition, as the exact method's: no divisions.
-    return _unsorted(_per_partition(cp.finish_pairs, found, meta, like, carried, meta=out_meta))
+    return _unsorted(_per_partition(cr.finish_pairs, found, meta, like, carried, meta=out_meta))
 
 
 def _dedup(df: Any, on: str, p: Plan, removed: bool, cols: list[Any]) -> Any:
@@ -207,11 +208,11 @@ def _dedup(df: Any, on: str, p: Plan, removed: bool, cols: list[Any]) -> Any:
     pairs = _found(df, on, p, drops=False, by="_rkey")
     best = pairs
     if cols:
-        best = _carry(_gather(_per_partition(cp.best_earlier, pairs), "_lkey", df), df, cols, "_q")
+        best = _carry(_gather(_per_partition(cr.best_earlier, pairs), "_lkey", df), df, cols, "_q")
         best = _carry(_gather(best.reset_index(), "_key", df, True), df, cols, "_p")
     out_meta = backends.frame_like(meta, like)
     return _drop(df, pairs), _unsorted(
-        _per_partition(cp.removed_rows, best, meta, like, carried, meta=out_meta)
+        _per_partition(cr.removed_rows, best, meta, like, carried, meta=out_meta)
     )
 
 

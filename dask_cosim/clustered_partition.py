@@ -4,9 +4,8 @@
 eager frame): sample rows for k-means (:func:`sample_partition`), the clusters' sizes and
 radii (:func:`stats_partition`), each row copied to its home cluster's block and to the
 blocks it probes (:func:`route_partition`), the exact search inside the blocks of one
-shuffled partition (:func:`search_blocks`), then back to frame order
-(:func:`finish_pairs`, :func:`removed_rows`, :func:`drop_keys`), with the columns a
-search carries taken from the rows' own partitions (:func:`with_carried`).
+shuffled partition (:func:`search_blocks`); :mod:`dask_cosim.clustered_results` takes
+the pairs back to frame order.
 
 Rows are named by a key that is their place in frame order: ``(partition << 40) +
 position``, as the all-pairs search orders them.
@@ -25,18 +24,13 @@ import torch
 from dask_cosim import backends, partition
 from dask_cosim import clustered_blocks as cb
 from dask_cosim import clustered_kernels as ck
-from dask_cosim import search_dedup as sd
 from dask_cosim import search_kernels as sk
 from dask_cosim import search_partition as sp
-from dask_cosim import search_results as sr
 from dask_cosim.clustered_rows import decode_rows, encode_rows
 
 __all__ = [
     "Layout",
     "Stats",
-    "best_earlier",
-    "drop_keys",
-    "finish_pairs",
     "found_meta",
     "labels",
     "merge_stats",
@@ -47,7 +41,6 @@ __all__ = [
     "sample_partition",
     "search_blocks",
     "stats_partition",
-    "with_carried",
 ]
 
 POS_BITS = sp.POS_BITS  # a row's key: its partition above its position, as the search's
@@ -386,56 +379,3 @@ def found_meta(meta: pd.DataFrame, drops: bool) -> pd.DataFrame:
         return pd.DataFrame({"_key": np.zeros(0, np.int64)})
     keys = pd.DataFrame({"_lkey": np.zeros(0, np.int64), "_rkey": np.zeros(0, np.int64)})
     return pd.concat([keys, meta.astype({"score": np.float64})], axis=1)
-
-
-def finish_pairs(
-    pairs: pd.DataFrame, meta: pd.DataFrame, like: Any = None, carried: dict[str, str] | None = None
-) -> Any:
-    """Pairs of one output partition in frame order (left row, then right row), each
-    once: the ``neighbors(threshold=...)`` result partition, in the library of ``like``;
-    ``carried`` as :func:`dask_cosim.search_results.pairs_result` takes it."""
-    lkey = pairs.index.to_numpy() if "_lkey" not in pairs else pairs["_lkey"].to_numpy()
-    rkey = pairs["_rkey"].to_numpy()
-    taken = np.lexsort([rkey, lkey])
-    lkey, rkey = lkey[taken], rkey[taken]
-    # A pair found from both of its clusters (n_probe mode) is reported once.
-    again = np.r_[False, (lkey[1:] == lkey[:-1]) & (rkey[1:] == rkey[:-1])]
-    taken = taken[~again[: len(taken)]]
-    return sr.pairs_result(pairs.iloc[taken], meta, False, like, carried)
-
-
-def best_earlier(pairs: pd.DataFrame) -> pd.DataFrame:
-    """From pairs indexed by the later row's key: per later row ("_key") its best earlier
-    match (the exact method's choice: :func:`dask_cosim.search_dedup.best_matches`).  A
-    pair found from both of its clusters counts once, as it should."""
-    return sd.best_matches(pairs.rename_axis("_key").reset_index())
-
-
-def removed_rows(
-    pairs: pd.DataFrame, meta: pd.DataFrame, like: Any = None, carried: dict[str, str] | None = None
-) -> Any:
-    """dedup's removed rows of one output partition, from its pairs indexed by the later
-    row's key: :func:`best_earlier`, in frame order, in the library of ``like``;
-    ``carried`` as :func:`dask_cosim.search_results.pairs_result` takes it."""
-    return sd.finish_removed(best_earlier(pairs), meta, carried or {}, like)
-
-
-def with_carried(found: pd.DataFrame, payload: Any, prefix: str) -> pd.DataFrame:
-    """``found``, indexed by keys of rows of one input partition, with those rows'
-    carried columns: ``payload`` is that partition's columns to carry (pandas or cudf),
-    named "{prefix}0", ... (:func:`dask_cosim.search_partition.carried_rows`)."""
-    rows = key_positions(found.index.to_numpy(np.int64))
-    extra = sp.carried_rows(payload, rows, prefix).set_axis(found.index, axis=0)
-    return pd.concat([found, extra], axis=1)
-
-
-def drop_keys(df: Any, drops: pd.DataFrame) -> Any:
-    """``df`` (one partition of the input) without the rows whose keys are in ``drops``
-    (its index or its "_key" column: keys of this partition's rows)."""
-    keys = drops["_key"].to_numpy() if "_key" in drops else drops.index.to_numpy()
-    pos = key_positions(keys)
-    if len(pos) == 0:
-        return df
-    keep = np.ones(len(df), dtype=bool)
-    keep[pos] = False
-    return df.iloc[np.flatnonzero(keep)]
