@@ -14,6 +14,10 @@ other cluster that the skip rule (:mod:`dask_cosim.clustered_kernels`) cannot ru
    float64 decisions): every pair reported is exact, and so is its score;
 4. back to frame order: pairs sorted by left row, or the dropped rows removed.
 
+The tasks of 3 and those holding the pairs gathered in 4 count them against
+``cosim.search.max-result-bytes`` (:mod:`dask_cosim.search_budget`), as the all-pairs
+search's tasks do.
+
 Steps 2-4 are the lazy result.  Modes: ``n_probe=None`` (exact) probes every cluster
 within reach, so the result equals the all-pairs one (recall 1, by the proof in the
 kernels); an integer probes at most that many clusters per row (faster on diffuse data,
@@ -40,6 +44,7 @@ from dask_cosim import clustered_results as cr
 from dask_cosim import search_graph as sg
 from dask_cosim import search_partition as sp
 from dask_cosim.clustered_plan import Plan, plan
+from dask_cosim.search_budget import Budget
 
 __all__ = ["Plan", "dedup", "neighbors", "plan"]
 
@@ -52,16 +57,18 @@ def _pairs_meta(df: Any, on: str, carried: dict[str, Any] | None = None) -> pd.D
     return sp.result_meta(like.index, like.index, sp.score_dtype(spec), False, carried)
 
 
-def _found(df: Any, on: str, p: Plan, drops: bool, by: str) -> Any:
+def _found(df: Any, on: str, p: Plan, drops: bool, by: str, budget: Budget) -> Any:
     """What :func:`clustered_partition.search_blocks` finds with plan ``p`` (the pairs, or
-    with ``drops`` the keys of the rows to drop), indexed by the key column ``by`` and,
-    for a dask frame, lazily gathered into the input partition that key names."""
+    with ``drops`` the keys of the rows to drop; each task holding at most the pairs
+    ``budget`` allows), indexed by the key column ``by`` and, for a dask frame, lazily
+    gathered into the input partition that key names."""
     eps, device = options.eps(), options.device()
     tiles = options.search_tile_bytes()
     tile = tiles["cuda" if device.startswith("cuda") else "cpu"]
     kwargs: dict[str, Any] = {"eps": eps, "device": device}
     # The blocks are searched as the all-pairs search is: same tiles, same precision.
     search = {"tile_bytes": tile, "precision": options.search_precision(), **kwargs}
+    search["budget"] = budget
     if not dask.is_dask_collection(df):
         routed = cp.route_partition(df, on, p.layout, chunk_bytes=tiles["cpu"], **kwargs)
         found = cp.search_blocks(
@@ -141,11 +148,12 @@ def _gather(found: Any, by: str, df: Any, carried: bool = False) -> Any:
     return found.set_index(by, divisions=bounds, shuffle_method=method)
 
 
-def _carry(found: Any, df: Any, cols: list[Any], prefix: str) -> Any:
+def _carry(found: Any, df: Any, cols: list[Any], prefix: str, budget: Budget | None = None) -> Any:
     """``found`` (gathered by :func:`_gather`) with the ``cols`` of the rows its keys
-    name, taken from their own partitions: :func:`clustered_results.with_carried`."""
+    name, taken from their own partitions: :func:`clustered_results.with_carried`
+    (``budget``: for the pairs gathered)."""
     if not dask.is_dask_collection(found):
-        return cr.with_carried(found, df[cols], prefix)
+        return cr.with_carried(found, df[cols], prefix, budget)
     payload = df[cols]
     if sg.holds_data(df):
         # Not a projection of the frame in memory: persist() optimizes the graph twice,
@@ -156,7 +164,7 @@ def _carry(found: Any, df: Any, cols: list[Any], prefix: str) -> Any:
         payload = df.map_partitions(_select, cols, meta=payload._meta)
     meta = cr.with_carried(found._meta, payload._meta, prefix)
     return dd.map_partitions(
-        cr.with_carried, found, payload, prefix, meta=meta, align_dataframes=False
+        cr.with_carried, found, payload, prefix, budget, meta=meta, align_dataframes=False
     )
 
 
@@ -172,47 +180,64 @@ def _per_partition(fn: Any, found: Any, *args: Any, meta: Any = None) -> Any:
     return found.map_partitions(fn, *args, meta=fn(found._meta, *args) if meta is None else meta)
 
 
-def _drop(df: Any, found: Any) -> Any:
-    """``df`` without the rows whose keys index ``found``."""
+def _drop(df: Any, found: Any, budget: Budget | None = None) -> Any:
+    """``df`` without the rows whose keys index ``found`` (``budget``: where those are
+    pairs)."""
     if not dask.is_dask_collection(df):
-        return cr.drop_keys(df, found)
-    return dd.map_partitions(cr.drop_keys, df, found, meta=df._meta, align_dataframes=False)
+        return cr.drop_keys(df, found, budget)
+    return dd.map_partitions(cr.drop_keys, df, found, budget, meta=df._meta, align_dataframes=False)
 
 
-def _search(df: Any, on: str, p: Plan, cols: list[Any]) -> Any:
-    """The pairs of plan ``p``: the ``neighbors(threshold=...)`` result.  With ``cols``
-    the pairs go to their right row's partition for its columns, then to their left
-    row's for its own."""
+def _planned(
+    op: str, df: Any, on: str, threshold: float, kwargs: dict[str, Any]
+) -> tuple[Plan, Budget]:
+    """The plan of ``op``'s search (:func:`plan` with ``kwargs``) and the pairs its tasks
+    may hold; ``cosim.search.max-result-bytes`` is checked first: a bad setting costs
+    no plan."""
+    setting = options.search_max_result_bytes()
+    p = plan(df, on, threshold, **kwargs)
+    return p, Budget(setting, op, on, p.threshold, method="clustered")
+
+
+def _search(df: Any, on: str, p: Plan, cols: list[Any], budget: Budget) -> Any:
+    """The pairs of plan ``p``: the ``neighbors(threshold=...)`` result, each task holding
+    at most the pairs ``budget`` allows.  With ``cols`` the pairs go to their right row's
+    partition for its columns, then to their left row's for its own."""
     dtypes, carried = search._pair_columns(df, cols, df, cols)
     meta, like = _pairs_meta(df, on, dtypes), sg.meta_of(df)
     if not cols:
-        found = _found(df, on, p, drops=False, by="_lkey")
+        found = _found(df, on, p, drops=False, by="_lkey", budget=budget)
     else:
-        found = _carry(_found(df, on, p, drops=False, by="_rkey"), df, cols, "_p")
-        found = _carry(_gather(found.reset_index(), "_lkey", df, True), df, cols, "_q")
+        pairs = _found(df, on, p, drops=False, by="_rkey", budget=budget)
+        found = _carry(pairs, df, cols, "_p", budget)
+        found = _carry(_gather(found.reset_index(), "_lkey", df, True), df, cols, "_q", budget)
     out_meta = backends.frame_like(meta, like)
     # Numbered from 0 in each partition, as the exact method's: no divisions.
-    return _unsorted(_per_partition(cr.finish_pairs, found, meta, like, carried, meta=out_meta))
+    finish = _per_partition(cr.finish_pairs, found, meta, like, carried, budget, meta=out_meta)
+    return _unsorted(finish)
 
 
-def _dedup(df: Any, on: str, p: Plan, removed: bool, cols: list[Any]) -> Any:
+def _dedup(df: Any, on: str, p: Plan, removed: bool, cols: list[Any], budget: Budget) -> Any:
     """``df`` without the rows that have an earlier match; with ``removed`` also dedup's
     removed rows: the pairs, gathered by their later (right) row's partition, give both
     the rows to drop and each one's best earlier match (chosen as the exact method
     chooses it, :func:`dask_cosim.search_dedup.best_matches`); with ``cols`` those
-    matches go to their earlier row's partition for its columns, and back."""
+    matches go to their earlier row's partition for its columns, and back.  Each task
+    holds at most the pairs ``budget`` allows."""
     if not removed:
-        return _drop(df, _found(df, on, p, drops=True, by="_key"))
+        return _drop(df, _found(df, on, p, drops=True, by="_key", budget=budget))
     dtypes, carried = search._pair_columns(df, cols, df, cols)
     meta, like = _pairs_meta(df, on, dtypes), sg.meta_of(df)
-    pairs = _found(df, on, p, drops=False, by="_rkey")
+    pairs = _found(df, on, p, drops=False, by="_rkey", budget=budget)
     best = pairs
     if cols:
-        best = _carry(_gather(_per_partition(cr.best_earlier, pairs), "_lkey", df), df, cols, "_q")
+        # One match per removed row from here: fewer than the partition's rows.
+        best = _per_partition(cr.best_earlier, pairs, budget)
+        best = _carry(_gather(best, "_lkey", df), df, cols, "_q")
         best = _carry(_gather(best.reset_index(), "_key", df, True), df, cols, "_p")
     out_meta = backends.frame_like(meta, like)
-    return _drop(df, pairs), _unsorted(
-        _per_partition(cr.removed_rows, best, meta, like, carried, meta=out_meta)
+    return _drop(df, pairs, budget), _unsorted(
+        _per_partition(cr.removed_rows, best, meta, like, carried, budget, meta=out_meta)
     )
 
 
@@ -242,7 +267,8 @@ def neighbors(
         eager.
     """
     cols = search._carried(df, columns, "columns")
-    return _search(df, on, plan(df, on, threshold, **options), cols)
+    p, budget = _planned("neighbors", df, on, threshold, options)
+    return _search(df, on, p, cols, budget)
 
 
 def dedup(
@@ -258,4 +284,5 @@ def dedup(
     ties to the earliest, ``right`` the row, ``score``, then ``left_<c>``, ``right_<c>``
     for each of ``columns``).  Options as in :func:`neighbors`."""
     cols = search._carried(df, columns, "columns")
-    return _dedup(df, on, plan(df, on, threshold, **options), return_removed, cols)
+    p, budget = _planned("dedup", df, on, threshold, options)
+    return _dedup(df, on, p, return_removed, cols, budget)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from dask_cosim import search_kernels as sk
+from dask_cosim._search_sweep import PairLimit
 
 __all__ = ["MEMBER", "PROBE", "SIDE", "block_pairs", "rows"]
 
@@ -26,6 +27,7 @@ def block_pairs(
     *,
     tile_bytes: int,
     precision: str = "fp32",
+    limit: PairLimit | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The pairs of one block scoring at least ``threshold`` in float64: (first, second,
     score), positions in ``prep`` with ``key[first] < key[second]``, found by tiles of
@@ -36,6 +38,9 @@ def block_pairs(
     once) and PROBE x (MEMBER or SIDE).  Each pair is re-scored with its earlier row
     (smaller ``key``, frame order) first, as the all-pairs search scores it, so that a
     pair at the threshold gets the same float64 score, and decision, in both.
+
+    ``limit`` counts the candidate pairs as the kernels find them (and may be handed
+    every block of a task): past its most, :class:`~dask_cosim._search_sweep.TooManyPairs`.
     """
     device = prep.unit.device
     # The tile scan keeps candidates down to just below the threshold: the re-score with
@@ -46,7 +51,7 @@ def block_pairs(
         pm = rows(prep, 0, members)
         i, j, _ = sk.threshold_pairs(
             pm, pm, low, tile_bytes=tile_bytes, mode="upper", exact_scores=False,
-            precision=precision,
+            precision=precision, limit=limit,
         )  # fmt: skip
         first.append(i)
         second.append(j)
@@ -59,6 +64,7 @@ def block_pairs(
             tile_bytes=tile_bytes,
             exact_scores=False,
             precision=precision,
+            limit=limit,
         )
         first.append(i + reach)
         second.append(j)

@@ -27,6 +27,7 @@ from dask_cosim import clustered_kernels as ck
 from dask_cosim import search_kernels as sk
 from dask_cosim import search_partition as sp
 from dask_cosim.clustered_rows import decode_rows, encode_rows
+from dask_cosim.search_budget import Budget, collecting
 
 __all__ = [
     "Layout",
@@ -44,6 +45,12 @@ __all__ = [
 ]
 
 POS_BITS = sp.POS_BITS  # a row's key: its partition above its position, as the search's
+# How a task searching blocks gets fewer pairs: fewer rows a block, so more tasks (the
+# plan gives the routing shuffle a partition per block_bytes of routed rows).
+SMALLER_BLOCKS = (
+    "set a smaller cosim.search.clustered.block-bytes (smaller blocks, in more tasks: "
+    "fewer pairs per task)"
+)
 VEC = "_vec"  # the vector column of routed frames (no user column name can clash)
 KEY = "_key"  # frame-order keys (row_keys)
 
@@ -320,6 +327,8 @@ def search_blocks(
     device: str,
     tile_bytes: int,
     precision: str = "fp32",
+    budget: Budget | None = None,
+    partition_info: dict[str, Any] | None = None,
 ) -> pd.DataFrame:
     """Every pair scoring at least ``threshold`` in each block of a shuffled partition
     (its rows of ``dim`` values of ``dtype``), found by tiles of ``precision`` (as
@@ -327,7 +336,8 @@ def search_blocks(
 
     ``drops`` False: "_lkey", "_rkey" (frame-order keys, the earlier row first), "left",
     "right" (labels) and "score" (float64).  ``drops`` True: "_key", the later row of
-    each pair (the row ``dedup`` drops).
+    each pair (the row ``dedup`` drops).  ``budget``: the pairs the task may hold, over
+    all its blocks, past which it raises :class:`~dask_cosim.errors.ResultTooLargeError`.
     """
     block_all, role_all = df["_block"].to_numpy(), df["_role"].to_numpy()
     # Each block's rows together, in role order, members by key (block_pairs).
@@ -343,20 +353,27 @@ def search_blocks(
     first: list[np.ndarray] = []
     second: list[np.ndarray] = []
     score: list[np.ndarray] = []
-    for s, e in zip(starts, stops, strict=True):
-        counts = np.bincount(role[s:e], minlength=3)
-        i, j, sc = cb.block_pairs(
-            cb.rows(prep, s, e),
-            int(counts[cb.MEMBER]),
-            int(counts[cb.SIDE]),
-            key[s:e],
-            threshold,
-            tile_bytes=tile_bytes,
-            precision=precision,
-        )
-        first.append(i.cpu().numpy() + s)
-        second.append(j.cpu().numpy() + s)
-        score.append(sc.cpu().numpy())
+    blocks = f"{len(starts)} block{'s' * (len(starts) != 1)}"
+    where = (
+        f"the search of the blocks of routing-shuffle partition "
+        f"{partition_number(partition_info)} ({len(block):,} routed rows in {blocks})"
+    )
+    with collecting(budget, where, SMALLER_BLOCKS) as limit:
+        for s, e in zip(starts, stops, strict=True):
+            counts = np.bincount(role[s:e], minlength=3)
+            i, j, sc = cb.block_pairs(
+                cb.rows(prep, s, e),
+                int(counts[cb.MEMBER]),
+                int(counts[cb.SIDE]),
+                key[s:e],
+                threshold,
+                tile_bytes=tile_bytes,
+                precision=precision,
+                limit=limit,
+            )
+            first.append(i.cpu().numpy() + s)
+            second.append(j.cpu().numpy() + s)
+            score.append(sc.cpu().numpy())
     a = np.concatenate(first) if first else np.zeros(0, np.int64)
     b = np.concatenate(second) if second else np.zeros(0, np.int64)
     if drops:

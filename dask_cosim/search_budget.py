@@ -9,6 +9,10 @@ its tiles find them (:class:`~dask_cosim._search_sweep.PairLimit`) and stops wit
 ``cosim.search.max-result-bytes``, instead of running its worker out of memory (which
 dask answers by restarting the worker, then ``KilledWorker``, without a word about why).
 
+The clustered search (``method="clustered"``, :mod:`dask_cosim.clustered`) counts its
+pairs the same way: each task searching blocks, and each task holding the pairs gathered
+into a partition of the frame.
+
 Pairs are counted at :data:`PAIR_BYTES` each, what one takes in a task's frame of
 pairs.  Building that frame and sorting it take about 2.5 times as much at their peak
 (measured), hence the share "auto" takes: :data:`AUTO_SHARE` of the memory of one
@@ -29,26 +33,40 @@ from dask.utils import format_bytes
 from dask_cosim._search_sweep import PairLimit, TooManyPairs
 from dask_cosim.errors import ResultTooLargeError
 
-__all__ = ["AUTO_SHARE", "PAIR_BYTES", "Budget", "collecting"]
+__all__ = [
+    "AUTO_SHARE",
+    "MORE_PARTITIONS",
+    "PAIR_BYTES",
+    "Budget",
+    "collecting",
+]
 
 # Bytes of one pair in a task's frame of pairs: the left row's position and ordering
 # key, two int64 labels and the score (carried columns come on top).
 PAIR_BYTES = 40
 # "auto": the pairs of one task may take this fraction of one thread's memory.
 AUTO_SHARE = 1 / 8
+# Where the docs say more, by method.
+DOCS = {"exact": "docs/similarity-search.md", "clustered": "docs/clustered.md"}
+# How an exact search's pair task gets fewer pairs.
+MORE_PARTITIONS = (
+    "split the frame into more partitions (fewer pairs per task; a side is cut into at "
+    "most cosim.search.max-blocks blocks)"
+)
 
 
 @dataclass(frozen=True)
 class Budget:
     """What the tasks of one search may hold: ``setting`` is
     ``cosim.search.max-result-bytes`` as :func:`dask_cosim.options.search_max_result_bytes`
-    checked it ("auto" or bytes, part of the graph's keys); ``op``, ``column`` and
-    ``threshold`` name the search in the error."""
+    checked it ("auto" or bytes, part of the graph's keys); ``op``, ``column``,
+    ``threshold`` and ``method`` ("exact" or "clustered") name the search in the error."""
 
     setting: int | str
     op: str
     column: str
     threshold: float | None
+    method: str = "exact"
 
     def allowed(self) -> tuple[int, str]:
         """The bytes one task may hold here, and where that number comes from."""
@@ -67,44 +85,49 @@ class Budget:
     def limit(self) -> PairLimit:
         return PairLimit(self.most_pairs())
 
-    def check(self, found: int, where: str) -> None:
+    def check(self, found: int, where: str, fewer: str | None = None) -> None:
         """Raise the error when ``found`` pairs are more than one task may hold."""
         if found > self.most_pairs():
-            raise self.error(found, where)
+            raise self.error(found, where, fewer)
 
-    def error(self, found: int, where: str) -> ResultTooLargeError:
+    def error(self, found: int, where: str, fewer: str | None = None) -> ResultTooLargeError:
+        """The error for a task (``where``) that found ``found`` pairs; ``fewer``: how that
+        task gets fewer pairs, where not as an exact search's (:data:`MORE_PARTITIONS`)."""
         allowed, why = self.allowed()
         fixes = ["raise the threshold"]
-        if self.op in ("join", "neighbors"):
+        if self.op in ("join", "neighbors") and self.method == "exact":
             fixes.append("give k= to keep each row's k best matches")
-        if self.op != "groups":  # its components need every pair in one task
-            fixes.append(
-                "split the frame into more partitions (fewer pairs per task; a side is "
-                "cut into at most cosim.search.max-blocks blocks)"
-            )
+        if fewer is None and self.op != "groups":  # its components need every pair in one task
+            fewer = MORE_PARTITIONS
+        if fewer is not None:
+            fixes.append(fewer)
         fixes.append("set a larger cosim.search.max-result-bytes where the workers have the memory")
+        method = "" if self.method == "exact" else f", method={self.method!r}"
         return ResultTooLargeError(
-            f"{self.op}(threshold={self.threshold!r}) on column {self.column!r}: {where} "
+            f"{self.op}(threshold={self.threshold!r}{method}) on column {self.column!r}: {where} "
             f"found {found:,} pairs ({format_bytes(found * PAIR_BYTES)} at {PAIR_BYTES} "
             f"bytes a pair), more than one task may hold, {format_bytes(allowed)} ({why}); "
             "stopped before its worker runs out of memory. A threshold search's result "
             f"grows with the pairs found, not with the rows: {', '.join(fixes[:-1])}, or "
-            f'{fixes[-1]} (docs/similarity-search.md, "Memory")'
+            f'{fixes[-1]} ({DOCS[self.method]}, "Memory")'
         )
 
 
 @contextmanager
-def collecting(budget: Budget | None, where: str) -> Iterator[PairLimit | None]:
+def collecting(
+    budget: Budget | None, where: str, fewer: str | None = None
+) -> Iterator[PairLimit | None]:
     """The limit to hand a search's kernels (None: no ``budget``), its
     :class:`~dask_cosim._search_sweep.TooManyPairs` turned into ``budget``'s error,
-    naming the task by ``where`` ("partitions 0 and 3")."""
+    naming the task by ``where`` ("partitions 0 and 3"), ``fewer`` as
+    :meth:`Budget.error` takes it."""
     if budget is None:
         yield None
         return
     try:
         yield budget.limit()
     except TooManyPairs as stop:
-        raise budget.error(stop.found, where) from None
+        raise budget.error(stop.found, where, fewer) from None
 
 
 def _memory() -> tuple[int, int, str]:

@@ -1,0 +1,160 @@
+"""method="clustered" holds its pairs to cosim.search.max-result-bytes as the exact
+search does: a task searching blocks, or one holding the pairs gathered into a
+partition of the frame, that finds more than the budget stops with ResultTooLargeError
+naming the step and the fixes that help there; within the budget the result is the
+exact method's."""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+import dask
+import numpy as np
+import pandas as pd
+import pytest
+from distributed import Client, LocalCluster
+
+from dask_cosim.errors import ResultTooLargeError
+from dask_cosim.search_budget import PAIR_BYTES
+from tests.helpers import search_frame, to_dask
+
+# 400 rows around one direction, every pair scoring about 0.92: 79,800 pairs at 0.5.
+ROWS, DIM, THRESHOLD = 400, 16, 0.5
+PAIRS = ROWS * (ROWS - 1) // 2
+# A block of the clustered search holds rows of DIM * 12 + 64 bytes (float32 rows):
+# 50 rows a block, so that the 400 rows are searched in many small block tasks.
+SMALL_BLOCKS = 50 * (DIM * 12 + 64)
+# More than any task searching those small blocks finds (a few thousand pairs), less
+# than the pairs gathered into the 2-partition frame's busier partition (59,900).
+BETWEEN = 30_000
+BLOCKS = "the search of the blocks of routing-shuffle partition"
+GATHER = "the pairs gathered into partition"
+
+
+@pytest.fixture(scope="module")
+def pdf() -> pd.DataFrame:
+    rng = np.random.default_rng(3)
+    centre = rng.standard_normal(DIM)
+    x = centre / np.linalg.norm(centre) + 0.3 * rng.standard_normal((ROWS, DIM)) / math.sqrt(DIM)
+    return search_frame(x.astype(np.float32))
+
+
+def _search(df: Any, op: str, method: str = "clustered", columns: Any = None) -> Any:
+    how: dict[str, Any] = {"method": method, "columns": columns}
+    if method == "clustered":
+        how["clusters"] = 2
+    if op == "neighbors":
+        return df.cosim.neighbors("emb", threshold=THRESHOLD, **how)
+    if op == "dedup":
+        return df.cosim.dedup("emb", THRESHOLD, **how)
+    return df.cosim.dedup("emb", THRESHOLD, return_removed=True, **how)[1]
+
+
+def _settings(pairs: int, small_blocks: bool = False) -> dict[str, Any]:
+    settings: dict[str, Any] = {"cosim.search.max-result-bytes": pairs * PAIR_BYTES}
+    if small_blocks:
+        settings["cosim.search.clustered.block-bytes"] = SMALL_BLOCKS
+    return settings
+
+
+def _raised(df: Any, op: str, settings: dict[str, Any], columns: Any = None) -> str:
+    """The message of the error the search raises, from the call (eager frames) or the
+    computation (sync scheduler)."""
+    with dask.config.set(settings), pytest.raises(ResultTooLargeError) as caught:
+        result = _search(df, op, columns=columns)
+        dask.compute(result, scheduler="sync")
+    return str(caught.value)
+
+
+def _assert_names(message: str, op: str, pairs: int) -> None:
+    name = op.split("-")[0]
+    assert message.startswith(
+        f"{name}(threshold={THRESHOLD}, method='clustered') on column 'emb': "
+    ), message
+    assert f"cosim.search.max-result-bytes={pairs * PAIR_BYTES}" in message
+    assert "raise the threshold" in message
+    assert message.endswith('(docs/clustered.md, "Memory")')
+    # Neither applies to the clustered method: it takes no k, nor max-blocks.
+    assert "give k=" not in message
+    assert "max-blocks" not in message
+
+
+@pytest.mark.parametrize("op", ["neighbors", "dedup", "dedup-removed"])
+@pytest.mark.parametrize("npartitions", [None, 2])
+def test_a_block_task_past_its_budget_names_the_cause(
+    pdf: pd.DataFrame, op: str, npartitions: int | None
+) -> None:
+    df = pdf if npartitions is None else to_dask(pdf, npartitions)
+    message = _raised(df, op, _settings(100))
+    _assert_names(message, op, 100)
+    assert re.search(rf"{BLOCKS} \d+ \([\d,]+ routed rows in \d+ blocks?\) found", message)
+    assert "smaller cosim.search.clustered.block-bytes" in message
+    assert "more partitions" not in message  # the frame's partitions: not these tasks'
+
+
+@pytest.mark.parametrize(
+    ("op", "columns"),
+    [("neighbors", None), ("neighbors", ["id"]), ("dedup-removed", None),
+     ("dedup-removed", ["id"])],
+)  # fmt: skip
+def test_the_pairs_gathered_into_a_partition_are_held_to_the_budget(
+    pdf: pd.DataFrame, op: str, columns: Any
+) -> None:
+    """Each task searching blocks finds a few thousand pairs, but the 2-partition
+    frame's partition 0 gathers the 59,900 pairs of its left rows (neighbors), partition
+    1 those of its right rows (dedup's removed rows; and neighbors' with columns, which
+    gathers by the right row first)."""
+    message = _raised(to_dask(pdf, 2), op, _settings(BETWEEN, small_blocks=True), columns)
+    _assert_names(message, op, BETWEEN)
+    last = op == "dedup-removed" or columns is not None
+    assert f"{GATHER} {int(last)} of the frame found 59,900 pairs" in message
+    assert "split the frame into more partitions" in message
+    assert "block-bytes" not in message
+
+
+def test_within_the_budget_the_result_is_the_exact_methods(pdf: pd.DataFrame) -> None:
+    """Small blocks and a budget that holds every pair: the exact method's result; two
+    budgets give two graphs (the option is part of the keys)."""
+    ddf = to_dask(pdf, 2)
+    names = []
+    for op in ("neighbors", "dedup", "dedup-removed"):
+        want = _search(ddf, op, method="exact").compute(scheduler="sync")
+        with dask.config.set(_settings(PAIRS, small_blocks=True)):
+            got = _search(ddf, op)
+        names.append(got._name)
+        got = got.compute(scheduler="sync")
+        if op == "dedup":
+            assert list(got.index) == list(want.index)
+            continue
+        assert len(want) == (PAIRS if op == "neighbors" else ROWS - 1)
+        pd.testing.assert_frame_equal(
+            got.reset_index(drop=True)[["left", "right"]],
+            want.reset_index(drop=True)[["left", "right"]],
+        )
+        np.testing.assert_allclose(got["score"], want["score"], atol=2e-6)
+        with dask.config.set(_settings(2 * PAIRS, small_blocks=True)):
+            assert _search(ddf, op)._name != names[-1]
+    assert len(set(names)) == 3
+    with dask.config.set({"cosim.search.max-result-bytes": "lots"}):
+        with pytest.raises(ValueError, match=r"cosim\.search\.max-result-bytes='lots' must be"):
+            _search(ddf, "neighbors")
+
+
+def test_the_error_reaches_the_client_from_a_worker(pdf: pd.DataFrame, loop: object) -> None:
+    """On worker processes (dask's p2p shuffles): the block tasks of neighbors and of
+    dedup, and the gathering of neighbors' pairs."""
+    with LocalCluster(n_workers=1, threads_per_worker=1, memory_limit="1.5GiB",
+                      processes=True, loop=loop, host="127.0.0.1",
+                      dashboard_address=None) as cluster, Client(cluster):  # fmt: skip
+        ddf = to_dask(pdf, 2)
+        for op in ("neighbors", "dedup"):
+            with dask.config.set(_settings(100)):
+                result = _search(ddf, op)
+            with pytest.raises(ResultTooLargeError, match=rf"^{op}\(.*: {BLOCKS} \d"):
+                result.compute()
+        with dask.config.set(_settings(BETWEEN, small_blocks=True)):
+            result = _search(ddf, "neighbors")
+        with pytest.raises(ResultTooLargeError, match=f"{GATHER} 0 of the frame found 59,900"):
+            result.compute()
