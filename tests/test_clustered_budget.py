@@ -17,7 +17,7 @@ import pytest
 from distributed import Client, LocalCluster
 
 from dask_cosim.errors import ResultTooLargeError
-from dask_cosim.search_budget import PAIR_BYTES
+from dask_cosim.search_budget import CLUSTERED_AUTO_SHARE, PAIR_BYTES, Budget
 from tests.helpers import search_frame, to_dask
 
 # 400 rows around one direction, every pair scoring about 0.92: 79,800 pairs at 0.5.
@@ -142,12 +142,20 @@ def test_within_the_budget_the_result_is_the_exact_methods(pdf: pd.DataFrame) ->
             _search(ddf, "neighbors")
 
 
+def _auto_budget() -> int:
+    return Budget("auto", "neighbors", "emb", THRESHOLD, method="clustered").allowed()[0]
+
+
 def test_the_error_reaches_the_client_from_a_worker(pdf: pd.DataFrame, loop: object) -> None:
     """On worker processes (dask's p2p shuffles): the block tasks of neighbors and of
-    dedup, and the gathering of neighbors' pairs."""
-    with LocalCluster(n_workers=1, threads_per_worker=1, memory_limit="1.5GiB",
+    dedup, and the gathering of neighbors' pairs.  "auto" is the clustered method's
+    share of the worker's memory limit (its tasks peak at about twice the exact
+    method's bytes a pair)."""
+    limit = 3 * 2**29
+    with LocalCluster(n_workers=1, threads_per_worker=1, memory_limit=limit,
                       processes=True, loop=loop, host="127.0.0.1",
-                      dashboard_address=None) as cluster, Client(cluster):  # fmt: skip
+                      dashboard_address=None) as cluster, Client(cluster) as client:  # fmt: skip
+        assert client.submit(_auto_budget).result() == int(limit * CLUSTERED_AUTO_SHARE)
         ddf = to_dask(pdf, 2)
         for op in ("neighbors", "dedup"):
             with dask.config.set(_settings(100)):
