@@ -84,6 +84,7 @@ def _found(df: Any, on: str, p: Plan, drops: bool, by: str, budget: Budget) -> A
         chunk_bytes=tiles["cpu"],
         keyed=keyed,
         meta=cp.route_meta(df._meta.index, p.layout.dtype, p.layout.dim),
+        enforce_metadata=False,
         token="cosim-clustered-route",
         **kwargs,
     )
@@ -95,6 +96,7 @@ def _found(df: Any, on: str, p: Plan, drops: bool, by: str, budget: Budget) -> A
         p.layout.dim,
         drops=drops,
         meta=cp.found_meta(_pairs_meta(df, on), drops),
+        enforce_metadata=False,
         token="cosim-clustered-blocks",
         **search,
     )
@@ -111,7 +113,9 @@ def _pieces(df: dd.DataFrame, on: str, p: Plan) -> tuple[dd.DataFrame, bool]:
     pieces = math.ceil(per_partition / options.clustered().route_bytes)
     if pieces <= 1:
         return df[[on]], False
-    keyed = df.map_partitions(cp.with_keys, on, meta=cp.with_keys(df._meta, on))
+    keyed = df.map_partitions(
+        cp.with_keys, on, meta=cp.with_keys(df._meta, on), enforce_metadata=False
+    )
     return keyed.clear_divisions().repartition(npartitions=df.npartitions * pieces), True
 
 
@@ -161,11 +165,12 @@ def _carry(found: Any, df: Any, cols: list[Any], prefix: str, budget: Budget | N
         # and an already fused task then asked for a shuffle output under the old one
         # ("Missing dependency", dask 2026.8).  A projection of a read stays one: it
         # narrows the read.
-        payload = df.map_partitions(_select, cols, meta=payload._meta)
+        payload = df.map_partitions(_select, cols, meta=payload._meta, enforce_metadata=False)
     meta = cr.with_carried(found._meta, payload._meta, prefix)
     return dd.map_partitions(
-        cr.with_carried, found, payload, prefix, budget, meta=meta, align_dataframes=False
-    )
+        cr.with_carried, found, payload, prefix, budget, meta=meta, align_dataframes=False,
+        enforce_metadata=False,
+    )  # fmt: skip
 
 
 def _select(part: Any, cols: list[Any]) -> Any:
@@ -174,10 +179,16 @@ def _select(part: Any, cols: list[Any]) -> Any:
 
 def _per_partition(fn: Any, found: Any, *args: Any, meta: Any = None) -> Any:
     """``fn(part, *args)`` on each partition of ``found`` (eager: on the one frame);
-    ``meta`` by default ``fn`` of ``found``'s."""
+    ``meta`` by default ``fn`` of ``found``'s.
+
+    Every ``map_partitions`` here leaves dask's metadata enforcement off: it gives an
+    empty partition the meta itself, whose categoricals of unknown categories (a frame
+    read from Parquet) hold dask's placeholder category as data; ``fn`` of an empty
+    partition has the meta's columns and dtypes already."""
     if not dask.is_dask_collection(found):
         return fn(found, *args)
-    return found.map_partitions(fn, *args, meta=fn(found._meta, *args) if meta is None else meta)
+    meta = fn(found._meta, *args) if meta is None else meta
+    return found.map_partitions(fn, *args, meta=meta, enforce_metadata=False)
 
 
 def _drop(df: Any, found: Any, budget: Budget | None = None) -> Any:
@@ -185,7 +196,10 @@ def _drop(df: Any, found: Any, budget: Budget | None = None) -> Any:
     pairs)."""
     if not dask.is_dask_collection(df):
         return cr.drop_keys(df, found, budget)
-    return dd.map_partitions(cr.drop_keys, df, found, budget, meta=df._meta, align_dataframes=False)
+    return dd.map_partitions(
+        cr.drop_keys, df, found, budget, meta=df._meta, align_dataframes=False,
+        enforce_metadata=False,
+    )  # fmt: skip
 
 
 def _planned(

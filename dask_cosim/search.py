@@ -365,7 +365,9 @@ def prepare(df: Any, on: str) -> Any:
     fn = functools.partial(sp.prepare_columns, column=on, eps=opts.eps, device=opts.device)
     if not dask.is_dask_collection(df):
         return fn(df)
-    return df.map_partitions(fn, meta=fn(df._meta), token="cosim-prepare")
+    # Without dask's metadata enforcement, which gives an empty partition the meta itself:
+    # dask's placeholder category as data where a categorical's categories are unknown.
+    return df.map_partitions(fn, meta=fn(df._meta), token="cosim-prepare", enforce_metadata=False)
 
 
 def topk(

@@ -15,7 +15,7 @@ import dask.dataframe as dd
 import numpy as np
 import pandas as pd
 import pytest
-from dask.dataframe.utils import assert_eq, has_known_categories
+from dask.dataframe.utils import UNKNOWN_CATEGORIES, assert_eq, has_known_categories
 
 import dask_cosim
 from tests.helpers import (
@@ -263,3 +263,34 @@ def test_on_a_cluster_of_processes(tmp_path: Path, client: Any) -> None:
         for got, want in zip(parts, local, strict=True):
             assert got.dtypes.to_dict() == want.dtypes.to_dict(), search
             pd.testing.assert_frame_equal(vectorless(got), vectorless(want), obj=search)
+
+
+@pytest.mark.parametrize("removed_rows", [False, True])
+def test_clustered_partitions_without_pairs_hold_no_placeholder_category(
+    tmp_path: Path, removed_rows: bool
+) -> None:
+    """dask's map_partitions gave a partition without pairs its meta, whose categoricals
+    of unknown categories hold dask's placeholder category as data, where the exact
+    method's empty partitions have their own (no) categories."""
+    pdf = frame()
+    pdf.index = pd.CategoricalIndex([f"r{i:02d}" for i in range(N)], name="key")
+    df = read_back(pdf, tmp_path)
+    if removed_rows:
+        lazy = df.cosim.dedup(
+            "emb", 0.9, return_removed=True, columns=["kind"], method="clustered"
+        )[1]
+    else:
+        lazy = df.cosim.neighbors("emb", threshold=0.9, columns=["kind"], method="clustered")
+    parts = assert_partitions_match_meta(lazy)
+    assert any(len(p) == 0 for p in parts)
+    for part in parts:
+        for values in (part["left"], part["left_kind"], part["right_kind"]):
+            assert UNKNOWN_CATEGORIES not in values.cat.categories
+
+
+def test_prepare_of_an_empty_partition_holds_no_placeholder_category(tmp_path: Path) -> None:
+    """As above, for ``prepare`` (one partition in, one out, the user's columns kept)."""
+    df = read_back(frame(), tmp_path)
+    parts = assert_partitions_match_meta(df[df.id >= 30].cosim.prepare("emb"))
+    assert [len(p) for p in parts] == [0, 0, 10]
+    assert all(UNKNOWN_CATEGORIES not in p["kind"].cat.categories for p in parts)
