@@ -11,7 +11,10 @@ Parquet keeps neither the categories no row uses nor their order.  So:
 - :func:`as_stored`: each partition read gets its categoricals of numbers back, with the
   recorded categories and order where the file has them, else (files of other writers)
   the values the partition holds, sorted and unordered, as dask's reader gives a column
-  (the stored order of categories is not known, so comparisons are not offered);
+  (the stored order of categories is not known, so comparisons are not offered); and
+  where no row holds a value, a categorical of strings pyarrow gave back with categories
+  of no type (object) gets them typed as stored, or the next write stores a dictionary
+  of nulls;
 - :func:`as_meta`: the frame's meta has every stored categorical with unknown categories
   (dask's convention: partitions may hold different ones) and the stored ``ordered``.
 
@@ -63,22 +66,44 @@ def as_stored(df: Any, schema: pa.Schema) -> Any:
     for target, entry in _categoricals(df, schema):
         values = df.index if target is None else df[target]
         t = schema.field(entry["field_name"]).type
-        if isinstance(values.dtype, pd.CategoricalDtype) or not _numbers(t):
+        if isinstance(values.dtype, pd.CategoricalDtype):
+            restored = _typed_categories(values, t)
+        elif not _numbers(t):
             continue  # strings came back categorical; other types stay as pyarrow reads them
-        stored = pd.api.types.pandas_dtype(t.to_pandas_dtype())  # (values: float with nulls)
-        described = entry.get("metadata") or {}
-        if "categories" in described:
-            categories = pd.Index(described["categories"], dtype=stored)
-            ordered = bool(described.get("ordered"))
-        else:  # unknown to the file: the values here, in order (dask's reader's way)
-            categories = pd.Index(values.dropna().unique()).astype(stored).sort_values()
-            ordered = False
-        restored = values.astype(pd.CategoricalDtype(categories, ordered))
+        else:
+            restored = _numbers_restored(values, t, entry)
         if target is None:
             df.index = restored
         else:
             df[target] = restored
     return df
+
+
+def _typed_categories(values: Any, t: pa.DataType) -> Any:
+    """A categorical pyarrow gave back: with no categories (no row holds a value), those
+    are of no type (object), which a write would store as a dictionary of nulls (a
+    ``string`` column the next read), so they get the type pyarrow gives the values."""
+    categories = values.dtype.categories
+    if len(categories) or not pa.types.is_dictionary(t):
+        return values
+    typed = pd.Index(pa.array([], t.value_type).to_pandas())
+    if typed.dtype == categories.dtype:
+        return values
+    return values.astype(pd.CategoricalDtype(typed, values.dtype.ordered))
+
+
+def _numbers_restored(values: Any, t: pa.DataType, entry: dict[str, Any]) -> Any:
+    """A categorical of numbers pyarrow gave back as plain numbers, made categorical: the
+    recorded categories and order where the file has them, else the values, sorted."""
+    stored = pd.api.types.pandas_dtype(t.to_pandas_dtype())  # (values: float with nulls)
+    described = entry.get("metadata") or {}
+    if "categories" in described:
+        categories = pd.Index(described["categories"], dtype=stored)
+        ordered = bool(described.get("ordered"))
+    else:  # unknown to the file: the values here, in order (dask's reader's way)
+        categories = pd.Index(values.dropna().unique()).astype(stored).sort_values()
+        ordered = False
+    return values.astype(pd.CategoricalDtype(categories, ordered))
 
 
 def as_meta(meta: Any, schema: pa.Schema) -> Any:
