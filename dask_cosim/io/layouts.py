@@ -9,6 +9,9 @@ Two layouts for a column of D-long vectors:
 - "list": Arrow fixed_size_list<D>, stored as a Parquet LIST.  Every Parquet reader
   understands it.
 
+A column no row of which tells D (no rows, or only null ones, of a variable list) is
+stored as a variable list of nulls in either layout (see :mod:`.vector_dims`).
+
 Read speeds of both are in benchmarks/NOTES.md.
 """
 
@@ -138,6 +141,8 @@ def encode_column(series: Any, column: str, layout: str) -> tuple[pa.Field, pa.C
         spec = backends.vector_spec(series.iloc[:0], column)
         dtype = spec.dtype or np.dtype(np.float32)
         blocks = [np.zeros((0, spec.dim or 0), dtype=dtype)]
+    if blocks[0].shape[1] == 0:
+        return _without_d(column, pa.from_numpy_dtype(dtype), null, sum(map(len, blocks)))
     chunks, row = [], 0
     for block in blocks:
         n = len(block)
@@ -145,6 +150,21 @@ def encode_column(series: Any, column: str, layout: str) -> tuple[pa.Field, pa.C
         row += n
     field = vector_field(column, pa.from_numpy_dtype(dtype), blocks[0].shape[1], layout)
     return field, pa.chunked_array(chunks, field.type)
+
+
+def _without_d(
+    column: str, value_type: pa.DataType, null: np.ndarray | None, n: int
+) -> tuple[pa.Field, pa.ChunkedArray]:
+    """A column no row of which tells D (no rows, or only null ones, of a variable list or
+    object column) -> a variable list of ``value_type``, in either layout: nulls need no
+    D (the binary layout has no FIXED_LEN_BYTE_ARRAY of 0 bytes), and
+    :func:`~dask_cosim.io.vector_dims.sized_files` gives the file the D of the folder's
+    other files where one has it."""
+    validity = None if null is None else pa.array(~np.asarray(null, dtype=bool)).buffers()[1]
+    offsets = pa.array(np.zeros(n + 1, np.int32)).buffers()[1]
+    values = pa.array([], value_type)
+    array = pa.Array.from_buffers(pa.list_(value_type), n, [validity, offsets], children=[values])
+    return pa.field(column, array.type), pa.chunked_array([array])
 
 
 def check_layout(layout: str) -> None:

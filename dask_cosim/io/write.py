@@ -16,7 +16,6 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.fs as pafs
-import pyarrow.parquet as pq
 from dask.dataframe.dispatch import to_pyarrow_table_dispatch
 
 from dask_cosim import backends, errors
@@ -27,10 +26,10 @@ from dask_cosim.io.layouts import (
     check_layout,
     encode_column,
     list_columns,
-    stored_vector,
     vector_field,
 )
 from dask_cosim.io.manifest import WRITTEN_META, write_manifest, written_row
+from dask_cosim.io.vector_dims import sized_files, stored_vectors, write_file
 
 
 def frame_to_table(
@@ -237,7 +236,11 @@ def _stage(
         enforce_metadata=False,
         token="cosim-to-parquet",
     )
-    manifest = dask.delayed(write_manifest, pure=False)(written, fs, staging, layout)
+    # Files of null vectors get the D of the others, once every file is written.
+    sized = dask.delayed(sized_files, pure=False)(
+        written, fs, staging, layout, list(vectors), compression, row_group_rows
+    )
+    manifest = dask.delayed(write_manifest, pure=False)(sized, fs, staging, layout)
     return manifest, Staging(fs, staging, root, overwrite), df
 
 
@@ -297,7 +300,7 @@ def _write_partition(
         write_index = not _default_index(df.index)
     if _writes_on_gpu(df, fs, compression):
         schema = _file_schema(df, layout, vectors, write_index)
-        if cudf_parquet.writer_takes(schema):
+        if schema is not None and cudf_parquet.writer_takes(schema):
             stored = cudf_parquet.write_file(
                 df,
                 f"{staging}/{name}",
@@ -309,20 +312,8 @@ def _write_partition(
             )
             return written_row(name, df, stored)
     table = frame_to_table(df, layout=layout, vectors=vectors, preserve_index=write_index)
-    if not isinstance(compression, dict):
-        codec = compression or "none"
-        compression = {c: ("none" if c in vectors else codec) for c in table.column_names}
-    pq.write_table(
-        table,
-        f"{staging}/{name}",
-        filesystem=fs,
-        compression=compression,
-        # Distinct float vectors gain nothing from a dictionary: it only adds a pass to
-        # every write and read.
-        use_dictionary=[c for c in table.column_names if c not in vectors],
-        row_group_size=row_group_rows,
-    )
-    return written_row(name, df, {c: stored_vector(table.schema.field(c)) for c in vectors})
+    write_file(table, fs, f"{staging}/{name}", vectors, compression, row_group_rows)
+    return written_row(name, df, stored_vectors(table.schema, vectors))
 
 
 def _writes_on_gpu(df: Any, fs: pafs.FileSystem, compression: Any) -> bool:
@@ -337,10 +328,14 @@ def _writes_on_gpu(df: Any, fs: pafs.FileSystem, compression: Any) -> bool:
     )
 
 
-def _file_schema(df: Any, layout: str, vectors: list[str], write_index: bool | None) -> pa.Schema:
+def _file_schema(
+    df: Any, layout: str, vectors: list[str], write_index: bool | None
+) -> pa.Schema | None:
     """The Arrow schema :func:`frame_to_table` would give ``df``, built without reading
     its data: the other columns and the index from an empty slice (through dask's
-    dispatch), each vector column's field from its D and dtype."""
+    dispatch), each vector column's field from its D and dtype; None where a vector
+    column's rows tell no D (none, or only nulls: pyarrow writes those, see
+    :mod:`.vector_dims`)."""
     others = [c for c in df.columns if c not in vectors]
     empty = to_pyarrow_table_dispatch(
         _index_named_as_pyarrow(df[others].iloc[:0], write_index, vectors),
@@ -352,6 +347,8 @@ def _file_schema(df: Any, layout: str, vectors: list[str], write_index: bool | N
     for column in sorted(vectors, key=positions.__getitem__):
         spec = backends.vector_spec(df[column].iloc[:0], str(column))
         dim = spec.dim or _first_length(df[column])
+        if not dim:
+            return None
         value_type = pa.from_numpy_dtype(spec.dtype or np.dtype(np.float32))
         field = vector_field(str(column), value_type, dim, layout)
         schema = schema.insert(positions[column], field)

@@ -1,0 +1,124 @@
+"""The D of vector columns that a partition cannot tell, and the Parquet file writes of
+:func:`~dask_cosim.io.to_parquet`.
+
+A partition of a variable-list (or object) vector column with no rows, or only null ones,
+holds no vector to take D from, and neither does the frame's meta.  Its file stores the
+column as a variable list of nulls (:func:`~dask_cosim.io.layouts.encode_column`), which
+needs no D, so every partition is still written on its own, in parallel.  Once all are
+written, :func:`sized_files` rewrites each such file that has rows with the D and dtype
+the folder's other files store (its nulls in that field; its other columns, row groups
+and metadata as they were), so every file has one schema: each reader of a folder
+(pandas, dask, pyarrow datasets, DuckDB, ours) takes one file's schema.  Where no file
+knows D, the files stay as written: the column reads back as the variable list of nulls
+it was.  Only files of null vectors are rewritten, one by one, in the task that writes the
+manifest; files of no rows are deleted there anyway.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from dask_cosim.io.layouts import stored_vector, vector_field
+
+__all__ = ["sized_files", "stored_vectors", "write_file"]
+
+
+def write_file(
+    table: pa.Table,
+    fs: pafs.FileSystem,
+    path: str,
+    vectors: list[str],
+    compression: str | dict[str, str] | None,
+    row_group_rows: int | None,
+) -> None:
+    """Write ``table`` to ``path`` as :func:`~dask_cosim.io.to_parquet` writes a file: its
+    ``vectors`` uncompressed and without a dictionary, the other columns compressed with
+    ``compression`` (one codec, or a dict per column), in row groups of ``row_group_rows``."""
+    if not isinstance(compression, dict):
+        codec = compression or "none"
+        compression = {c: ("none" if c in vectors else codec) for c in table.column_names}
+    pq.write_table(
+        table,
+        path,
+        filesystem=fs,
+        compression=compression,
+        # Distinct float vectors gain nothing from a dictionary: it only adds a pass to
+        # every write and read.
+        use_dictionary=[c for c in table.column_names if c not in vectors],
+        row_group_size=row_group_rows,
+    )
+
+
+def stored_vectors(schema: pa.Schema, vectors: list[str]) -> dict[str, tuple[int, str]]:
+    """{column: (D, dtype name)} of the ``vectors`` of a file of ``schema``; D is 0 for a
+    column stored without one (a variable list: see the module's docstring)."""
+    found = {}
+    for column in vectors:
+        field = schema.field(column)
+        stored = stored_vector(field)
+        if stored is None:
+            stored = (0, np.dtype(field.type.value_type.to_pandas_dtype()).name)
+        found[column] = stored
+    return found
+
+
+def sized_files(
+    written: pd.DataFrame,
+    fs: pafs.FileSystem,
+    staging: str,
+    layout: str,
+    vectors: list[str],
+    compression: str | dict[str, str] | None,
+    row_group_rows: int | None,
+) -> pd.DataFrame:
+    """``written`` (one row of :data:`~dask_cosim.io.manifest.WRITTEN_META` per file in
+    ``staging``) after each file with rows that stores a vector column without D while
+    another file stores it with one is rewritten with that D and dtype (its nulls so
+    stored).  ValueError naming the column and the file where such a file holds vectors
+    of no values rather than nulls: D 0 cannot join the other files' D."""
+    specs = [json.loads(spec) for spec in written["vectors"]]
+    known: dict[str, tuple[int, str]] = {}
+    for spec in specs:
+        for column, (dim, dtype) in spec.items():
+            if dim:
+                known.setdefault(column, (dim, dtype))
+    for file, rows, spec in zip(written["file"], written["rows"], specs):
+        missing = {c: known[c] for c, (dim, _) in spec.items() if not dim and c in known}
+        if rows and missing:
+            _rewrite(fs, staging, file, missing, layout, vectors, compression, row_group_rows)
+            spec.update(missing)
+    return written.assign(vectors=[json.dumps(spec) for spec in specs])
+
+
+def _rewrite(
+    fs: pafs.FileSystem,
+    staging: str,
+    file: str,
+    sizes: dict[str, tuple[int, str]],
+    layout: str,
+    vectors: list[str],
+    compression: str | dict[str, str] | None,
+    row_group_rows: int | None,
+) -> None:
+    """The file ``file`` written again, each column of ``sizes`` stored as nulls of its
+    (D, dtype) in ``layout``."""
+    path = f"{staging}/{file}"
+    with fs.open_input_file(path) as source:
+        table = pq.ParquetFile(source).read()
+    for column, (dim, dtype) in sizes.items():
+        i = table.schema.get_field_index(column)
+        if table.column(i).null_count != table.num_rows:
+            raise ValueError(
+                f"column {column!r}: {file} holds vectors of no values (D = 0) but other "
+                f"partitions hold {dim}-long ones; every partition needs the same D "
+                "(make those rows null, or drop them)"
+            )
+        field = vector_field(column, pa.from_numpy_dtype(np.dtype(dtype)), dim, layout)
+        table = table.set_column(i, field, pa.nulls(table.num_rows, field.type))
+    write_file(table, fs, path, vectors, compression, row_group_rows)
