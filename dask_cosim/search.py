@@ -1,4 +1,5 @@
-"""Similarity search on dataframes, the graph: top-k, joins, neighbours and dedup.
+"""Similarity search on dataframes, the graph: top-k, joins, neighbours, dedup, groups
+and prepare.
 
 One task per block of consecutive partitions (a partition, unless there are more than
 ``cosim.search.max-blocks``) normalises its vectors once
@@ -7,7 +8,8 @@ and the results of one left block are merged by a tree of tasks
 (``cosim.search.split-every`` at a time), never by a groupby over lists.  The graph's
 building blocks are in :mod:`dask_cosim.search_graph`, the per-partition functions in
 :mod:`dask_cosim.search_partition` (dask-free); on eager pandas/cudf frames they run
-directly, without dask.
+directly, without dask.  ``method="clustered"`` (neighbours and dedup) builds its own
+graph, in :mod:`dask_cosim.clustered`.
 
 Inputs are validated from the metadata before any graph is built, and every key is
 deterministic: an eager frame that joins a dask one, and the queries of :func:`topk`, are
