@@ -41,8 +41,10 @@ __all__ = [
     "cluster_options",
     "count",
     "failure_message",
+    "method_options",
     "one_line_errors",
     "output_options",
+    "pairs_options",
 ]
 
 
@@ -404,3 +406,39 @@ output_options = _grouped(
         click.option("--quiet", is_flag=True, help="No progress bar."),
     ],
 )
+
+
+def pairs_options(command: F) -> F:
+    """-k, --threshold, --columns, the output and cluster options, one-line errors: what
+    the commands that find pairs (join, neighbors) share."""
+    decorators = [
+        click.option("-k", "k", default=None, type=click.IntRange(1),
+                     help="Best matches per (left) row."),
+        click.option("--threshold", default=None, type=float,
+                     help="Lowest score kept, in [-1, 1]."),
+        COLUMNS,
+        output_options,
+        cluster_options,
+        one_line_errors,
+    ]  # fmt: skip
+    for decorate in reversed(decorators):
+        command = decorate(command)
+    return command
+
+
+def method_options(command: F) -> F:
+    """--method, --n-probe, --clusters: how neighbors (--threshold) and dedup search."""
+    decorators = [
+        click.option("--method", default="exact", show_default=True,
+                     type=click.Choice(["exact", "clustered"]),
+                     help="exact: all pairs; clustered: k-means first, for millions of rows "
+                     "(needs --threshold > 0)."),
+        click.option("--n-probe", "n_probe", default=None, type=click.IntRange(0),
+                     help="clustered: most clusters a row probes beyond its own (default: "
+                     "every one that may hold a match, recall 1)."),
+        click.option("--clusters", default=None, type=click.IntRange(1),
+                     help="clustered: k-means clusters (default about sqrt(rows))."),
+    ]  # fmt: skip
+    for decorate in reversed(decorators):
+        command = decorate(command)
+    return command

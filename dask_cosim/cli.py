@@ -42,8 +42,10 @@ from dask_cosim._cli import (
     clustered,
     count,
     log_steps,
+    method_options,
     one_line_errors,
     output_options,
+    pairs_options,
 )
 
 __all__ = ["main"]
@@ -186,8 +188,16 @@ def info(inputs: tuple[str, ...]) -> None:
 
 
 @main.command()
-@click.option("--rows", default=1_000_000, show_default=True, type=click.IntRange(1))
-@click.option("--dim", default=300, show_default=True, type=click.IntRange(1))
+@click.option(
+    "--rows",
+    default=1_000_000,
+    show_default=True,
+    type=click.IntRange(1),
+    help="Pairs of embeddings to generate.",
+)
+@click.option(
+    "--dim", default=300, show_default=True, type=click.IntRange(1), help="Values per embedding."
+)
 @click.option(
     "--partitions",
     default=None,
@@ -330,48 +340,12 @@ def topk(
     _search(build, out, cluster)
 
 
-def _pairs_options(command: F) -> F:
-    """-k, --threshold, --columns, the output and cluster options, one-line errors: what
-    the commands that find pairs (join, neighbors) share."""
-    decorators = [
-        click.option("-k", "k", default=None, type=click.IntRange(1),
-                     help="Best matches per (left) row."),
-        click.option("--threshold", default=None, type=float,
-                     help="Lowest score kept, in [-1, 1]."),
-        COLUMNS,
-        output_options,
-        cluster_options,
-        one_line_errors,
-    ]  # fmt: skip
-    for decorate in reversed(decorators):
-        command = decorate(command)
-    return command
-
-
-def _method_options(command: F) -> F:
-    """--method, --n-probe, --clusters: how neighbors (--threshold) and dedup search."""
-    decorators = [
-        click.option("--method", default="exact", show_default=True,
-                     type=click.Choice(["exact", "clustered"]),
-                     help="exact: all pairs; clustered: k-means first, for millions of rows "
-                     "(needs --threshold > 0)."),
-        click.option("--n-probe", "n_probe", default=None, type=click.IntRange(0),
-                     help="clustered: most clusters a row probes beyond its own (default: "
-                     "every one that may hold a match, recall 1)."),
-        click.option("--clusters", default=None, type=click.IntRange(1),
-                     help="clustered: k-means clusters (default about sqrt(rows))."),
-    ]  # fmt: skip
-    for decorate in reversed(decorators):
-        command = decorate(command)
-    return command
-
-
 @main.command()
 @click.argument("left_path")
 @click.argument("right_path")
 @click.option("--on", required=True, help="Embedding column of LEFT (and of RIGHT).")
 @click.option("--right-on", default=None, help="Embedding column of RIGHT (default: --on).")
-@_pairs_options
+@pairs_options
 def join(
     left_path: str, right_path: str, on: str, right_on: str | None, k: int | None,
     threshold: float | None, columns: tuple[str, ...], out: Output, cluster: Cluster,
@@ -391,8 +365,8 @@ def join(
 @main.command()
 @click.argument("inputs", nargs=-1, required=True)
 @click.option("--on", required=True, help="Embedding column.")
-@_method_options
-@_pairs_options
+@method_options
+@pairs_options
 def neighbors(
     inputs: tuple[str, ...], on: str, method: str, n_probe: int | None, clusters: int | None,
     k: int | None, threshold: float | None, columns: tuple[str, ...], out: Output,
@@ -423,7 +397,7 @@ def neighbors(
     "(the removed row), score, and left_<c>, right_<c> for each --columns c.",
 )
 @COLUMNS
-@_method_options
+@method_options
 @output_options
 @cluster_options
 @one_line_errors
