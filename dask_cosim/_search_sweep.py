@@ -5,7 +5,8 @@ Kernels only (tensors in, tensors out; used by :mod:`dask_cosim.search_kernels`)
 :func:`sweep` multiplies every tile of ``q @ r.T`` (unit rows) into one buffer per
 thread and hands it to a *part*: :class:`TopkPart` offers it to per-row candidate states
 (:mod:`dask_cosim._search_tiles`), :class:`NumbaPairs` and :class:`TorchPairs` collect
-the entries at or above each row's bar.
+the entries at or above each row's bar; :func:`compact` keeps the pairs decided, in
+place (a task's pairs, not a second copy of them, are its peak).
 
 Threads.  On a CPU, called from the main thread with torch set to several threads, the
 column tiles are dealt among that many Python threads (tile t to thread t mod n, which
@@ -43,7 +44,10 @@ __all__ = [
     "TooManyPairs",
     "TopkPart",
     "TorchPairs",
+    "at_pairs",
     "by_rows",
+    "chunks",
+    "compact",
     "sweep",
 ]
 
@@ -256,10 +260,15 @@ class NumbaPairs(_Pairs):
         self.s = np.empty(size, dtype=np.float32)
 
     def _grow(self, size: int) -> None:
+        # Only the pairs found are copied: the rest of a new buffer stays untouched, so
+        # not resident (a concatenate with an empty array would write all of it).
         n = self.n
-        self.i = np.concatenate([self.i[:n], np.empty(size - n, dtype=np.int64)])
-        self.j = np.concatenate([self.j[:n], np.empty(size - n, dtype=np.int64)])
-        self.s = np.concatenate([self.s[:n], np.empty(size - n, dtype=np.float32)])
+        for name in ("i", "j", "s"):
+            old = getattr(self, name)
+            new = np.empty(size, dtype=old.dtype)
+            new[:n] = old[:n]
+            setattr(self, name, new)
+            del old
 
     def take(self, s: torch.Tensor, a0: int, c0: int) -> None:
         tile = s.numpy()
@@ -323,3 +332,33 @@ class TorchPairs(_Pairs):
             return none, none.clone(), torch.zeros(0, dtype=torch.float32, device=none.device)
         i, j, s = zip(*self.out)
         return torch.cat(i), torch.cat(j), torch.cat(s)
+
+
+# Pairs handled at a time where a pass over all of them would make a temporary each.
+CHUNK = 1 << 20
+
+
+def chunks(n: int) -> list[tuple[int, int]]:
+    return [(a, min(n, a + CHUNK)) for a in range(0, n, CHUNK)]
+
+
+def at_pairs(bar: torch.Tensor, a: int, b: int) -> torch.Tensor:
+    """Pairs a:b's share of ``bar``: one bar for all (0-d), or one a pair."""
+    return bar if bar.ndim == 0 else bar[a:b]
+
+
+def compact(keep: torch.Tensor, *values: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """``v[keep]`` for each of ``values`` (1-D, as long as ``keep``), written over the
+    front of ``v`` chunk by chunk (a chunk's kept values are taken before they are
+    written, never ahead of the chunk): views of ``values``, whose contents it
+    overwrites, so that the kept pairs need no second copy of every pair."""
+    if bool(keep.all()):
+        return values
+    w = 0
+    for a, b in chunks(len(keep)):
+        k = keep[a:b]
+        m = int(k.sum())
+        for v in values:
+            v[w : w + m] = v[a:b][k]
+        w += m
+    return tuple(v[:w] for v in values)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from dask_cosim import search_kernels as sk
-from dask_cosim._search_sweep import PairLimit
+from dask_cosim._search_sweep import PairLimit, chunks, compact
 
 __all__ = ["MEMBER", "PROBE", "SIDE", "block_pairs", "rows"]
 
@@ -49,15 +49,15 @@ def block_pairs(
     first, second = [], []
     if members > 1:
         pm = rows(prep, 0, members)
-        i, j, _ = sk.threshold_pairs(
+        i, j = sk.threshold_pairs(
             pm, pm, low, tile_bytes=tile_bytes, mode="upper", exact_scores=False,
             precision=precision, limit=limit,
-        )  # fmt: skip
+        )[:2]  # fmt: skip
         first.append(i)
         second.append(j)
     reach = members + sides
     if len(prep) > reach > 0:
-        i, j, _ = sk.threshold_pairs(
+        i, j = sk.threshold_pairs(
             rows(prep, reach, len(prep)),
             rows(prep, 0, reach),
             low,
@@ -65,18 +65,20 @@ def block_pairs(
             exact_scores=False,
             precision=precision,
             limit=limit,
-        )
+        )[:2]
         first.append(i + reach)
         second.append(j)
     if not first:
         none = torch.zeros(0, dtype=torch.int64, device=device)
         return none, none.clone(), torch.zeros(0, dtype=torch.float64, device=device)
-    a, b = torch.cat(first), torch.cat(second)
-    swap = key[a] > key[b]
-    a, b = torch.where(swap, b, a), torch.where(swap, a, b)
+    a, b = (first[0], second[0]) if len(first) == 1 else (torch.cat(first), torch.cat(second))
+    del first, second
+    for s, e in chunks(len(a)):  # swapped in place: no second copy of every pair
+        swap = key[a[s:e]] > key[b[s:e]]
+        a[s:e], b[s:e] = torch.where(swap, b[s:e], a[s:e]), torch.where(swap, a[s:e], b[s:e])
     score = sk.rescore(prep, a, prep, b)
-    keep = score >= threshold
-    return a[keep], b[keep], score[keep]
+    a, b, score = compact(score >= threshold, a, b, score)
+    return a, b, score
 
 
 def rows(prep: sk.Prepared, start: int, stop: int) -> sk.Prepared:

@@ -371,23 +371,30 @@ def search_blocks(
                 precision=precision,
                 limit=limit,
             )
-            first.append(i.cpu().numpy() + s)
-            second.append(j.cpu().numpy() + s)
+            # Positions in the partition, in place (the pairs are this task's to change).
+            first.append(i.add_(s).cpu().numpy())
+            second.append(j.add_(s).cpu().numpy())
             score.append(sc.cpu().numpy())
-    a = np.concatenate(first) if first else np.zeros(0, np.int64)
-    b = np.concatenate(second) if second else np.zeros(0, np.int64)
+    # Each list goes as soon as it is joined: no block's arrays beside the whole.
+    b = _joined(second, np.int64)
     if drops:
         return pd.DataFrame({"_key": np.unique(keys_np[b])})
     labels = df.index
-    return pd.DataFrame(
-        {
-            "_lkey": keys_np[a],
-            "_rkey": keys_np[b],
-            "left": labels.take(a),
-            "right": labels.take(b),
-            "score": np.concatenate(score) if score else np.zeros(0, np.float64),
-        }
-    )
+    columns = {"_rkey": keys_np[b], "right": labels.take(b)}
+    del b
+    a = _joined(first, np.int64)
+    columns |= {"_lkey": keys_np[a], "left": labels.take(a)}
+    del a
+    columns["score"] = _joined(score, np.float64)
+    names = ["_lkey", "_rkey", "left", "right", "score"]
+    return pd.DataFrame({c: columns.pop(c) for c in names}, copy=False)
+
+
+def _joined(parts: list[np.ndarray], dtype: type) -> np.ndarray:
+    """``parts`` as one array, emptying the list (one part: itself, no copy)."""
+    out = parts[0] if len(parts) == 1 else np.concatenate(parts) if parts else np.zeros(0, dtype)
+    parts.clear()
+    return out
 
 
 def found_meta(meta: pd.DataFrame, drops: bool) -> pd.DataFrame:

@@ -56,8 +56,9 @@ def finish_pairs(
     lkey, rkey = lkey[taken], rkey[taken]
     # A pair found from both of its clusters (n_probe mode) is reported once.
     again = np.r_[False, (lkey[1:] == lkey[:-1]) & (rkey[1:] == rkey[:-1])]
+    del lkey, rkey
     taken = taken[~again[: len(taken)]]
-    return sr.pairs_result(pairs.iloc[taken], meta, False, like, carried)
+    return sr.pairs_result(pairs, meta, False, like, carried, taken)
 
 
 def best_earlier(pairs: pd.DataFrame, budget: Budget | None = None) -> pd.DataFrame:

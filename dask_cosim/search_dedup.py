@@ -69,11 +69,12 @@ def best_matches(*parts: pd.DataFrame) -> pd.DataFrame:
     ``_lkey`` (the earliest left row)."""
     df = sr.concat_pairs(*parts)
     order = np.lexsort((df["_lkey"].to_numpy(), -df["score"].to_numpy(), df["_key"].to_numpy()))
-    df = df.take(order)
+    # Only the pairs kept are taken, not every pair sorted first (a copy of the frame).
+    keys = df["_key"].to_numpy()[order]
     first = np.ones(len(df), dtype=bool)
-    keys = df["_key"].to_numpy()
     first[1:] = keys[1:] != keys[:-1]
-    return df[first].reset_index(drop=True)
+    del keys
+    return df.take(order[first]).reset_index(drop=True)
 
 
 def finish_removed(

@@ -48,7 +48,10 @@ from dask_cosim._search_sweep import (
     PairLimit,
     TopkPart,
     TorchPairs,
+    at_pairs,
     by_rows,
+    chunks,
+    compact,
     sweep,
 )
 from dask_cosim._search_tiles import (
@@ -398,21 +401,29 @@ def threshold_pairs(
         )
     parts: list[NumbaPairs | TorchPairs] = sweep(qa, ra, tq, tr, make, fast is not None)
     found = [part.result() for part in parts]
+    del parts  # the parts' buffers live on in the views ``found`` holds, no longer
     with torch.no_grad():
         if not any(len(f[0]) for f in found):
             return empty, empty.clone(), torch.zeros(0, dtype=torch.float64, device=device)
-        i = torch.cat([f[0] for f in found])
-        j = torch.cat([f[1] for f in found])
-        s32 = torch.cat([f[2] for f in found])
-        bar = thr[i]
+        # One part (one thread, as on a dask worker): its buffers as they are, no copy.
+        i, j, s32 = found[0] if len(found) == 1 else (torch.cat(f) for f in zip(*found))
+        del found
+        # One bar for all rows: a scalar, not one float64 per pair.
+        bar = thr[i] if isinstance(threshold, torch.Tensor) and threshold.ndim else thr[0]
         if exact_scores:
+            del s32
             score = rescore(q, i, r, j)
-            keep = score >= bar
         else:
             # Clamped as every score is: the tile score of parallel rows can exceed 1.
             score = s32.to(torch.float64).clamp_(-1.0, 1.0)
-            near = (score - bar).abs_() < delta
+            del s32
+            near = torch.empty(len(score), dtype=torch.bool, device=device)
+            for a, b in chunks(len(score)):  # no float64 temporary of every pair
+                near[a:b] = (score[a:b] - at_pairs(bar, a, b)).abs_() < delta
             if bool(near.any()):
                 score[near] = rescore(q, i[near], r, j[near])
-            keep = score >= bar
-    return i[keep], j[keep], score[keep]
+            del near
+        keep = score >= bar
+        del bar
+        i, j, score = compact(keep, i, j, score)
+    return i, j, score

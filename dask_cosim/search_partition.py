@@ -273,22 +273,28 @@ def _what(side: Side) -> str:
 def _pairs_frame(
     q: Side, r: Side, i: torch.Tensor, j: torch.Tensor, s: torch.Tensor
 ) -> pd.DataFrame:
-    i_np, j_np = i.cpu().numpy(), j.cpu().numpy()
-    out = pd.DataFrame(
-        {
-            "_l": i_np.astype(np.int64),
-            "_key": (np.int64(r.part) << POS_BITS) + j_np.astype(np.int64),
-            "left": backends.take_to_pandas(q.labels, i_np),
-            "right": backends.take_to_pandas(r.labels, j_np),
-            "score": s.cpu().numpy(),
-        }
-    )
-    carried = [out]
+    """The frame of the pairs (row ``i`` of ``q``, row ``j`` of ``r``, score ``s``).
+
+    The caller hands the three over: on a CPU they become the frame's columns as they
+    are, ``j`` turned into keys in place (a pair task's peak: its pairs once, beside
+    their labels, not copied into a frame as well)."""
+    i_np = i.cpu().numpy().astype(np.int64, copy=False)
+    j_np = j.cpu().numpy().astype(np.int64, copy=False)
+    columns = {
+        "_l": i_np,
+        "_key": j_np,
+        "left": backends.take_to_pandas(q.labels, i_np),
+        "right": backends.take_to_pandas(r.labels, j_np),
+        "score": s.cpu().numpy(),
+    }
+    carried = []
     if q.payload is not None:
         carried.append(carried_rows(q.payload, i_np, "_q"))
     if r.payload is not None:
         carried.append(carried_rows(r.payload, j_np, "_p"))
-    return pd.concat(carried, axis=1) if len(carried) > 1 else out
+    j_np += np.int64(r.part) << POS_BITS  # positions taken: now the keys
+    out = pd.DataFrame(columns, copy=False)
+    return pd.concat([out, *carried], axis=1) if carried else out
 
 
 def carried_rows(payload: Any, rows: np.ndarray, prefix: str) -> pd.DataFrame:

@@ -58,11 +58,18 @@ def concat_frames(*parts: Any, columns: list[Any] | None = None) -> Any:
 
 def _sorted_pairs(df: pd.DataFrame, by_score: bool = True) -> pd.DataFrame:
     """By left row, then score descending (``by_score``), then right row."""
+    order = _pair_order(df, by_score)
+    return df if order is None else df.take(order)
+
+
+def _pair_order(df: pd.DataFrame, by_score: bool = True) -> np.ndarray | None:
+    """The positions of ``df``'s rows in :func:`_sorted_pairs`' order, None where they are
+    in it already."""
     keys = [df["_key"].to_numpy(), df["_l"].to_numpy()]
     if by_score:
         keys.insert(1, -df["score"].to_numpy())
     # One part's pairs come sorted (a top-k's rows are): a check costs less than a sort.
-    return df if _in_order(keys) else df.take(np.lexsort(keys))
+    return None if _in_order(keys) else np.lexsort(keys)
 
 
 def _in_order(keys: list[np.ndarray]) -> bool:
@@ -125,7 +132,8 @@ def finish_pairs(
     right row) with ``rank``, else by right row; in the library of ``like`` (cudf for a
     cudf input), else pandas; ``carried`` maps the carried columns' names in ``merged``
     ("_q0", "_p0", ...) to theirs in the result."""
-    return pairs_result(_sorted_pairs(merged, by_score=rank), meta, rank, like, carried)
+    order = _pair_order(merged, by_score=rank)
+    return pairs_result(merged, meta, rank, like, carried, order)
 
 
 def pairs_result(
@@ -134,19 +142,28 @@ def pairs_result(
     rank: bool,
     like: Any = None,
     carried: dict[str, str] | None = None,
+    rows: np.ndarray | None = None,
 ) -> Any:
-    """The sorted partial frame ``df`` as result rows (see :func:`finish_pairs`)."""
+    """The sorted partial frame ``df`` as result rows (see :func:`finish_pairs`), or
+    its ``rows`` (positions, in the result's order) where given: each column taken
+    once, into the result, not the whole frame sorted first."""
+
+    def column(name: str) -> Any:
+        values = df[name].array
+        return values if rows is None else values.take(rows)
+
     out = pd.DataFrame(
         {
-            "left": df["left"].to_numpy(),
-            "right": df["right"].to_numpy(),
-            "score": df["score"].to_numpy().astype(meta["score"].dtype),
-        }
+            "left": np.asarray(column("left")),
+            "right": np.asarray(column("right")),
+            "score": np.asarray(column("score")).astype(meta["score"].dtype, copy=False),
+        },
+        copy=False,
     )
     if rank:
-        out["rank"] = _ranks(df["_l"].to_numpy()).astype(np.int64)
+        out["rank"] = _ranks(np.asarray(column("_l"))).astype(np.int64)
     for inner, name in (carried or {}).items():
-        out[name] = df[inner].array
+        out[name] = column(inner)
     out = out.astype({c: castable(dtype) for c, dtype in meta.dtypes.items()})
     return out if like is None else backends.frame_like(out, like)
 
