@@ -14,12 +14,15 @@ pairs the same way: each task searching blocks, and each task holding the pairs 
 into a partition of the frame.
 
 Pairs are counted at :data:`PAIR_BYTES` each, what one takes in a task's frame of
-pairs.  Building that frame and sorting it take about 2.5 times as much at their peak
-(measured), hence the share "auto" takes: :data:`AUTO_SHARE` of the memory of one
-thread, the worker's memory limit over its threads (distributed), else the memory
-available over the CPUs (local schedulers, eager frames).  Read on the worker that runs
-the task.  The clustered search's tasks peak at about twice the bytes a pair
-(:data:`CLUSTERED_AUTO_SHARE`).
+pairs.  Finding the pairs and framing them, and sorting a merged partition's pairs
+(with them), take up to about 1.9 times as much at their peak (measured,
+``python -m benchmarks.pair_memory``), hence the share "auto" takes: :data:`AUTO_SHARE`
+of the memory of one thread (a third of it at the peak, as 1/8 was at the 2.8 times
+these tasks took before they stopped copying their pairs), the worker's memory limit
+over its threads (distributed), else the memory available over the CPUs (local
+schedulers, eager frames).  Read on the worker that runs the task.  The clustered
+search's tasks peak at about 2 times the bytes a pair, and its shuffles hold what
+dask's hold beside them (:data:`CLUSTERED_AUTO_SHARE`).
 """
 
 from __future__ import annotations
@@ -47,11 +50,12 @@ __all__ = [
 # key, two int64 labels and the score (carried columns come on top).
 PAIR_BYTES = 40
 # "auto": the pairs of one task may take this fraction of one thread's memory.
-AUTO_SHARE = 1 / 8
-# The same for the clustered search, whose tasks peak at 180 to 200 bytes a pair, not
-# 105 (measured: a task searching blocks, 3.2M pairs from 142,529 routed rows, +614 MiB;
-# 4.9M pairs gathered into a partition, unpacked, sorted by key and finished, +840 MiB).
-CLUSTERED_AUTO_SHARE = 1 / 16
+AUTO_SHARE = 1 / 6
+# The same for the clustered search, whose tasks peak at 75 to 80 bytes a pair
+# (benchmarks.pair_memory, 4.3M pairs: a task searching blocks +75 above its routed
+# rows; the pairs gathered into a partition, 40, finished +38); 1/16 while they peaked at
+# 180 to 200, where 1/8 let block tasks within the budget kill 1.5 GiB workers.
+CLUSTERED_AUTO_SHARE = 1 / 8
 # Where the docs say more, by method.
 DOCS = {"exact": "docs/similarity-search.md", "clustered": "docs/clustered.md"}
 # How an exact search's pair task gets fewer pairs.

@@ -149,8 +149,8 @@ def _auto_budget() -> int:
 def test_the_error_reaches_the_client_from_a_worker(pdf: pd.DataFrame, loop: object) -> None:
     """On worker processes (dask's p2p shuffles): the block tasks of neighbors and of
     dedup, and the gathering of neighbors' pairs.  "auto" is the clustered method's
-    share of the worker's memory limit (its tasks peak at about twice the exact
-    method's bytes a pair)."""
+    share of the worker's memory limit (smaller than the exact method's: its shuffles
+    hold memory beside its tasks)."""
     limit = 3 * 2**29
     with LocalCluster(n_workers=1, threads_per_worker=1, memory_limit=limit,
                       processes=True, loop=loop, host="127.0.0.1",
