@@ -16,13 +16,13 @@ into a partition of the frame.
 Pairs are counted at :data:`PAIR_BYTES` each, what one takes in a task's frame of
 pairs.  Finding the pairs and framing them, and sorting a merged partition's pairs
 (with them), take up to about 1.9 times as much at their peak (measured,
-``python -m benchmarks.pair_memory``), hence the share "auto" takes: :data:`AUTO_SHARE`
-of the memory of one thread (a third of it at the peak, as 1/8 was at the 2.8 times
-these tasks took before they stopped copying their pairs), the worker's memory limit
-over its threads (distributed), else the memory available over the CPUs (local
-schedulers, eager frames).  Read on the worker that runs the task.  The clustered
-search's tasks peak at about 2 times the bytes a pair, and its shuffles hold what
-dask's hold beside them (:data:`CLUSTERED_AUTO_SHARE`).
+``python -m benchmarks.pair_memory``), and the merge of an output partition receives
+the pairs of every pair task that feeds it.  Hence the share "auto" takes:
+:data:`AUTO_SHARE` of the memory of one thread, the worker's memory limit over its
+threads (distributed), else the memory available over the CPUs (local schedulers,
+eager frames).  Read on the worker that runs the task.  The clustered search's tasks
+peak at about 2 times the bytes a pair, and its shuffles hold what dask's hold beside
+them (:data:`CLUSTERED_AUTO_SHARE`).
 """
 
 from __future__ import annotations
@@ -49,13 +49,19 @@ __all__ = [
 # Bytes of one pair in a task's frame of pairs: the left row's position and ordering
 # key, two int64 labels and the score (carried columns come on top).
 PAIR_BYTES = 40
-# "auto": the pairs of one task may take this fraction of one thread's memory.
-AUTO_SHARE = 1 / 6
+# "auto": the pairs of one task may take this fraction of one thread's memory.  Not more,
+# though the tasks now peak at 1.9 times their pairs, not 2.8: at 1/6, neighbors at 0.1
+# of 40,000 x 64 rows in 8 partitions on 1.5 GiB workers (1 thread) let every pair task
+# through, and the merge of an output partition then had 1.56 GiB of inputs (dask's
+# MemoryError before it runs, where 1/8 stopped a pair task with this module's error).
+AUTO_SHARE = 1 / 8
 # The same for the clustered search, whose tasks peak at 75 to 80 bytes a pair
 # (benchmarks.pair_memory, 4.3M pairs: a task searching blocks +75 above its routed
-# rows; the pairs gathered into a partition, 40, finished +38); 1/16 while they peaked at
-# 180 to 200, where 1/8 let block tasks within the budget kill 1.5 GiB workers.
-CLUSTERED_AUTO_SHARE = 1 / 8
+# rows; the pairs gathered into a partition, 40, finished +38), beside its routing
+# shuffle's buffers: at 1/8, neighbors at 0.1 of 10,000 x 64 rows in 4 partitions still
+# had a 1.5 GiB worker killed (p2p shuffle, block tasks within the budget); at 1/16 a
+# block task stops with the error.
+CLUSTERED_AUTO_SHARE = 1 / 16
 # Where the docs say more, by method.
 DOCS = {"exact": "docs/similarity-search.md", "clustered": "docs/clustered.md"}
 # How an exact search's pair task gets fewer pairs.
