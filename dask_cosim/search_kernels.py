@@ -89,6 +89,7 @@ __all__ = [
     "threshold_pairs",
     "top_of_pairs",
     "topk",
+    "topk_width",
 ]
 
 _NEG_INF = float("-inf")
@@ -102,6 +103,13 @@ class TopK:
 
     index: torch.Tensor
     score: torch.Tensor
+
+
+def topk_width(k: int, rows: int) -> int:
+    """How many candidates a row of a top-k keeps, for ``k`` against ``rows`` rows: no
+    more than those rows (at least 1), since no row has more; a k beyond them would only
+    allocate (k=10**6 for 2,000 queries: a 15 GiB state)."""
+    return min(k, max(1, rows))
 
 
 def _order(score: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
@@ -285,9 +293,7 @@ def topk(
     fast = numba_kernels() if q.unit.device.type == "cpu" and max(nq, nr) < 2**31 else None
 
     def state(n: int, own: torch.Tensor, other: torch.Tensor, same: bool = False) -> Any:
-        # No row has more candidates than the other side has rows: a k beyond them would
-        # only allocate (k=10**6 for 2,000 queries: a 15 GiB state).
-        width = min(kk, max(1, len(other)))
+        width = topk_width(kk, len(other))
         return (
             Running(n, width, own, other, same)
             if fast is None

@@ -398,7 +398,7 @@ def topk_prepared(
     """:func:`~dask_cosim.search_kernels.topk`'s contract in two passes (``both``: a
     second search, the rows of ``r`` against ``q``)."""
     ql, rl = lowered(q), lowered(r)
-    kq, kr = min(k, max(1, len(r))), min(k, max(1, len(q)))  # k > rows: (n, k) for nothing
+    kq, kr = sk.topk_width(k, len(r)), sk.topk_width(k, len(q))
     res = topk(q, ql, r, rl, kq, exclude_self=same, exact=exact)
     return res, (topk(r, rl, q, ql, kr, exact=exact) if both else None)
 
