@@ -1,5 +1,5 @@
-"""The D of vector columns that a partition cannot tell, and the Parquet file writes of
-:func:`~dask_cosim.io.to_parquet`.
+"""The D of vector columns that a partition cannot tell, and how the Parquet files of
+:func:`~dask_cosim.io.to_parquet` are written (:class:`FileWriter`).
 
 A partition of a variable-list (or object) vector column with no rows, or only null ones,
 holds no vector to take D from, and neither does the frame's meta.  Its file stores the
@@ -17,6 +17,7 @@ manifest; files of no rows are deleted there anyway.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -26,33 +27,39 @@ import pyarrow.parquet as pq
 
 from dask_cosim.io.layouts import stored_vector, vector_field
 
-__all__ = ["sized_files", "stored_vectors", "write_file"]
+__all__ = ["FileWriter", "sized_files", "stored_vectors"]
 
 
-def write_file(
-    table: pa.Table,
-    fs: pafs.FileSystem,
-    path: str,
-    vectors: list[str],
-    compression: str | dict[str, str] | None,
-    row_group_rows: int | None,
-) -> None:
-    """Write ``table`` to ``path`` as :func:`~dask_cosim.io.to_parquet` writes a file: its
-    ``vectors`` uncompressed and without a dictionary, the other columns compressed with
-    ``compression`` (one codec, or a dict per column), in row groups of ``row_group_rows``."""
-    if not isinstance(compression, dict):
-        codec = compression or "none"
-        compression = {c: ("none" if c in vectors else codec) for c in table.column_names}
-    pq.write_table(
-        table,
-        path,
-        filesystem=fs,
-        compression=compression,
-        # Distinct float vectors gain nothing from a dictionary: it only adds a pass to
-        # every write and read.
-        use_dictionary=[c for c in table.column_names if c not in vectors],
-        row_group_size=row_group_rows,
-    )
+@dataclass(frozen=True, eq=False)  # (its vectors, a list, would not hash)
+class FileWriter:
+    """How one :func:`~dask_cosim.io.to_parquet` call writes its files: into the folder
+    ``staging`` on ``fs``, its ``vectors`` in ``layout``, uncompressed and without a
+    dictionary, the other columns compressed with ``compression`` (one codec, or a dict
+    per column), in row groups of ``row_group_rows``."""
+
+    fs: pafs.FileSystem
+    staging: str
+    layout: str
+    vectors: list[str]
+    compression: str | dict[str, str] | None
+    row_group_rows: int | None
+
+    def write(self, table: pa.Table, name: str) -> None:
+        """Write ``table`` (vectors already in :attr:`layout`) as the file ``name``."""
+        compression = self.compression
+        if not isinstance(compression, dict):
+            codec = compression or "none"
+            compression = {c: ("none" if c in self.vectors else codec) for c in table.column_names}
+        pq.write_table(
+            table,
+            f"{self.staging}/{name}",
+            filesystem=self.fs,
+            compression=compression,
+            # Distinct float vectors gain nothing from a dictionary: it only adds a pass to
+            # every write and read.
+            use_dictionary=[c for c in table.column_names if c not in self.vectors],
+            row_group_size=self.row_group_rows,
+        )
 
 
 def stored_vectors(schema: pa.Schema, vectors: list[str]) -> dict[str, tuple[int, str]]:
@@ -68,17 +75,9 @@ def stored_vectors(schema: pa.Schema, vectors: list[str]) -> dict[str, tuple[int
     return found
 
 
-def sized_files(
-    written: pd.DataFrame,
-    fs: pafs.FileSystem,
-    staging: str,
-    layout: str,
-    vectors: list[str],
-    compression: str | dict[str, str] | None,
-    row_group_rows: int | None,
-) -> pd.DataFrame:
-    """``written`` (one row of :data:`~dask_cosim.io.manifest.WRITTEN_META` per file in
-    ``staging``) after each file with rows that stores a vector column without D while
+def sized_files(written: pd.DataFrame, files: FileWriter) -> pd.DataFrame:
+    """``written`` (one row of :data:`~dask_cosim.io.manifest.WRITTEN_META` per file that
+    ``files`` wrote) after each file with rows that stores a vector column without D while
     another file stores it with one is rewritten with that D and dtype (its nulls so
     stored).  ValueError naming the column and the file where such a file holds vectors
     of no values rather than nulls: D 0 cannot join the other files' D."""
@@ -91,25 +90,15 @@ def sized_files(
     for file, rows, spec in zip(written["file"], written["rows"], specs):
         missing = {c: known[c] for c, (dim, _) in spec.items() if not dim and c in known}
         if rows and missing:
-            _rewrite(fs, staging, file, missing, layout, vectors, compression, row_group_rows)
+            _rewrite(files, file, missing)
             spec.update(missing)
     return written.assign(vectors=[json.dumps(spec) for spec in specs])
 
 
-def _rewrite(
-    fs: pafs.FileSystem,
-    staging: str,
-    file: str,
-    sizes: dict[str, tuple[int, str]],
-    layout: str,
-    vectors: list[str],
-    compression: str | dict[str, str] | None,
-    row_group_rows: int | None,
-) -> None:
-    """The file ``file`` written again, each column of ``sizes`` stored as nulls of its
-    (D, dtype) in ``layout``."""
-    path = f"{staging}/{file}"
-    with fs.open_input_file(path) as source:
+def _rewrite(files: FileWriter, file: str, sizes: dict[str, tuple[int, str]]) -> None:
+    """The file ``file`` of ``files`` written again, each column of ``sizes`` stored as
+    nulls of its (D, dtype) in their layout."""
+    with files.fs.open_input_file(f"{files.staging}/{file}") as source:
         table = pq.ParquetFile(source).read()
     for column, (dim, dtype) in sizes.items():
         i = table.schema.get_field_index(column)
@@ -119,6 +108,6 @@ def _rewrite(
                 f"partitions hold {dim}-long ones; every partition needs the same D "
                 "(make those rows null, or drop them)"
             )
-        field = vector_field(column, pa.from_numpy_dtype(np.dtype(dtype)), dim, layout)
+        field = vector_field(column, pa.from_numpy_dtype(np.dtype(dtype)), dim, files.layout)
         table = table.set_column(i, field, pa.nulls(table.num_rows, field.type))
-    write_file(table, fs, path, vectors, compression, row_group_rows)
+    files.write(table, file)

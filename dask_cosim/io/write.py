@@ -29,7 +29,7 @@ from dask_cosim.io.layouts import (
     vector_field,
 )
 from dask_cosim.io.manifest import WRITTEN_META, write_manifest, written_row
-from dask_cosim.io.vector_dims import sized_files, stored_vectors, write_file
+from dask_cosim.io.vector_dims import FileWriter, sized_files, stored_vectors
 
 
 def frame_to_table(
@@ -222,14 +222,10 @@ def _stage(
     if exists(fs, root) and not overwrite:
         fs.delete_dir(staging)
         raise FileExistsError(f"{str(path)!r} exists; pass overwrite=True to replace it")
+    files = FileWriter(fs, staging, layout, list(vectors), compression, row_group_rows)
     written = df.map_partitions(
         _write_partition,
-        fs,
-        staging,
-        layout,
-        list(vectors),
-        compression,
-        row_group_rows,
+        files,
         write_index,
         partition_info=True,
         meta=WRITTEN_META,
@@ -237,9 +233,7 @@ def _stage(
         token="cosim-to-parquet",
     )
     # Files of null vectors get the D of the others, once every file is written.
-    sized = dask.delayed(sized_files, pure=False)(
-        written, fs, staging, layout, list(vectors), compression, row_group_rows
-    )
+    sized = dask.delayed(sized_files, pure=False)(written, files)
     manifest = dask.delayed(write_manifest, pure=False)(sized, fs, staging, layout)
     return manifest, Staging(fs, staging, root, overwrite), df
 
@@ -282,23 +276,19 @@ def compute_with_progress(*collections: Any) -> tuple[Any, ...]:
 
 def _write_partition(
     df: Any,
-    fs: pafs.FileSystem,
-    staging: str,
-    layout: str,
-    vectors: list[str],
-    compression: str | dict[str, str] | None,
-    row_group_rows: int | None,
+    files: FileWriter,
     write_index: bool | None,
     partition_info: dict[str, Any] | None = None,
 ) -> pd.DataFrame:
     number = partition_info["number"] if partition_info else 0
+    staging, layout, vectors = files.staging, files.layout, files.vectors
     # Each write's own names (the staging folder's random tail): a reader that listed the
     # files of the folder an overwrite replaced finds them gone, rather than reading the
     # new folder's files of the same name mixed with the old ones it had read.
     name = f"part.{number:05d}.{staging.rsplit('-', 1)[-1]}.parquet"
     if write_index is None:
         write_index = not _default_index(df.index)
-    if _writes_on_gpu(df, fs, compression):
+    if _writes_on_gpu(df, files.fs, files.compression):
         schema = _file_schema(df, layout, vectors, write_index)
         if schema is not None and cudf_parquet.writer_takes(schema):
             stored = cudf_parquet.write_file(
@@ -307,12 +297,12 @@ def _write_partition(
                 schema,
                 vectors=vectors,
                 layout=layout,
-                codec=str(compression or "none"),
-                row_group_rows=row_group_rows,
+                codec=str(files.compression or "none"),
+                row_group_rows=files.row_group_rows,
             )
             return written_row(name, df, stored)
     table = frame_to_table(df, layout=layout, vectors=vectors, preserve_index=write_index)
-    write_file(table, fs, f"{staging}/{name}", vectors, compression, row_group_rows)
+    files.write(table, name)
     return written_row(name, df, stored_vectors(table.schema, vectors))
 
 
