@@ -44,7 +44,6 @@ __all__ = [
     "TooManyPairs",
     "TopkPart",
     "TorchPairs",
-    "at_pairs",
     "by_rows",
     "chunks",
     "compact",
@@ -340,11 +339,6 @@ CHUNK = 1 << 20
 
 def chunks(n: int) -> list[tuple[int, int]]:
     return [(a, min(n, a + CHUNK)) for a in range(0, n, CHUNK)]
-
-
-def at_pairs(bar: torch.Tensor, a: int, b: int) -> torch.Tensor:
-    """Pairs a:b's share of ``bar``: one bar for all (0-d), or one a pair."""
-    return bar if bar.ndim == 0 else bar[a:b]
 
 
 def compact(keep: torch.Tensor, *values: torch.Tensor) -> tuple[torch.Tensor, ...]:

@@ -48,7 +48,6 @@ from dask_cosim._search_sweep import (
     PairLimit,
     TopkPart,
     TorchPairs,
-    at_pairs,
     by_rows,
     chunks,
     compact,
@@ -425,7 +424,8 @@ def threshold_pairs(
             del s32
             near = torch.empty(len(score), dtype=torch.bool, device=device)
             for a, b in chunks(len(score)):  # no float64 temporary of every pair
-                near[a:b] = (score[a:b] - at_pairs(bar, a, b)).abs_() < delta
+                share = bar if bar.ndim == 0 else bar[a:b]  # one bar for all, or a pair's
+                near[a:b] = (score[a:b] - share).abs_() < delta
             if bool(near.any()):
                 score[near] = rescore(q, i[near], r, j[near])
             del near
