@@ -62,6 +62,14 @@ def main() -> None:
     """Row-wise cosine similarity of embedding columns, on dask clusters of CPUs or GPUs."""
 
 
+def _vectors(dim: int | None, dtype: str, lead: str = "") -> str:
+    """ "6 x float32" after ``lead``, or where no row holds a vector (every row null) no D
+    to show."""
+    return (
+        f"{lead}{dim} x {dtype}" if dim else f"{dtype} vectors of unknown length (no row holds one)"
+    )
+
+
 @main.command()
 @click.argument("inputs", nargs=-1, required=True)
 @click.option("-a", "--a", "col_a", required=True, help="First embedding column.")
@@ -157,11 +165,21 @@ def convert(
     df = io.source_frame(input_path, a=col_a, b=col_b, column=column, allow_pickle=allow_pickle)
     with dask.config.set(scheduler="threads"):  # one machine's file: no cluster needed
         manifest = io.to_parquet(df, output, layout=layout, overwrite=overwrite)
-    dims = ", ".join(f"{c} {v['dim']} x {v['dtype']}" for c, v in manifest["vectors"].items())
+    dims = ", ".join(
+        f"{c} {_vectors(v['dim'], v['dtype'])}" for c, v in manifest["vectors"].items()
+    )
     click.echo(
         f"wrote       {output}: {count(manifest['rows'], 'row')} in "
         f"{count(len(manifest['files']), 'file')}, "
         f"layout {layout}; vectors: {dims or 'none found'}"
+    )
+
+
+def _vectors(dim: int | None, dtype: str, lead: str = "") -> str:
+    """ "6 x float32" after ``lead``, or where no row holds a vector (every row null) no D
+    to show."""
+    return (
+        f"{lead}{dim} x {dtype}" if dim else f"{dtype} vectors of unknown length (no row holds one)"
     )
 
 
@@ -183,7 +201,9 @@ def info(inputs: tuple[str, ...]) -> None:
         click.echo(f"index       {name} {level['dtype']}")
     click.echo("columns")
     for column, meta in described["columns"].items():
-        vector = f"  vectors of {meta['dim']} x {meta['values']}" if "dim" in meta else ""
+        vector = (
+            f"  {_vectors(meta['dim'], meta['values'], 'vectors of ')}" if "dim" in meta else ""
+        )
         click.echo(f"  {column:24} {meta['dtype']}{vector}")
 
 
@@ -291,6 +311,14 @@ def _search(
 _READS = "the search commands read Parquet files or folders of them"
 
 
+def _vectors(dim: int | None, dtype: str, lead: str = "") -> str:
+    """ "6 x float32" after ``lead``, or where no row holds a vector (every row null) no D
+    to show."""
+    return (
+        f"{lead}{dim} x {dtype}" if dim else f"{dtype} vectors of unknown length (no row holds one)"
+    )
+
+
 @main.command()
 @click.argument("inputs", nargs=-1, required=True)
 @click.option("--on", required=True, help="Embedding column of INPUTS.")
@@ -362,6 +390,14 @@ def join(
                                     columns=list(columns)), out, cluster)  # fmt: skip
 
 
+def _vectors(dim: int | None, dtype: str, lead: str = "") -> str:
+    """ "6 x float32" after ``lead``, or where no row holds a vector (every row null) no D
+    to show."""
+    return (
+        f"{lead}{dim} x {dtype}" if dim else f"{dtype} vectors of unknown length (no row holds one)"
+    )
+
+
 @main.command()
 @click.argument("inputs", nargs=-1, required=True)
 @click.option("--on", required=True, help="Embedding column.")
@@ -384,6 +420,14 @@ def neighbors(
                                        method=method, n_probe=n_probe, clusters=clusters),
             out, cluster, on_cluster=clustered(method, k=k, threshold=threshold,
                                                n_probe=n_probe, clusters=clusters))  # fmt: skip
+
+
+def _vectors(dim: int | None, dtype: str, lead: str = "") -> str:
+    """ "6 x float32" after ``lead``, or where no row holds a vector (every row null) no D
+    to show."""
+    return (
+        f"{lead}{dim} x {dtype}" if dim else f"{dtype} vectors of unknown length (no row holds one)"
+    )
 
 
 @main.command()

@@ -398,3 +398,18 @@ def test_library_errors_in_cli_spellings() -> None:
     assert raised.value.message == "'out' appeared while writing; pass --overwrite"
     text = "write it with to_parquet(df, path, layout='list')"  # a Python call stays Python
     assert cli_spelling(text) == text
+
+
+def test_a_vector_column_without_a_vector_is_shown_without_a_length(tmp_path: Path) -> None:
+    """A list column whose every row is null has no D: convert printed "emb 0 x float32"
+    and info "vectors of None x float32"."""
+    table = pa.table({"emb": pa.array([None, None], pa.list_(pa.float32())), "x": [1, 2]})
+    pq.write_table(table, tmp_path / "in.parquet")
+    for args in (["info", str(tmp_path / "in.parquet")],
+                 ["convert", str(tmp_path / "in.parquet"), "-o", str(tmp_path / "out"),
+                  "--column", "emb"],
+                 ["info", str(tmp_path / "out")]):  # fmt: skip
+        shown = CliRunner().invoke(main, args)
+        assert shown.exit_code == 0, shown.output
+        assert "float32 vectors of unknown length (no row holds one)" in shown.output
+        assert "None" not in shown.output and " 0 x " not in shown.output
