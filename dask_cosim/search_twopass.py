@@ -28,6 +28,7 @@ import torch
 
 from dask_cosim import search_kernels as sk
 from dask_cosim import search_precision as sp
+from dask_cosim.staging import OUT_OF_MEMORY
 
 __all__ = [
     "lowered",
@@ -175,10 +176,6 @@ def _kth_per_row(n: int, i: torch.Tensor, v: torch.Tensor, k: int) -> torch.Tens
     return out
 
 
-# What an allocation on a full device raises (as in dask_cosim.kernels).
-_OUT_OF_MEMORY = (torch.cuda.OutOfMemoryError, MemoryError)
-
-
 def _prep_rows(p: sk.Prepared, a0: int, a1: int) -> sk.Prepared:
     """Rows a0:a1 of ``p`` as views."""
     return dataclasses.replace(
@@ -201,7 +198,7 @@ def _by_row_blocks(n: int, rows: int | None, block: Callable[[int, int], T]) -> 
         stop = min(n, start + size)
         try:
             out.append(block(start, stop))
-        except _OUT_OF_MEMORY:
+        except OUT_OF_MEMORY:
             if size == 1:
                 raise
             size //= 2
