@@ -6,7 +6,7 @@ Each step (a function a threshold search's graph maps, called directly, no dask)
 in a fresh worker-like process (dask's worker environment: MALLOC_TRIM_THRESHOLD_, one
 thread) on inputs made there first: the exact search's pair task
 (``search_partition.pair_threshold``), the merge of two such frames
-(``search_results.concat_within``), the finish (``search_results.finish_pairs``),
+(``search_results.concat_pairs``), the finish (``search_results.finish_pairs``),
 dedup's pair task and merge (``search_dedup.earlier_matches``, ``best_matches``), and
 the clustered search's block task (``clustered_partition.search_blocks``) and the
 tasks holding the pairs gathered into a partition (``clustered_results``).  Its peak
@@ -37,7 +37,7 @@ import pandas as pd
 
 STEPS = (
     "pair_threshold",
-    "concat_within",
+    "concat_pairs",
     "finish_pairs",
     "earlier_matches",
     "best_matches",
@@ -74,11 +74,9 @@ def _setup(step: str, rows: int, dim: int, threshold: float) -> tuple[Callable[[
     from dask_cosim import search_partition as sp
     from dask_cosim import search_results as sr
     from dask_cosim.clustered_plan import plan
-    from dask_cosim.search_budget import Budget
 
     df = _frame(rows, dim)
     meta = sp.result_meta(df.index, df.index, np.dtype("float32"), False)
-    budget = Budget(1 << 50, "neighbors", "emb", threshold)
     if not step.startswith(("clustered", "search_blocks")):
         side = sp.prepare_side(df, "emb", 0, eps=EPS, device="cpu")
         if step == "pair_threshold":
@@ -88,10 +86,10 @@ def _setup(step: str, rows: int, dim: int, threshold: float) -> tuple[Callable[[
         if step == "earlier_matches":  # returns a pair per row: counted here
             del pairs
             return lambda: sd.earlier_matches(side, None, threshold, TILES), n
-        if step == "concat_within":
+        if step == "concat_pairs":
             a, b = pairs.iloc[: n // 2].copy(), pairs.iloc[n // 2 :].copy()
             del pairs
-            return lambda: sr.concat_within(budget, a, b), n
+            return lambda: sr.concat_pairs(a, b), n
         if step == "finish_pairs":
             return lambda: sr.finish_pairs(pairs, meta, False), n
         pairs["_lkey"] = pairs["_l"].to_numpy()  # partition 0

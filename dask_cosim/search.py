@@ -86,12 +86,26 @@ def _check_dims(spec_a: backends.VectorSpec, what_a: str, dim_b: int | None, wha
         raise errors.dims_differ(what_a, spec_a.dim, what_b, dim_b)
 
 
-def _combine(k: int | None, budget: Budget | None = None) -> Callable[..., Any]:
+def _combine(k: int | None) -> Callable[..., Any]:
     """How partial pair frames of one left partition merge: the k best, or all of them
-    (as many as ``budget`` allows one task)."""
+    (a threshold search's once their total passed its check, :func:`_merged`)."""
     if k is not None:
         return functools.partial(sr.merge_topk, k)
-    return sr.concat_pairs if budget is None else functools.partial(sr.concat_within, budget)
+    return sr.concat_pairs
+
+
+def _merged(
+    build: sg.Builder,
+    pieces: list[Any],
+    k: int | None,
+    budget: Budget | None,
+    split_every: int,
+    part: int,
+) -> Any:
+    """The pair frames ``pieces`` of output partition ``part`` merged, a threshold
+    search's (``budget``) only once their total fits one task."""
+    check = build.checked(pieces, budget, f"the merge of output partition {part}")
+    return build.tree(pieces, _combine(k), split_every, check)
 
 
 def _carried(frame: Any, columns: Hashable | Sequence[Hashable] | None, argument: str) -> list[Any]:
@@ -182,7 +196,7 @@ def join(
     rsides = sg.sides(build, right, right_on, opts, rcols)
     budget = None if k is not None else Budget(opts.max_result_bytes, "join", on, threshold)
     outs = []
-    for lside in sg.sides(build, left, on, opts, lcols):
+    for i, lside in enumerate(sg.sides(build, left, on, opts, lcols)):
         if k is not None:
             pair = build(sp.join_pair_topk)
             pieces = [pair(lside, r, k, threshold, opts.tile_bytes, opts.precision) for r in rsides]
@@ -193,7 +207,7 @@ def join(
                      precision=opts.precision, budget=budget)
                 for r in rsides
             ]  # fmt: skip
-        merged = build.tree(pieces, _combine(k, budget), opts.split_every)
+        merged = _merged(build, pieces, k, budget, opts.split_every, i)
         outs.append(build(sr.finish_pairs)(merged, meta, k is not None, like, carried))
     return build.collect(outs, backends.frame_like(meta, like))
 
@@ -244,11 +258,12 @@ def neighbors(
                     pair(sides[i], other, threshold, opts.tile_bytes, exact_scores=exact,
                          precision=opts.precision, budget=budget)
                 )  # fmt: skip
-    finish, combine = build(sr.finish_pairs), _combine(k, budget)
+    finish = build(sr.finish_pairs)
     outs = [
-        finish(build.tree(p, combine, opts.split_every), meta, k is not None, like, carried)
-        for p in pieces
-    ]
+        finish(_merged(build, p, k, budget, opts.split_every, i), meta, k is not None, like,
+               carried)
+        for i, p in enumerate(pieces)
+    ]  # fmt: skip
     return build.collect(outs, backends.frame_like(meta, like))
 
 
@@ -344,9 +359,9 @@ def groups(df: Any, on: str, threshold: float, *, name: str = "group") -> Any:
         for j in range(i, n)
     ]
     rows = [build(sd.side_rows)(side) for side in sides]
-    concat = functools.partial(sd.concat_edges, budget)
-    all_edges = build.tree(edges, concat, opts.split_every)
     # One task holds every edge: the components need the whole graph.
+    check = build.checked(edges, budget, "the merge of every pair, which groups needs in one task")
+    all_edges = build.tree(edges, sd.concat_edges, opts.split_every, check)
     found = build(sd.components, nout=n)(rows, all_edges)
     lengths = [build(len)(f) for f in frames] if len(frames) > n else None
     outs = []

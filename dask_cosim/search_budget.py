@@ -16,8 +16,11 @@ into a partition of the frame.
 Pairs are counted at :data:`PAIR_BYTES` each, what one takes in a task's frame of
 pairs.  Finding the pairs and framing them, and sorting a merged partition's pairs
 (with them), take up to about 1.9 times as much at their peak (measured,
-``python -m benchmarks.pair_memory``), and the merge of an output partition receives
-the pairs of every pair task that feeds it.  Hence the share "auto" takes:
+``python -m benchmarks.pair_memory``).  The merge of an output partition receives the
+pairs of every pair task that feeds it (groups: every edge, in one task), each task
+within the budget: :func:`check_total` sums their counts before they move
+(:meth:`~dask_cosim.search_graph.Builder.checked`), so that a merge past the budget
+never gathers them.  Hence the share "auto" takes:
 :data:`AUTO_SHARE` of the memory of one thread, the worker's memory limit over its
 threads (distributed), else the memory available over the CPUs (local schedulers,
 eager frames).  Read on the worker that runs the task.  The clustered search's tasks
@@ -43,6 +46,7 @@ __all__ = [
     "MORE_PARTITIONS",
     "PAIR_BYTES",
     "Budget",
+    "check_total",
     "collecting",
 ]
 
@@ -129,6 +133,13 @@ class Budget:
             f"grows with the pairs found, not with the rows: {', '.join(fixes[:-1])}, or "
             f'{fixes[-1]} ({DOCS[self.method]}, "Memory")'
         )
+
+
+def check_total(budget: Budget, where: str, *counts: int) -> None:
+    """``budget``'s error, naming ``where``, when the pair tasks that found ``counts``
+    pairs together found more than one task may hold: the check of a merge's inputs
+    while they are still on the workers that found them."""
+    budget.check(sum(counts), f"{where} (the pairs of its {len(counts)} pair tasks)")
 
 
 @contextmanager

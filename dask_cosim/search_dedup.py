@@ -92,12 +92,10 @@ def drop_matched(df: Any, best: pd.DataFrame, *before: int) -> Any:
     return sr.drop_rows(df, np.sort(best["_key"].to_numpy() & _POSITION_MASK), *before)
 
 
-def concat_edges(budget: Budget, *parts: np.ndarray) -> np.ndarray:
-    """The edges of ``parts`` in one array, once ``budget`` allows them in one task (the
-    components take about :data:`~dask_cosim.search_budget.PAIR_BYTES` per edge)."""
-    budget.check(
-        sum(len(p) for p in parts), "the merge of every pair, which groups needs in one task"
-    )
+def concat_edges(*parts: np.ndarray) -> np.ndarray:
+    """The edges of ``parts`` in one array (groups checks their total against its
+    budget before they move, the components taking about
+    :data:`~dask_cosim.search_budget.PAIR_BYTES` per edge)."""
     return np.concatenate(parts)
 
 

@@ -22,6 +22,7 @@ from dask_cosim import backends
 from dask_cosim import search_partition as sp
 from dask_cosim import search_results as sr
 from dask_cosim.io.convert import active_client, objects_kept
+from dask_cosim.search_budget import Budget, check_total
 
 __all__ = ["Builder", "Options", "block_bounds", "holds_data", "meta_of", "sides"]
 
@@ -73,11 +74,37 @@ class Builder:
             return list(obj.to_delayed())
         return [self.value(obj, "cosim-frame", backends.data_token)]
 
-    def tree(self, items: list[Any], combine: Callable[..., Any], split_every: int) -> Any:
-        step = self(combine)
+    def tree(
+        self,
+        items: list[Any],
+        combine: Callable[..., Any],
+        split_every: int,
+        after: Any = None,
+    ) -> Any:
+        """``items`` merged by ``combine``, ``split_every`` at a time, until one is left.
+        ``after``: a task every merge depends on (and ignores), so that the scheduler
+        sends no item to a merge before it has run: :meth:`checked`'s check."""
+        step = self(combine if after is None else functools.partial(_after, combine))
+        first = () if after is None else (after,)
         while len(items) > 1:
-            items = [step(*items[s : s + split_every]) for s in range(0, len(items), split_every)]
+            items = [
+                step(*first, *items[s : s + split_every]) for s in range(0, len(items), split_every)
+            ]
         return items[0]
+
+    def checked(self, items: list[Any], budget: Budget | None, where: str) -> Any:
+        """A task that raises ``budget``'s error, naming ``where``, when the pairs of
+        ``items`` (frames of pairs, or arrays of edges: their lengths) together are more
+        than one task may hold; for :meth:`tree`'s ``after``, so that the items of a
+        merge move to one worker only once their total fits.  Each pair task, within
+        the budget alone, cannot know what the merge will receive.  It adds a task per
+        item (its length, run where the item is) and this one; None without a budget
+        (a k-search's merges keep k a row), or for a single item (no merge, and its
+        pair task checked itself)."""
+        if budget is None or len(items) < 2:
+            return None
+        counts = [self(len)(item) for item in items]
+        return self(check_total)(budget, where, *counts)
 
     def collect(self, outs: list[Any], meta: Any, divisions: Any = None) -> Any:
         if not self.lazy:
@@ -142,3 +169,8 @@ def holds_data(df: Any) -> bool:
     column projection of it is then a second copy of that data in the graph, where one of
     a Parquet read is a narrower read."""
     return bool(backends.in_memory_sources(df))
+
+
+def _after(combine: Callable[..., Any], _check: None, *parts: Any) -> Any:
+    """``combine(*parts)``, as a task that waited for ``_check`` (see :meth:`Builder.tree`)."""
+    return combine(*parts)

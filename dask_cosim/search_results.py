@@ -18,13 +18,11 @@ import pandas as pd
 from dask.dataframe.utils import UNKNOWN_CATEGORIES
 
 from dask_cosim import backends
-from dask_cosim.search_budget import Budget
 
 __all__ = [
     "castable",
     "concat_frames",
     "concat_pairs",
-    "concat_within",
     "drop_rows",
     "finish_pairs",
     "finish_topk",
@@ -88,13 +86,6 @@ def _in_order(keys: list[np.ndarray]) -> bool:
 def concat_pairs(*parts: pd.DataFrame) -> pd.DataFrame:
     non_empty = [p for p in parts if len(p)]
     return pd.concat(non_empty, ignore_index=True) if non_empty else parts[0]
-
-
-def concat_within(budget: Budget, *parts: pd.DataFrame) -> pd.DataFrame:
-    """:func:`concat_pairs`, once ``budget`` allows their pairs in one task: the pairs of
-    a left block from all its pair tasks, each under the budget, may be many times it."""
-    budget.check(sum(len(p) for p in parts), "the merge of one output partition's pairs")
-    return concat_pairs(*parts)
 
 
 def merge_topk(k: int, *parts: pd.DataFrame) -> pd.DataFrame:

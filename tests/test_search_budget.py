@@ -10,8 +10,10 @@ from typing import Any
 import dask
 import pandas as pd
 import pytest
-from dask.utils import format_bytes
-from distributed import Client, LocalCluster
+from dask.callbacks import Callback
+from dask.core import get_dependencies
+from dask.utils import format_bytes, key_split
+from distributed import Client, LocalCluster, get_task_stream
 
 from dask_cosim.errors import ResultTooLargeError
 from dask_cosim.search_budget import AUTO_SHARE, PAIR_BYTES, Budget
@@ -58,16 +60,73 @@ def test_a_task_past_its_budget_names_the_cause(op: str, npartitions: int | None
     assert ("more partitions" in message) == (name != "groups")
 
 
-def test_the_merge_of_an_output_partition_is_held_to_the_budget() -> None:
-    """Each pair task finds at most 25 x 25 pairs, but partition 0's output gathers
-    those of four tasks (300 + 325 of them here): the merge stops, not the finish."""
+class Started(Callback):
+    """The tasks the local scheduler started, with their dependencies."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.deps: dict[Any, set[Any]] = {}
+
+    def _pretask(self, key: Any, dsk: Any, state: dict[str, Any]) -> None:
+        self.deps[key] = set(state["dependencies"][key])
+
+
+# The tasks that find pairs: a merge is a task with two or more of them among its inputs.
+PAIR_TASKS = ("pair_threshold", "earlier_matches")
+
+
+@pytest.mark.parametrize(
+    ("op", "where"),
+    [
+        ("neighbors", r"the merge of output partition [012] \(the pairs of its [234] pair tasks\)"),
+        ("join", r"the merge of output partition \d \(the pairs of its 4 pair tasks\)"),
+        ("groups", r"the merge of every pair, which groups needs in one task \(the pairs of its "
+                   r"10 pair tasks\)"),
+    ],
+)  # fmt: skip
+def test_the_pieces_of_a_merge_past_the_budget_never_meet(op: str, where: str) -> None:
+    """4 partitions of 25 and 24 rows: each pair task finds at most 600 pairs, within
+    the budget, but the output partitions of neighbors gather 2,100, 1,428 and 852 (the
+    last, 276, comes from one task), those of join 24 or 25 x 97, and groups needs all
+    4,656 in one task: the check of their counts stops the search before any merge
+    receives them."""
     df = _frame(4)
     with dask.config.set({"cosim.search.max-result-bytes": 700 * PAIR_BYTES}):
-        pairs = df.cosim.neighbors("emb", threshold=-1.0)
-        with pytest.raises(ResultTooLargeError, match="the merge of one output partition's"):
-            pairs.compute(scheduler="sync")
-        with pytest.raises(ResultTooLargeError, match="the merge of every pair, which groups"):
-            df.cosim.groups("emb", -1.0).compute(scheduler="sync")
+        result = _search(df, op)
+    with Started() as started, pytest.raises(ResultTooLargeError) as caught:
+        result.compute(scheduler="sync")
+    message = str(caught.value)
+    assert re.search(rf"^{op}\(threshold=-1\.0\) on column 'emb': {where} found [\d,]+ pairs",
+                     message)  # fmt: skip
+    assert f"more than one task may hold, {format_bytes(700 * PAIR_BYTES)}" in message
+    assert ("more partitions" in message) == (op != "groups")
+    assert _merges(started.deps) == []
+
+
+def _merges(deps: dict[Any, set[Any]]) -> list[Any]:
+    """The tasks among ``deps`` (key: its dependencies) with two or more pair tasks
+    among their inputs; asserts some pair tasks ran (at least those of the merge that
+    was stopped)."""
+    pair_tasks = {k for k in deps if key_split(k) in PAIR_TASKS}
+    assert len(pair_tasks) >= 2
+    return [k for k, inputs in deps.items() if len(inputs & pair_tasks) > 1]
+
+
+def test_on_a_cluster_the_pieces_past_the_budget_stay_where_they_were_found(
+    loop: object,
+) -> None:
+    """The same on distributed: the scheduler sends a merge its pieces only once every
+    input of it is done, the check among them."""
+    with dask.config.set({"cosim.search.max-result-bytes": 700 * PAIR_BYTES}):
+        result = _search(_frame(4), "neighbors")
+    graph = dict(result.__dask_graph__())
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, loop=loop,
+                      dashboard_address=None) as cluster, Client(cluster) as client, \
+            get_task_stream(client) as stream:  # fmt: skip
+        with pytest.raises(ResultTooLargeError, match=r"the merge of output partition \d"):
+            result.compute()
+    ran = {t["key"] for t in stream.data}
+    assert _merges({k: set(get_dependencies(graph, k)) for k in ran}) == []
 
 
 def test_within_the_budget_nothing_changes() -> None:
