@@ -2,7 +2,8 @@
 
 On a dask DataFrame it validates against ``_meta`` (never by computing), derives the result
 meta from the input meta (cudf in, cudf out) and builds the lazy result: ``pairwise`` one
-``map_partitions`` call, the searches their graphs of partition (pair) tasks
+``map_partitions`` call (on the frame narrowed to its two columns where that narrows a
+read: :func:`_narrowed`), the searches their graphs of partition (pair) tasks
 (:mod:`dask_cosim.search`; ``method="clustered"`` computes its plan first,
 :mod:`dask_cosim.clustered`).  On an eager frame it runs the same partition functions.
 """
@@ -110,7 +111,7 @@ class CosimAccessor:
             dtype = partition.default_result_dtype([spec_a.dtype, spec_b.dtype])
         meta_out = backends.make_result(meta[a], torch.empty(0, dtype=dtype), None, name)
         columns = [a] if a == b else [a, b]
-        return obj[columns].map_partitions(
+        return _narrowed(obj, columns).map_partitions(
             partition.pairwise_partition,
             a,
             b,
@@ -338,3 +339,20 @@ class CosimAccessor:
         million pairs need about 4 GB in that task.
         """
         return search.groups(self._obj, on, threshold, name=name)
+
+
+def _narrowed(obj: Any, columns: list[str]) -> Any:
+    """``obj[columns]`` where dask pushes that projection into ``obj``'s graph (a Parquet
+    read of those columns alone, a narrower ``from_pandas``), else ``obj`` itself.
+
+    distributed runs each expression of a graph as a task of its own (it fuses none), so a
+    projection left standing over its input (a frame persisted in worker memory, a
+    filter of one, the output of a ``map_partitions``) is one more task per partition, a
+    few ms of scheduler and worker time each, that narrows nothing: the partition
+    function reads its two columns by name either way.  Decided from the simplified
+    expressions (what the optimizer does first), which touches no data.
+    """
+    projected = obj[columns]
+    base = obj.expr.simplify()._name
+    left_standing = [d._name for d in projected.expr.simplify().dependencies()] == [base]
+    return obj if left_standing else projected

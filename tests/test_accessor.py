@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import dask
 import dask.dataframe as dd
@@ -214,3 +215,18 @@ def test_read_parquet_every_layout(tmp_path: object) -> None:
     np.testing.assert_allclose(
         ddf.cosim.pairwise("embeds_a", "embeds_b").compute().to_numpy(), reference(a, b), atol=1e-6
     )
+
+
+def test_a_filtered_parquet_read_still_reads_only_the_columns_used(tmp_path: Path) -> None:
+    """pairwise narrows its frame to the two columns only where dask pushes that into the
+    graph (not on a frame in memory: tests/test_cluster.py); under a filter it does."""
+    a, b = random_pairs(50, 4)
+    pdf = pairs_frame(a, b, "fixed_size_list")
+    pdf["text"] = ["some words"] * 50
+    dd.from_pandas(pdf, npartitions=2).to_parquet(tmp_path)
+    df = dask_cosim.read_parquet(tmp_path)
+    cos = df[df["id"] >= 10].cosim.pairwise("embeds_a", "embeds_b")
+    plan = cos.optimize(fuse=False).expr.walk()
+    reads = [e for e in plan if type(e).__name__ == "FromMapProjectable"]
+    assert len(reads) == 1 and sorted(reads[0].columns) == ["embeds_a", "embeds_b", "id"]
+    np.testing.assert_allclose(cos.compute().to_numpy(), reference(a, b)[10:], atol=1e-6)

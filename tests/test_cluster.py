@@ -9,12 +9,13 @@ import sys
 import warnings
 from pathlib import Path
 
+import dask.dataframe as dd
 import numpy as np
 import pandas as pd
 import psutil
 import pytest
 import torch
-from distributed import Client, get_task_stream
+from distributed import Client, get_task_stream, wait
 
 import dask_cosim
 from tests.helpers import pairs_frame, random_pairs, reference
@@ -43,6 +44,26 @@ def test_pairwise_on_worker_processes(client: Client, tmp_path: object) -> None:
     back[["id", "cos"]].to_parquet(f"{tmp_path}/out")
     out = pd.read_parquet(f"{tmp_path}/out").sort_values("id")
     np.testing.assert_allclose(out["cos"].to_numpy(), reference(a, b), atol=1e-6)
+
+
+def test_pairwise_of_a_persisted_frame_adds_one_task_per_partition(client: Client) -> None:
+    """distributed runs each expression of a graph as a task of its own (it fuses none):
+    the column projection that narrows a Parquet read would, on a frame in worker
+    memory, be a second task per partition that narrows nothing.  pairwise then maps the
+    frame itself, as a plain map_partitions does."""
+    a, b = random_pairs(600, 16)
+    ddf = dd.from_pandas(pairs_frame(a, b, "fixed_size_list"), npartitions=3).persist()
+    wait(ddf)
+
+    def tasks(series: dd.Series) -> tuple[int, np.ndarray]:
+        with get_task_stream(client) as stream:
+            values = series.compute().to_numpy()
+        return len(stream.data), values
+
+    plain, _ = tasks(ddf.map_partitions(lambda p: p["id"].astype("f4"), meta=("id", "f4")))
+    ours, cos = tasks(ddf.cosim.pairwise("embeds_a", "embeds_b"))
+    assert ours == plain
+    np.testing.assert_allclose(cos, reference(a, b), atol=1e-6)
 
 
 def test_errors_travel_back_from_workers(client: Client) -> None:
