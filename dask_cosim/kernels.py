@@ -344,10 +344,16 @@ def _fused_kernel(
     if kernel == "numba":
         redo = torch.empty(n, dtype=torch.bool)
         lo, hi = limits(torch.float64)  # numba sums in float64 whatever the input
+        threads = torch.get_num_threads()
         module.rows_cosine(
             a.detach().numpy(), b.detach().numpy(), eps, lo, hi,
-            res.numpy(), redo.numpy(), torch.get_num_threads(),
+            res.numpy(), redo.numpy(), threads,
         )  # fmt: skip
+        if torch.get_num_threads() != threads:
+            # numba's OpenMP pool, started by this thread's first parallel call, set the
+            # thread's OpenMP threads (torch's) to all of numba's: in a dask task thread,
+            # every later kernel would run on every core, in each worker at once.
+            torch.set_num_threads(threads)
         return res, redo
     flags = torch.empty(n, dtype=torch.int8, device=target)
     lo, hi = limits(dtype)

@@ -13,12 +13,15 @@ races below show in nearly every run before their fixes."""
 from __future__ import annotations
 
 import functools
+import os
+import subprocess
 import sys
 import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import dask
@@ -254,3 +257,32 @@ def test_python_threads_each_computing_their_own_searches() -> None:
         each_in_a_thread(compute_share, 4)
     assert [str(w.message) for w in caught] == []
     assert_same(together, alone)
+
+
+_THREADS_SCRIPT = """
+import threading, torch, dask_cosim
+torch.set_num_threads(2)  # what TorchThreads sets in a worker: fewer than the cores
+a = torch.ones(20000, 300)
+seen = []
+def task():  # a dask worker's task thread
+    for _ in range(3):
+        dask_cosim.pairwise_cosine(a, a)
+        seen.append(torch.get_num_threads())
+thread = threading.Thread(target=task)
+thread.start()
+thread.join()
+print(seen)
+"""
+
+
+def test_the_numba_kernel_leaves_the_threads_torch_was_given() -> None:
+    """The fused CPU kernel's first parallel call in a thread starts numba's thread pool,
+    which (OpenMP layer) set that thread's OpenMP threads, torch's, to all of numba's:
+    every later kernel and torch op in a dask task thread then ran on every core, in each
+    worker at once.  In a fresh process (numba starts its pool once per process), with
+    more numba threads than torch is given."""
+    root = str(Path(dask_cosim.__file__).parents[1])
+    env = {**os.environ, "NUMBA_NUM_THREADS": "4", "PYTHONPATH": root}
+    out = subprocess.run([sys.executable, "-c", _THREADS_SCRIPT], env=env, check=True,
+                         capture_output=True, text=True).stdout  # fmt: skip
+    assert out.split("\n")[-2] == "[2, 2, 2]"
