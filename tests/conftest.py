@@ -1,8 +1,10 @@
-"""pytest hooks and fixtures: tests marked ``gpu`` skip cleanly without a CUDA GPU, and
-distributed's ``client`` fixture is available everywhere.  Shared helpers live in
-tests/helpers.py."""
+"""pytest hooks and fixtures: tests marked ``gpu`` skip cleanly without a CUDA GPU,
+distributed's ``client`` fixture is available everywhere, and ``shared_client`` gives a
+module's tests one such cluster between them.  Shared helpers live in tests/helpers.py."""
 
 from __future__ import annotations
+
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -14,14 +16,38 @@ import dask_cosim  # noqa: F401  (registers the accessor, loads the cosim defaul
 # distributed's own fixtures, for every test module: `client` (a scheduler and two worker
 # processes) and what it needs.  Imported after dask_cosim: distributed.utils_test keeps
 # a copy of the dask config as it is now and restores it after each cluster test.
+from distributed import Client
 from distributed.utils_test import (  # noqa: F401
     cleanup,
     client,
+    cluster,
     cluster_fixture,
+    config_for_cluster_tests,
     loop,
     loop_in_thread,
 )
 # isort: on
+
+
+@pytest.fixture(scope="module")
+def shared_cluster() -> Iterator[str]:
+    """The cluster of distributed's ``client`` fixture (a scheduler and two one-thread
+    worker processes), started once per module: the scheduler's address.  Starting one,
+    and its workers' first import of torch and dask_cosim, takes seconds per test.
+
+    Only for modules where no test uses ``loop`` or ``client``: their fixtures end every
+    child process of this one, this cluster's included."""
+    with cluster() as (scheduler, _workers):
+        yield scheduler["address"]
+
+
+@pytest.fixture
+def shared_client(shared_cluster: str) -> Iterator[Client]:
+    """A client of the module's ``shared_cluster``, for one test, in the config
+    distributed's ``client`` fixture sets; the workers keep what earlier tests of the
+    module left on them (imports, run() patches), never their results."""
+    with config_for_cluster_tests(), Client(shared_cluster) as c:
+        yield c
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

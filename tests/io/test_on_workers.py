@@ -40,7 +40,7 @@ def large_graph_warnings(fn) -> list[str]:
     return [str(w.message) for w in caught if "large graph" in str(w.message)]
 
 
-def test_computations_send_small_graphs_and_equal_results(client: Client) -> None:
+def test_computations_send_small_graphs_and_equal_results(shared_client: Client) -> None:
     pdf, a, b = tensor_frame(12_000, 300)  # 29 MB of vectors: above the 10 MB warning
     df = dask_cosim.from_pandas(pdf, npartitions=4)
     assert df.npartitions == 4 and df.divisions == (0, 9000, 18000, 27000, 35997)
@@ -64,10 +64,10 @@ def test_computations_send_small_graphs_and_equal_results(client: Client) -> Non
     assert top["label"].tolist() == [f"row {i}" for i in np.argsort(-expected)[:5]]
     assert str(df.dtypes["label"]) == str(dask_cosim.from_pandas(pdf.head()).dtypes["label"])
     # The data lives on the workers: the scheduler knows 4 partitions held there.
-    assert sum(len(keys) for keys in client.has_what().values()) >= 4
+    assert sum(len(keys) for keys in shared_client.has_what().values()) >= 4
 
 
-def test_the_frame_in_the_graph_is_what_it_avoids(client: Client) -> None:
+def test_the_frame_in_the_graph_is_what_it_avoids(shared_client: Client) -> None:
     """The same frame through dd.from_pandas does warn: the test above can fail."""
     pdf, _a, _b = tensor_frame(12_000, 300)
     converted = dask_cosim.from_pandas(pdf)
@@ -88,7 +88,7 @@ def test_without_a_client_the_data_stays_in_the_graph() -> None:
 
 
 def test_pandas_frames_written_together_keep_their_partitions(
-    client: Client, tmp_path: Path
+    shared_client: Client, tmp_path: Path
 ) -> None:
     """A pandas frame is scattered to the workers when staged; the staged write holds it
     until computed (its futures gone, the write would find its partitions lost)."""
@@ -100,7 +100,9 @@ def test_pandas_frames_written_together_keep_their_partitions(
     np.testing.assert_array_equal(np.stack(back["embeds_a"].to_numpy()), a)
 
 
-def test_a_pandas_frame_written_later_keeps_its_partitions(client: Client, tmp_path: Path) -> None:
+def test_a_pandas_frame_written_later_keeps_its_partitions(
+    shared_client: Client, tmp_path: Path
+) -> None:
     """``to_parquet(pandas_frame, compute=False)``: the frame is scattered to the workers
     when staged, and the Delayed holds its partitions until computed (else computing it
     failed with "lost dependencies")."""
