@@ -420,8 +420,8 @@ def test_empty_sides_give_empty_results() -> None:
 
 
 @pytest.mark.slow
-def test_search_on_worker_processes(client: Client) -> None:
-    assert len(set(client.run(os.getpid).values())) == 2
+def test_search_on_worker_processes(shared_client: Client) -> None:
+    assert len(set(shared_client.run(os.getpid).values())) == 2
     x = vectors(300, seed=7)
     pdf = frame(x)
     ddf = dask_cosim.from_pandas(pdf, npartitions=6)
@@ -440,7 +440,9 @@ def test_search_on_worker_processes(client: Client) -> None:
     assert_pairs_equal(got, expected_pairs(brute(x, x), None, 0.5, pdf.index, pdf.index))
 
 
-def test_queries_and_eager_frames_go_to_the_workers_outside_the_graph(client: Client) -> None:
+def test_queries_and_eager_frames_go_to_the_workers_outside_the_graph(
+    shared_client: Client,
+) -> None:
     """topk's queries and an eager right frame of join are scattered to the workers (to
     every one: each pair task needs them), not sent inside the graph ("Sending large
     graph"), and give the same results."""
