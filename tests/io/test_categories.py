@@ -1,12 +1,14 @@
 """Categoricals through two round trips of ``to_parquet`` and ``read_parquet``: what the
 first read gives, a second write stores and reads back alike, whether the frame has rows
-or not, and whether its categories are strings or numbers."""
+or not, and whether its categories are strings or numbers; then categoricals of numbers
+and stored categoricals (unknown categories) from our folders and other writers' files."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import dask.dataframe as dd
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -53,3 +55,60 @@ def test_categoricals_survive_a_second_round_trip(
     for file in (tmp_path / "b").glob("*.parquet"):  # stored typed, as other readers see it
         stored = pq.read_schema(file).field("kind").type
         assert not pa.types.is_null(getattr(stored, "value_type", stored))
+
+
+def test_categoricals_of_numbers_read_back_as_written(tmp_path: Path) -> None:
+    """pyarrow gives a categorical of numbers back as plain numbers (strings only come back
+    categorical), and Parquet keeps neither unused categories nor their order: our folders
+    record them, and read back as written, meta agreeing; other files' categoricals come
+    back categorical, their values sorted as categories, unordered (as dask's reader gives
+    a column); the meta's categories are unknown (dask's convention), and a categorical
+    index has no divisions."""
+    ordered = pd.CategoricalDtype(pd.Index([5, 1, 2, 3], dtype="int32"), ordered=True)
+    pdf = pd.DataFrame(
+        {
+            "x": np.arange(6.0),
+            "c": pd.Categorical([10, 20, None, 30, 10, 20], categories=[40, 30, 20, 10]),
+            "s": pd.Categorical(list("abcabc"), categories=list("zcba"), ordered=True),
+        },
+        index=pd.CategoricalIndex([3, 1, 2, 3, 1, 2], dtype=ordered, name="k"),
+    )
+    dask_cosim.to_parquet(dd.from_pandas(pdf, npartitions=3, sort=False), tmp_path / "ours")
+    back = dask_cosim.read_parquet(tmp_path / "ours")
+    dd.utils.assert_eq(back, pdf)
+    assert back._meta.index.dtype.ordered and not back.known_divisions
+    assert [back._meta[c].dtype.ordered for c in ("c", "s")] == [False, True]
+    assert not dd.utils.has_known_categories(back["c"])
+    assert back["c"].cat.as_known().compute().dtype == pdf["c"].dtype
+    assert back[["x"]].compute().index.dtype == ordered  # the index comes along
+
+    pdf.to_parquet(tmp_path / "pandas.parquet")
+    other = dask_cosim.read_parquet(tmp_path / "pandas.parquet")
+    got = other.compute()
+    dd.utils.assert_eq(other, got)
+    theirs = dd.read_parquet(tmp_path / "pandas.parquet").compute()
+    pd.testing.assert_series_equal(got["c"], theirs["c"], check_index=False)
+    assert got.index.dtype == pd.CategoricalDtype(pd.Index([1, 2, 3], dtype="int32"))
+    assert got.index.tolist() == pdf.index.tolist() and got.index.name == "k"
+    pd.testing.assert_series_equal(got["s"], pdf["s"], check_index=False)
+    assert not dd.utils.has_known_categories(other["s"])  # the meta said [] known
+
+
+def test_stored_categoricals_read_back_with_unknown_categories(tmp_path: Path) -> None:
+    """Each file stores its own dictionary, so the categories of a stored categorical
+    column or index are unknown until read, as dask's reader marks them (the meta said
+    known and empty: ``as_known`` kept none, and ``dd.get_dummies`` made no columns in
+    the meta where the data had five)."""
+    pdf = pd.DataFrame(
+        {"id": np.arange(20), "cat": pd.Categorical([f"c{i % 5}" for i in range(20)])},
+        index=pd.CategoricalIndex([f"k{i % 3}" for i in range(20)], name="k"),
+    )
+    dask_cosim.to_parquet(dd.from_pandas(pdf, npartitions=2, sort=False), tmp_path / "ours")
+    pdf.to_parquet(tmp_path / "one.parquet")
+    for path in (tmp_path / "ours", tmp_path / "one.parquet"):
+        df = dask_cosim.read_parquet(path)
+        assert not df["cat"].cat.known and not df.index.cat.known
+        assert sorted(df["cat"].cat.as_known().cat.categories) == [f"c{i}" for i in range(5)]
+        dummies = dd.get_dummies(df.categorize(columns=["cat"]), columns=["cat"])
+        assert list(dummies.columns) == list(dummies.compute().columns)
+        pd.testing.assert_frame_equal(df.compute(), pdf, check_categorical=False)
