@@ -62,14 +62,6 @@ def main() -> None:
     """Row-wise cosine similarity of embedding columns, on dask clusters of CPUs or GPUs."""
 
 
-def _vectors(dim: int | None, dtype: str, lead: str = "") -> str:
-    """ "6 x float32" after ``lead``, or where no row holds a vector (every row null) no D
-    to show."""
-    return (
-        f"{lead}{dim} x {dtype}" if dim else f"{dtype} vectors of unknown length (no row holds one)"
-    )
-
-
 @main.command()
 @click.argument("inputs", nargs=-1, required=True)
 @click.option("-a", "--a", "col_a", required=True, help="First embedding column.")
@@ -311,14 +303,6 @@ def _search(
 _READS = "the search commands read Parquet files or folders of them"
 
 
-def _vectors(dim: int | None, dtype: str, lead: str = "") -> str:
-    """ "6 x float32" after ``lead``, or where no row holds a vector (every row null) no D
-    to show."""
-    return (
-        f"{lead}{dim} x {dtype}" if dim else f"{dtype} vectors of unknown length (no row holds one)"
-    )
-
-
 @main.command()
 @click.argument("inputs", nargs=-1, required=True)
 @click.option("--on", required=True, help="Embedding column of INPUTS.")
@@ -390,14 +374,6 @@ def join(
                                     columns=list(columns)), out, cluster)  # fmt: skip
 
 
-def _vectors(dim: int | None, dtype: str, lead: str = "") -> str:
-    """ "6 x float32" after ``lead``, or where no row holds a vector (every row null) no D
-    to show."""
-    return (
-        f"{lead}{dim} x {dtype}" if dim else f"{dtype} vectors of unknown length (no row holds one)"
-    )
-
-
 @main.command()
 @click.argument("inputs", nargs=-1, required=True)
 @click.option("--on", required=True, help="Embedding column.")
@@ -420,14 +396,6 @@ def neighbors(
                                        method=method, n_probe=n_probe, clusters=clusters),
             out, cluster, on_cluster=clustered(method, k=k, threshold=threshold,
                                                n_probe=n_probe, clusters=clusters))  # fmt: skip
-
-
-def _vectors(dim: int | None, dtype: str, lead: str = "") -> str:
-    """ "6 x float32" after ``lead``, or where no row holds a vector (every row null) no D
-    to show."""
-    return (
-        f"{lead}{dim} x {dtype}" if dim else f"{dtype} vectors of unknown length (no row holds one)"
-    )
 
 
 @main.command()
