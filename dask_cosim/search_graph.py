@@ -9,6 +9,7 @@ of consecutive partitions, and each block's normalised side.
 from __future__ import annotations
 
 import functools
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -56,17 +57,21 @@ class Builder:
         return fn
 
     def value(self, obj: Any, name: str, token: Callable[[Any], str] = tokenize) -> Any:
-        """``obj`` as one key, named ``name``-``token(obj)``; itself when eager (and then
-        not hashed).  With an active distributed client it is scattered to every worker
-        (the queries of topk and an eager side, which every pair task reads) rather than
-        sent inside the graph ("Sending large graph"); a copy on each worker also outlives
-        the death of one of them.  Else it is in the graph."""
+        """``obj`` as one key; itself when eager (and then not hashed).  With an active
+        distributed client it is scattered to every worker (the queries of topk and an
+        eager side, which every pair task reads) rather than sent inside the graph
+        ("Sending large graph"), under a key of its own, ``name``-<random>; a copy on
+        each worker also outlives the death of one of them.  Else it is in the graph,
+        named ``name``-``token(obj)``."""
         if not self.lazy:
             return obj
-        key = f"{name}-{token(obj)}"
         client = active_client()
         if client is None:
-            return dask.delayed(obj, name=key)
+            return dask.delayed(obj, name=f"{name}-{token(obj)}")
+        # Never a key an earlier scatter used: the release of that copy (the client's
+        # batched stream) can reach the scheduler after this scatter (an RPC), and would
+        # then release this copy too, under the tasks that need it.
+        key = f"{name}-{uuid.uuid4().hex}"
         return dask.delayed(client.scatter({key: obj}, broadcast=True, hash=False)[key])
 
     def partitions(self, obj: Any) -> list[Any]:

@@ -18,6 +18,7 @@ from dask.callbacks import Callback
 
 import dask_cosim
 from dask_cosim.io import vectors_to_arrow
+from dask_cosim.search_graph import Builder
 from tests.helpers import as_column, graph_bytes, spy_on_reads
 
 
@@ -161,3 +162,17 @@ def test_a_parquet_read_still_reads_only_the_vectors_for_the_search(
         asked.clear()
         call(dask_cosim.read_parquet(tmp_path / "d")).compute(scheduler="sync")
         assert sorted(asked, key=len) == [["emb"], ["emb"], *[["emb", "id", "wide"]] * 2]
+
+
+def test_eager_inputs_scattered_again_are_not_lost(client: Any) -> None:
+    """Under a client the eager side of a join, and topk's queries, were scattered under
+    a key named by their data alone: the next call with the same data scattered it again
+    under that key while the release of the previous call's copy was still on its way to
+    the scheduler, which then forgot the new copy too ("FutureCancelledError: ... lost
+    dependencies"; about 1 join in 20 on two in-process workers, every time when the
+    next scatter follows the release at once, as here).  Each scatter now has a key of
+    its own."""
+    build = Builder(lazy=True)
+    for _ in range(10):
+        # The previous copy is dropped (its release sent) just before the next scatter.
+        np.testing.assert_array_equal(build.value(QUERIES, "cosim-queries").compute(), QUERIES)
