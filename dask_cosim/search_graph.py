@@ -22,7 +22,7 @@ from dask.base import tokenize
 from dask_cosim import backends
 from dask_cosim import search_partition as sp
 from dask_cosim import search_results as sr
-from dask_cosim.io.convert import active_client, objects_kept
+from dask_cosim.io.convert import active_client, futures_of, held_where_it_is, objects_kept
 from dask_cosim.search_budget import Budget, check_total
 
 __all__ = ["Builder", "Options", "block_bounds", "holds_data", "meta_of", "sides"]
@@ -75,9 +75,19 @@ class Builder:
         return dask.delayed(client.scatter({key: obj}, broadcast=True, hash=False)[key])
 
     def partitions(self, obj: Any) -> list[Any]:
-        if dask.is_dask_collection(obj):
-            return list(obj.to_delayed())
-        return [self.value(obj, "cosim-frame", backends.data_token)]
+        """``obj``'s partitions (one key, :meth:`value`, for an eager frame).  Those of a
+        frame scattered to a client's workers (``from_pandas`` under a client) each
+        depend on a task that holds its futures: the graph of ``to_delayed()`` names
+        them without holding them, so a search whose input frame was dropped before it
+        was computed would find them released ("lost dependencies")."""
+        if not dask.is_dask_collection(obj):
+            return [self.value(obj, "cosim-frame", backends.data_token)]
+        parts = list(obj.to_delayed())
+        futures = futures_of(obj)
+        if not futures:
+            return parts
+        held = self(_nothing)(*[self(held_where_it_is)(f) for f in futures])
+        return [self(_with)(part, held) for part in parts]
 
     def tree(
         self,
@@ -179,3 +189,13 @@ def holds_data(df: Any) -> bool:
 def _after(combine: Callable[..., Any], _check: None, *parts: Any) -> Any:
     """``combine(*parts)``, as a task that waited for ``_check`` (see :meth:`Builder.tree`)."""
     return combine(*parts)
+
+
+def _nothing(*_held: None) -> None:
+    """One task that waited for every :func:`held_where_it_is` (their Nones move)."""
+    return None
+
+
+def _with(part: Any, _held: None) -> Any:
+    """``part``, as a task that depends on (and so holds) a frame's scattered futures."""
+    return part

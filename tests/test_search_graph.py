@@ -4,6 +4,7 @@ cache the work)."""
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -176,3 +177,27 @@ def test_eager_inputs_scattered_again_are_not_lost(client: Any) -> None:
     for _ in range(10):
         # The previous copy is dropped (its release sent) just before the next scatter.
         np.testing.assert_array_equal(build.value(QUERIES, "cosim-queries").compute(), QUERIES)
+
+
+def test_a_search_holds_the_partitions_from_pandas_scattered(client: Any) -> None:
+    """``dask_cosim.from_pandas`` under a client scatters the partitions, which live as
+    long as the frame's futures; a search's graph (made of ``to_delayed``'s partitions)
+    did not hold them, so a result that outlived its input frame, as in
+    ``pairs = pdf.cosim.join(dask_cosim.from_pandas(pdf), ...)``, failed when computed:
+    "FutureCancelledError: ... lost dependencies".  Its graph now holds them."""
+    pdf = _frame(1, n=20, d=4)
+    searches = {
+        "join, eager left": lambda df: pdf.cosim.join(df, "emb", k=1),
+        "join": lambda df: df.cosim.join(pdf, "emb", k=1),
+        "neighbors": lambda df: df.cosim.neighbors("emb", threshold=0.2),
+        "dedup": lambda df: df.cosim.dedup("emb", 0.2),
+        "groups": lambda df: df.cosim.groups("emb", 0.2),
+    }
+    for name, search in searches.items():
+        want = search(pdf)  # eager
+        result = search(dask_cosim.from_pandas(pdf, npartitions=2))  # the frame is dropped
+        gc.collect()
+        got = result.compute()
+        pd.testing.assert_frame_equal(
+            got.reset_index(drop=True), want.reset_index(drop=True), obj=name
+        )

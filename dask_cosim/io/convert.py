@@ -165,6 +165,27 @@ def _on_workers(ddf: dd.DataFrame) -> dd.DataFrame:
         return dd.from_delayed(futures, meta=ddf._meta, divisions=ddf.divisions, verify_meta=False)
 
 
+def futures_of(df: dd.DataFrame) -> list[Any]:
+    """The distributed futures ``df``'s expression holds (a frame that :func:`from_pandas`
+    scattered, or one the user made with ``dd.from_delayed(futures)``); none without
+    distributed.  The frame's partitions live only as long as these: a graph built from
+    its ``to_delayed()`` does not hold them, so it depends on each through
+    :func:`held_where_it_is`."""
+    try:
+        from distributed import Future
+    except ImportError:
+        return []
+    found = (op for expr in df.expr.walk() for op in expr.operands)
+    return list({id(op): op for op in found if isinstance(op, Future)}.values())
+
+
+def held_where_it_is(partition: Any) -> None:
+    """A task on one scattered partition that returns nothing (run where it is held, no
+    data moves): a graph that needs the partition depends on it, and so holds its
+    future."""
+    return None
+
+
 def active_client() -> Any:
     """The synchronous distributed Client that ``compute`` would use now, else None."""
     try:

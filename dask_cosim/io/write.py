@@ -20,7 +20,7 @@ from dask.dataframe.dispatch import to_pyarrow_table_dispatch
 
 from dask_cosim import backends, errors
 from dask_cosim.io import categories, cudf_parquet
-from dask_cosim.io.convert import from_pandas
+from dask_cosim.io.convert import from_pandas, futures_of, held_where_it_is
 from dask_cosim.io.files import Staging, commit, discard, exists, filesystem, new_staging
 from dask_cosim.io.layouts import (
     check_layout,
@@ -145,7 +145,7 @@ def to_parquet(
     manifest, staging, frame = _stage(df, path, **options)
     # A frame that from_pandas scattered to a client's workers lives only as long as its
     # futures: the Delayed depends on each, so that they are held until it is computed.
-    held = [dask.delayed(_held, pure=False)(f) for f in _futures_of(frame)]
+    held = [dask.delayed(held_where_it_is, pure=False)(f) for f in futures_of(frame)]
     return dask.delayed(_commit, pure=False)(manifest, staging, held)
 
 
@@ -412,24 +412,6 @@ def _with_range_index(schema: pa.Schema, index: Any) -> pa.Schema:
 
 def _commit(manifest: dict[str, Any], staging: Staging, held: Any = ()) -> dict[str, Any]:
     """The last task of ``to_parquet(..., compute=False)``: the staging folder renamed
-    (``held``: what :func:`_held` gave, nothing)."""
+    (``held``: what :func:`held_where_it_is` gave, nothing)."""
     commit([staging])
     return manifest
-
-
-def _futures_of(df: dd.DataFrame) -> list[Any]:
-    """The distributed futures ``df``'s expression holds (a frame that :func:`from_pandas`
-    scattered, or one the user made with ``dd.from_delayed(futures)``); none without
-    distributed."""
-    try:
-        from distributed import Future
-    except ImportError:
-        return []
-    found = (op for expr in df.expr.walk() for op in expr.operands)
-    return list({id(op): op for op in found if isinstance(op, Future)}.values())
-
-
-def _held(partition: Any) -> None:
-    """A task on one scattered partition that returns nothing (run where it is held, no
-    data moves): the partition's future is a dependency of the write's Delayed."""
-    return None
