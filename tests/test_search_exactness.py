@@ -378,3 +378,62 @@ def test_float32_tile_scores_are_clamped_to_one() -> None:
     with dask.config.set({"cosim.search.precision": "fp32"}):
         assert pdf.cosim.neighbors("emb", threshold=0.5)["score"].tolist() == [1.0]
         assert pdf.cosim.join(pdf, "emb", threshold=0.5)["score"].tolist() == [1.0] * 4
+
+
+# --------------------------------------------------------------------------- seeded mix
+
+# (dim, dtype, column format, index, partition sizes, clusters): frames larger than the
+# properties draw, every search on one frame, labels that repeat or are out of order.
+MIXES = [
+    (3, "float32", "list", "repeated", [0, 60, 1, 99], 5),
+    (64, "float16", "object_numpy", "shuffled", [70, 0, 90], 2),
+    (7, "float64", "fixed_size_list", "repeated", [160], 1),
+    (300, "bfloat16", "object", "shuffled", [30, 50, 0, 80], 5),
+]
+
+
+def expected_groups(c: torch.Tensor, t: float) -> list[int]:
+    """Each row's component under the pairs at or above ``t``, named by its first row."""
+    from scipy.sparse import coo_matrix
+    from scipy.sparse.csgraph import connected_components
+
+    i, j = torch.triu(c >= t, diagonal=1).nonzero(as_tuple=True)
+    graph = coo_matrix((np.ones(len(i)), (i.numpy(), j.numpy())), shape=c.shape)
+    label = connected_components(graph, directed=False)[1]
+    first = {lab: pos for pos, lab in reversed(list(enumerate(label)))}
+    return [first[lab] for lab in label]
+
+
+@pytest.mark.parametrize("seed", range(len(MIXES)))
+def test_a_seeded_adversarial_mix_equals_float64(seed: int) -> None:
+    """The fuzzer's most adversarial mix, fixed: 160 rows with a crowd within 1e-7 of
+    the threshold, exact and scaled copies (x, 3x, -x), zero, NaN, inf and null rows,
+    extremes of the dtype; labels repeated or shuffled, empty partitions; neighbors,
+    dedup, groups and the clustered method against the float64 answer."""
+    dim, dtype, fmt, labels, parts, clusters = MIXES[seed]
+    x, null = adversarial_rows(160, dim, dtype, seed=seed, target=0.9)
+    raw, null = x.double().numpy(), null.numpy()
+    rng = np.random.default_rng(seed)
+    with np.errstate(all="ignore"):
+        for how in ("3x", "-x", "3x", "ulp", "tiny"):
+            alter(raw, how, rng)
+        r = Rows(torch.from_numpy(raw).to(DTYPES[dtype]), null)
+    pdf = r.frame() if fmt == "object" else search_frame(r.x.numpy(), fmt=fmt, null=null)
+    index = rng.integers(0, 20, 160) if labels == "repeated" else rng.permutation(160)
+    df = split_frame(pdf.set_axis(pd.Index(index, name="key")), parts)
+    with dask.config.set(scheduler="sync"):
+        c = scores(r, r)
+        t = float(c[0, 1 + 40 // 2])  # a crowd pair's float64 score: ties at the threshold
+        got = computed(df.cosim.neighbors("emb", threshold=t, columns="id"))
+        check_threshold(got, c, t, "upper", dim)
+        assert (got["left"].to_numpy() == index[got["left_id"].to_numpy()]).all()
+        got = computed(df.cosim.neighbors("emb", k=159, columns="id"))
+        check_ranked(got, ranked(c, 159, None, True), "left_id", "right_id")
+        kept, removed = df.cosim.dedup("emb", t, return_removed=True, columns="id")
+        check_dedup(computed(kept), computed(removed), c, t)
+        assert computed(df.cosim.groups("emb", t))["group"].tolist() == expected_groups(c, t)
+        kw = {"method": "clustered", "clusters": clusters, "columns": "id"}
+        got = computed(df.cosim.neighbors("emb", threshold=t, **kw))
+        check_threshold(got, c, t, "upper", dim)
+        kept, removed = df.cosim.dedup("emb", t, return_removed=True, **kw)
+        check_dedup(computed(kept), computed(removed), c, t)
