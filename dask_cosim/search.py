@@ -11,9 +11,11 @@ building blocks are in :mod:`dask_cosim.search_graph`, the per-partition functio
 directly, without dask.  ``method="clustered"`` (neighbours and dedup) builds its own
 graph, in :mod:`dask_cosim.clustered`.
 
-Inputs are validated from the metadata before any graph is built, and every key is
-deterministic: an eager frame that joins a dask one, and the queries of :func:`topk`, are
-named by a token of their contents, so the same call built twice gives the same graph.
+Inputs are validated from the metadata before any graph is built.  Without a
+distributed client every key is deterministic: an eager frame that joins a dask one, and
+the queries of :func:`topk`, are named by a token of their contents, so the same call
+built twice gives the same graph.  With one they are scattered to the workers under a key
+of their own each time (:meth:`~dask_cosim.search_graph.Builder.value`).
 """
 
 from __future__ import annotations
