@@ -86,7 +86,7 @@ class Builder:
         futures = futures_of(obj)
         if not futures:
             return parts
-        held = self(_nothing)(*[self(held_where_it_is)(f) for f in futures])
+        held = self(held_where_it_is)(*[self(held_where_it_is)(f) for f in futures])
         return [self(_with)(part, held) for part in parts]
 
     def tree(
@@ -189,11 +189,6 @@ def holds_data(df: Any) -> bool:
 def _after(combine: Callable[..., Any], _check: None, *parts: Any) -> Any:
     """``combine(*parts)``, as a task that waited for ``_check`` (see :meth:`Builder.tree`)."""
     return combine(*parts)
-
-
-def _nothing(*_held: None) -> None:
-    """One task that waited for every :func:`held_where_it_is` (their Nones move)."""
-    return None
 
 
 def _with(part: Any, _held: None) -> Any:

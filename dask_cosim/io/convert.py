@@ -179,10 +179,10 @@ def futures_of(df: dd.DataFrame) -> list[Any]:
     return list({id(op): op for op in found if isinstance(op, Future)}.values())
 
 
-def held_where_it_is(partition: Any) -> None:
-    """A task on one scattered partition that returns nothing (run where it is held, no
-    data moves): a graph that needs the partition depends on it, and so holds its
-    future."""
+def held_where_it_is(*held: Any) -> None:
+    """Nothing, as a task on one scattered partition (run where it is held, no data
+    moves), or on several such tasks (their Nones move): a graph that needs the
+    partitions depends on it, and so holds their futures."""
     return None
 
 
