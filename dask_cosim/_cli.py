@@ -342,14 +342,25 @@ OVERWRITE = click.option(
 )
 
 
+def _stacked(decorators: list[Callable[[Any], Any]]) -> Callable[[F], F]:
+    """One decorator applying ``decorators`` as if written above a function in that
+    order (the first outermost: click lists its options in the order written)."""
+
+    def decorate(command: F) -> F:
+        for decorator in reversed(decorators):
+            command = decorator(command)
+        return command
+
+    return decorate
+
+
 def _grouped(name: str, make: Callable[..., Any], options: list[Any]) -> Callable[[F], F]:
     """A decorator adding the click ``options`` to a command, which receives them as one
     argument ``name``: ``make(**their values)``."""
 
     def collect() -> None: ...
 
-    for option in options:
-        collect = option(collect)
+    collect = _stacked(options)(collect)
     keys = [p.name for p in collect.__click_params__]  # type: ignore[attr-defined]
 
     def decorate(command: F) -> F:
@@ -358,9 +369,7 @@ def _grouped(name: str, make: Callable[..., Any], options: list[Any]) -> Callabl
             kwargs[name] = make(**{key: kwargs.pop(key) for key in keys})
             return command(*args, **kwargs)
 
-        for option in reversed(options):
-            wrapper = option(wrapper)
-        return wrapper  # type: ignore[return-value]
+        return _stacked(options)(wrapper)  # type: ignore[return-value]
 
     return decorate
 
@@ -408,10 +417,10 @@ output_options = _grouped(
 )
 
 
-def pairs_options(command: F) -> F:
-    """-k, --threshold, --columns, the output and cluster options, one-line errors: what
-    the commands that find pairs (join, neighbors) share."""
-    decorators = [
+# -k, --threshold, --columns, the output and cluster options, one-line errors: what the
+# commands that find pairs (join, neighbors) share.
+pairs_options = _stacked(
+    [
         click.option("-k", "k", default=None, type=click.IntRange(1),
                      help="Best matches per (left) row."),
         click.option("--threshold", default=None, type=float,
@@ -420,15 +429,12 @@ def pairs_options(command: F) -> F:
         output_options,
         cluster_options,
         one_line_errors,
-    ]  # fmt: skip
-    for decorate in reversed(decorators):
-        command = decorate(command)
-    return command
+    ]
+)  # fmt: skip
 
-
-def method_options(command: F) -> F:
-    """--method, --n-probe, --clusters: how neighbors (--threshold) and dedup search."""
-    decorators = [
+# --method, --n-probe, --clusters: how neighbors (--threshold) and dedup search.
+method_options = _stacked(
+    [
         click.option("--method", default="exact", show_default=True,
                      type=click.Choice(["exact", "clustered"]),
                      help="exact: all pairs; clustered: k-means first, for millions of rows "
@@ -438,7 +444,5 @@ def method_options(command: F) -> F:
                      "every one that may hold a match, recall 1)."),
         click.option("--clusters", default=None, type=click.IntRange(1),
                      help="clustered: k-means clusters (default about sqrt(rows))."),
-    ]  # fmt: skip
-    for decorate in reversed(decorators):
-        command = decorate(command)
-    return command
+    ]
+)  # fmt: skip
