@@ -12,9 +12,10 @@ decisions it changed are counted (see ``benchmarks/search_gpu_cases.py``).  Rate
 pair-scores per second, and that rate's share of a bfloat16 GEMM's FLOP/s measured in the
 same run (2 D flops per pair score).
 
-Cases: a small sweep of tile configurations of the fused kernel; ``topk`` of 10,000
-queries over N = 1M and 10M rows, D = 384 and 768, k = 10 and 100; the threshold self-join
-and ``dedup`` over 1M x 768 and 300k x 1536 at 0.9 and 0.99; and ``scale``: ``dedup`` and
+Cases, most telling first (a run interrupted by its budget writes those it finished): the
+threshold self-join and ``dedup`` over 1M x 768 and 300k x 1536 at 0.9 and 0.99; ``topk``
+of 10,000 queries over N = 1M and 10M rows, D = 384 and 768, k = 10 and 100; a small sweep
+of tile configurations of the fused kernel; and ``scale``: ``dedup`` and
 ``neighbors(threshold)`` of float16 rows read from Parquet, written back, on the GPU
 through the dask graph (sides in blocks, kept on the device), with the peak device memory.
 The results file is ``search-gpu-<name of the GPU>.json`` (and ``.png``).
@@ -34,24 +35,46 @@ import torch
 from benchmarks import harness as h
 from benchmarks import search_gpu_cases as c
 
+# Each plan's cases run in its order, most telling first (the issue's targets: the
+# threshold self-join and dedup at D = 768, then top-k at 1M rows), so that a run cut
+# short by its budget (SIGINT) still reports and writes the cases it finished.
 FULL = {
-    "topk": [(n, d, k) for n in (1_000_000, 10_000_000) for d in (384, 768) for k in (10, 100)],
+    "cases": [
+        ("threshold", 1_000_000, 768),
+        ("topk", 1_000_000, 768, 10),
+        ("topk", 1_000_000, 768, 100),
+        ("sweep",),
+        ("topk", 1_000_000, 384, 10),
+        ("topk", 1_000_000, 384, 100),
+        ("threshold", 300_000, 1536),
+        ("topk", 10_000_000, 768, 10),
+        ("topk", 10_000_000, 768, 100),
+        ("topk", 10_000_000, 384, 10),
+        ("topk", 10_000_000, 384, 100),
+        ("scale",),
+    ],
     "queries": 10_000,
-    "threshold": [(1_000_000, 768), (300_000, 1536)],
     "thresholds": (0.9, 0.99),
     "scale_rows": 2_000_000,
 }
 QUICK = {
-    "topk": [(1_000_000, d, k) for d in (384, 768) for k in (10, 100)],
+    "cases": [
+        ("threshold", 300_000, 768),
+        ("topk", 1_000_000, 768, 10),
+        ("topk", 1_000_000, 768, 100),
+        ("sweep",),
+        ("topk", 1_000_000, 384, 10),
+        ("topk", 1_000_000, 384, 100),
+        ("threshold", 100_000, 1536),
+        ("scale",),
+    ],
     "queries": 10_000,
-    "threshold": [(300_000, 768), (100_000, 1536)],
     "thresholds": (0.9, 0.99),
     "scale_rows": 500_000,
 }
 SMOKE = {
-    "topk": [(1500, 16, 5)],
+    "cases": [("threshold", 1200, 16), ("topk", 1500, 16, 5), ("sweep",), ("scale",)],
     "queries": 40,
-    "threshold": [(1200, 16)],
     "thresholds": (0.9,),
     "scale_rows": 2000,
 }
@@ -150,42 +173,40 @@ def _scale(rows: int, dim: int, device: torch.device, log: h.Log) -> dict[str, A
 
 
 def _topk(
-    params: dict, device: torch.device, engine: str, gemm: float | None, repeat: int, log: h.Log
-) -> list:
-    out = []
-    for n, d, k in params["topk"]:
-        log(f"topk N={n:,} D={d} k={k}")
-        items = c.unit_rows(n, d, device, seed=1)
-        q = c.unit_rows(params["queries"], d, device, seed=2)
-        contenders, reference = c.topk_contenders(q, items, k, engine, SLOW_SHARE)
-        c.run_case(contenders, reference(), c.topk_changed, repeat, device, log)
-        out.append({"case": f"topk N={n:,} D={d} k={k}", "rows": c.records(contenders, gemm, d)})
-        del items, q, contenders
-    return out
+    case: tuple, params: dict, device: torch.device, engine: str, gemm: float | None,
+    repeat: int, log: h.Log,
+) -> dict[str, Any]:  # fmt: skip
+    n, d, k = case
+    log(f"topk N={n:,} D={d} k={k}")
+    items = c.unit_rows(n, d, device, seed=1)
+    q = c.unit_rows(params["queries"], d, device, seed=2)
+    contenders, reference = c.topk_contenders(q, items, k, engine, SLOW_SHARE)
+    c.run_case(contenders, reference(), c.topk_changed, repeat, device, log)
+    return {"case": f"topk N={n:,} D={d} k={k}", "rows": c.records(contenders, gemm, d)}
 
 
 def _threshold(
-    params: dict, device: torch.device, engine: str, gemm: float | None, repeat: int, log: h.Log
-) -> list:
-    out = []
-    for n, d in params["threshold"]:
-        x = c.unit_rows(n, d, device, seed=3)
-        for t in params["thresholds"]:
-            log(f"threshold N={n:,} D={d} t={t}")
-            join, dedup, reference = c.threshold_contenders(x, t, engine, SLOW_SHARE)
-            want = reference()
-            c.run_case(join, want, c.pairs_changed, repeat, device, log)
-            c.run_case(dedup, want, c.dropped_changed, repeat, device, log)
-            for name, rows in (("self-join", join), ("dedup", dedup)):
-                out.append(
-                    {
-                        "case": f"{name} N={n:,} D={d} threshold={t}",
-                        "float64_pairs": len(want),
-                        "rows": c.records(rows, gemm, d),
-                    }
-                )
-        del x
-    return out
+    case: tuple, params: dict, device: torch.device, engine: str, gemm: float | None,
+    repeat: int, log: h.Log, out: list,
+) -> None:  # fmt: skip
+    """The self-join and dedup of one shape at each threshold, appended to ``out`` as
+    each threshold finishes."""
+    n, d = case
+    x = c.unit_rows(n, d, device, seed=3)
+    for t in params["thresholds"]:
+        log(f"threshold N={n:,} D={d} t={t}")
+        join, dedup, reference = c.threshold_contenders(x, t, engine, SLOW_SHARE)
+        want = reference()
+        c.run_case(join, want, c.pairs_changed, repeat, device, log)
+        c.run_case(dedup, want, c.dropped_changed, repeat, device, log)
+        for name, rows in (("self-join", join), ("dedup", dedup)):
+            out.append(
+                {
+                    "case": f"{name} N={n:,} D={d} threshold={t}",
+                    "float64_pairs": len(want),
+                    "rows": c.records(rows, gemm, d),
+                }
+            )
 
 
 @click.command()
@@ -217,27 +238,30 @@ def main(
     engine = "triton" if device.type == "cuda" else "torch"
     parts = set(only) or {"sweep", "topk", "threshold", "scale"}
 
+    record: h.Record = {}  # filled in case by case: an interrupt keeps what ran
+
     def run(log: h.Log) -> h.Record:
         gemm = c.bf16_gemm_flops(device)
-        record: h.Record = {
-            "params": {
-                "quick": quick,
-                "smoke": smoke,
-                "repeat": repeat,
-                **params,
-            },
-            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-            "bf16_gemm_flops": gemm,
-        }
-        if "sweep" in parts and device.type == "cuda":
-            record["tile_sweep"] = _tile_sweep(device, log)
-        if "topk" in parts:
-            record["topk"] = _topk(params, device, engine, gemm, repeat, log)
-        if "threshold" in parts:
-            record["threshold"] = _threshold(params, device, engine, gemm, repeat, log)
-        if "scale" in parts:
-            rows = scale_rows or params["scale_rows"]
-            record["scale"] = _scale(rows, 32 if smoke else 768, device, log)
+        record.update(
+            params={"quick": quick, "smoke": smoke, "repeat": repeat, **params},
+            device=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+            bf16_gemm_flops=gemm,
+        )
+        for case in params["cases"]:
+            part, shape = case[0], case[1:]
+            if part not in parts:
+                continue
+            if part == "sweep" and device.type == "cuda":
+                record["tile_sweep"] = _tile_sweep(device, log)
+            elif part == "topk":
+                found = _topk(shape, params, device, engine, gemm, repeat, log)
+                record.setdefault("topk", []).append(found)
+            elif part == "threshold":
+                out = record.setdefault("threshold", [])
+                _threshold(shape, params, device, engine, gemm, repeat, log, out)
+            elif part == "scale":
+                rows = scale_rows or params["scale_rows"]
+                record["scale"] = _scale(rows, 32 if smoke else 768, device, log)
         return record
 
     def report(record: h.Record) -> None:
@@ -261,7 +285,7 @@ def main(
             print("scale:", record["scale"])
 
     name = output.name or ("search-gpu-smoke" if smoke else f"search-gpu-{_gpu_name(device)}")
-    h.execute_benchmark(h.Config(output, name, run, report, chart=_chart))
+    h.execute_benchmark(h.Config(output, name, run, report, chart=_chart, partial=record))
 
 
 def _gpu_name(device: torch.device) -> str:

@@ -134,3 +134,28 @@ def test_search_gpu_benchmark_smoke(tmp_path: Path) -> None:
     assert all(r["identical_to_float64"] for r in rows if r["exact"])
     assert result["scale"]["dedup 0.95"]["result_rows"] > 0
     assert (tmp_path / "smoke.png").stat().st_size > 0
+
+
+def test_an_interrupted_run_writes_what_it_measured(tmp_path: Path) -> None:
+    """A run cut short (SIGINT: .ci/gpu-check's budget) with ``Config.partial`` reports
+    and writes the cases it finished, marked interrupted, and exits 130; without it the
+    interrupt goes on as before."""
+    from benchmarks import harness as h
+
+    record: h.Record = {}
+    shown: list[h.Record] = []
+
+    def run(log: h.Log) -> h.Record:
+        record["cases"] = [{"case": "first"}]
+        raise KeyboardInterrupt
+
+    output = h.Output("cut", tmp_path, quiet=True)
+    with pytest.raises(SystemExit) as stop:
+        h.execute_benchmark(h.Config(output, "cut", run, shown.append, partial=record))
+    assert stop.value.code == 130
+    written = json.loads((tmp_path / "cut.json").read_text())
+    assert written["cases"] == [{"case": "first"}] and written["interrupted"]
+    assert shown and shown[0]["interrupted"]
+    with pytest.raises(KeyboardInterrupt):
+        h.execute_benchmark(h.Config(output, "none", run, shown.append))
+    assert not (tmp_path / "none.json").exists()

@@ -16,7 +16,9 @@
 - here, the entry: ``results_options`` (click: --name, --out, --quiet, given to the command
   as one ``output``) and ``execute_benchmark(Config)``: ``Config.run(log)`` measures and
   returns the results record, ``Config.report(record)`` prints it, then the harness writes
-  ``<out>/<name>.json`` and, with ``Config.chart``, ``<out>/<name>.png``.
+  ``<out>/<name>.json`` and, with ``Config.chart``, ``<out>/<name>.png``; with
+  ``Config.partial`` (the record ``run`` fills in as it goes), an interrupted run writes
+  what it measured before the interrupt.
 
 Everything is importable from ``benchmarks.harness``.  A new script,
 ``python -m benchmarks.mine``, is this much::
@@ -153,25 +155,42 @@ class Config:
     run: Callable[[Log], Record]  # measures and checks; returns the results record
     report: Callable[[Record], None]  # prints the record's tables
     chart: Callable[[Record, Path], None] | None = None  # draws the record into a .png
+    # The record ``run`` fills in as it goes (and returns), for a run that may be cut
+    # short: on an interrupt (SIGINT, as ``.ci/gpu-check`` sends at its budget) what it
+    # holds is reported and written, marked ``"interrupted"``, instead of nothing.
+    partial: Record | None = None
 
 
 def execute_benchmark(config: Config) -> Record:
     """Run, report, and write the results (and the chart) of one benchmark script."""
-    out_dir, quiet = config.output.out_dir, config.output.quiet
+    quiet = config.output.quiet
 
     def log(msg: str) -> None:
         if not quiet:
             print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
-    record = config.run(log)
+    try:
+        record = config.run(log)
+    except KeyboardInterrupt:
+        if not config.partial:
+            raise
+        record = config.partial
+        record["interrupted"] = time.strftime("%H:%M:%S")
+        log("interrupted: reporting and writing the cases measured so far")
+        _finish(config, record, log)
+        raise SystemExit(130) from None
+    _finish(config, record, log)
+    return record
+
+
+def _finish(config: Config, record: Record, log: Log) -> None:
     config.report(record)
-    if out_dir is not None:
-        path = out_dir / f"{config.name}.json"
+    if config.output.out_dir is not None:
+        path = config.output.out_dir / f"{config.name}.json"
         write_results(path, record)
         if config.chart is not None:
             config.chart(record, path.with_suffix(".png"))
         log(f"wrote {path}" + (" and .png" if config.chart is not None else ""))
-    return record
 
 
 F = TypeVar("F", bound=Callable[..., Any])
