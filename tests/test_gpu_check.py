@@ -38,3 +38,50 @@ def test_gpu_check_benchmark_arguments_parse(module: str, args: list[str]) -> No
     assert isinstance(command, click.Command)
     with command.make_context(module, list(args)) as ctx:  # a bad option raises UsageError
         assert ctx.params
+
+
+def test_install_takes_one_wheel_per_distribution(tmp_path: Path) -> None:
+    """The install step puts every carried wheel into one pip call, one file per
+    distribution: the cudf set (reassembled from its slices) before the first call's own
+    pyarrow, dask's small set and the extras; a missing set is no error."""
+    import subprocess
+    import tarfile
+
+    wheels = tmp_path / "wheels"
+    for sub, name in [("first", "pyarrow-26.0.1-cp312-cp312-manylinux_2_28_x86_64.whl"),
+                      ("small", "dask-2026.7.1-py3-none-any.whl"),
+                      ("extra", "nbclient-0.11.0-py3-none-any.whl")]:  # fmt: skip
+        (wheels / sub).mkdir(parents=True)
+        (wheels / sub / name).write_bytes(b"")
+    cudf = tmp_path / "cudf"
+    cudf.mkdir()
+    for name in ["pyarrow-26.0.1-cp312-cp312-manylinux_2_28_x86_64.whl",
+                 "cudf_cu13-26.10.2-cp312-cp312-manylinux_2_28_x86_64.whl"]:  # fmt: skip
+        (cudf / name).write_bytes(b"")
+    with tarfile.open(tmp_path / "cudf.tar", "w") as tar:
+        tar.add(cudf, arcname="cudf")
+    blob = (tmp_path / "cudf.tar").read_bytes()
+    for i, piece in enumerate((blob[: len(blob) // 2], blob[len(blob) // 2 :])):
+        (wheels / "parts" / f"p0{i + 1}").mkdir(parents=True)
+        (wheels / "parts" / f"p0{i + 1}" / f"cudf.tar.0{i}").write_bytes(piece)
+    calls = tmp_path / "calls"
+    fake = tmp_path / "python"
+    fake.write_text(f'#!/bin/sh\necho "$@" >> {calls}\n')
+    fake.chmod(0o755)
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        [str(ROOT / ".ci" / "gpu-check"), str(out), "install"],
+        env={"PATH": "/usr/bin:/bin", "PYTHON": str(fake), "WHEELS": str(wheels)},
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    install = next(line for line in calls.read_text().splitlines() if " install " in line)
+    names = [Path(w).name for w in install.split() if w.endswith(".whl")]
+    assert sorted(names) == sorted([
+        "pyarrow-26.0.1-cp312-cp312-manylinux_2_28_x86_64.whl",
+        "cudf_cu13-26.10.2-cp312-cp312-manylinux_2_28_x86_64.whl",
+        "dask-2026.7.1-py3-none-any.whl", "nbclient-0.11.0-py3-none-any.whl",
+    ])  # fmt: skip
+    pyarrow = next(w for w in install.split() if Path(w).name.startswith("pyarrow"))
+    assert "/first/" not in pyarrow  # the cudf set's own
+    assert "install: rc=0" in (out / "summary.txt").read_text()
