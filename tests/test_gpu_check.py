@@ -85,3 +85,26 @@ def test_install_takes_one_wheel_per_distribution(tmp_path: Path) -> None:
     pyarrow = next(w for w in install.split() if Path(w).name.startswith("pyarrow"))
     assert "/first/" not in pyarrow  # the cudf set's own
     assert "install: rc=0" in (out / "summary.txt").read_text()
+
+
+def test_a_step_with_seconds_is_interrupted_after_them(tmp_path: Path) -> None:
+    """``STEP:SECONDS`` interrupts that step after so long (so that a slow step leaves the
+    next one its share of a lease), and the steps after it still run."""
+    import subprocess
+    import time
+
+    fake = tmp_path / "python"
+    fake.write_text("#!/bin/sh\nexec sleep 60\n")
+    fake.chmod(0o755)
+    out = tmp_path / "out"
+    t0 = time.monotonic()
+    proc = subprocess.run(
+        [str(ROOT / ".ci" / "gpu-check"), str(out), "install:2", "install:x", "install:1"],
+        env={"PATH": "/usr/bin:/bin", "PYTHON": str(fake), "WHEELS": str(tmp_path / "none")},
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert time.monotonic() - t0 < 30
+    summary = (out / "summary.txt").read_text().splitlines()
+    assert summary[0].startswith("install: rc=124, ") and summary[2].startswith("install: rc=124")
+    assert "install:x: unknown step" in summary[1]
+    assert proc.returncode == 1
