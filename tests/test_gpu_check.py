@@ -108,3 +108,10 @@ def test_a_step_with_seconds_is_interrupted_after_them(tmp_path: Path) -> None:
     assert summary[0].startswith("install: rc=124, ") and summary[2].startswith("install: rc=124")
     assert "install:x: unknown step" in summary[1]
     assert proc.returncode == 1
+    # Under a budget too short for the step's expected time, the cap is what it asks.
+    proc = subprocess.run(
+        [str(ROOT / ".ci" / "gpu-check"), str(out), "gpu-tests:2"],
+        env={"PATH": "/usr/bin:/bin", "PYTHON": str(fake), "GPU_CHECK_BUDGET": "100"},
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert (out / "summary.txt").read_text().startswith("gpu-tests: rc=124, ")
