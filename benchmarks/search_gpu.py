@@ -7,8 +7,9 @@
 
 One process, one GPU.  Every contender of a case gets the same device tensors (float16 unit
 rows), is timed with CUDA events after a warm-up (median of ``--repeat`` >= 5 rounds, one
-run of each contender per round), and its answer is compared with the float64 one: the
-decisions it changed are counted (see ``benchmarks/search_gpu_cases.py``).  Rates are
+run of each contender per round), and its answer is compared with the float64 one,
+computed by brute force (``benchmarks/search_reference.py``: ours is judged by it too):
+the decisions it changed are counted (see ``benchmarks/search_gpu_cases.py``).  Rates are
 pair-scores per second, and that rate's share of a bfloat16 GEMM's FLOP/s measured in the
 same run (2 D flops per pair score).
 
@@ -34,6 +35,7 @@ import torch
 
 from benchmarks import harness as h
 from benchmarks import search_gpu_cases as c
+from benchmarks import search_reference as ref
 
 # Each plan's cases run in its order, most telling first (the issue's targets: the
 # threshold self-join and dedup at D = 768, then top-k at 1M rows), so that a run cut
@@ -181,8 +183,13 @@ def _topk(
     items = c.unit_rows(n, d, device, seed=1)
     q = c.unit_rows(params["queries"], d, device, seed=2)
     contenders, reference = c.topk_contenders(q, items, k, engine, SLOW_SHARE)
-    c.run_case(contenders, reference(), c.topk_changed, repeat, device, log)
-    return {"case": f"topk N={n:,} D={d} k={k}", "rows": c.records(contenders, gemm, d)}
+    want, near = reference()
+    c.run_case(contenders, want, c.topk_changed, repeat, device, log)
+    return {
+        "case": f"topk N={n:,} D={d} k={k}",
+        "float64_near_ties": near,
+        "rows": c.records(contenders, gemm, d),
+    }
 
 
 def _threshold(
@@ -193,10 +200,12 @@ def _threshold(
     each threshold finishes."""
     n, d = case
     x = c.unit_rows(n, d, device, seed=3)
+    log(f"threshold N={n:,} D={d}: the float64 pairs, by brute force")
+    codes, scores = c.threshold_truth(x, min(params["thresholds"]))
     for t in params["thresholds"]:
         log(f"threshold N={n:,} D={d} t={t}")
-        join, dedup, reference = c.threshold_contenders(x, t, engine, SLOW_SHARE)
-        want = reference()
+        join, dedup = c.threshold_contenders(x, t, engine, SLOW_SHARE)
+        want = codes[scores >= t]
         c.run_case(join, want, c.pairs_changed, repeat, device, log)
         c.run_case(dedup, want, c.dropped_changed, repeat, device, log)
         for name, rows in (("self-join", join), ("dedup", dedup)):
@@ -204,6 +213,7 @@ def _threshold(
                 {
                     "case": f"{name} N={n:,} D={d} threshold={t}",
                     "float64_pairs": len(want),
+                    "float64_near_ties": ref.near_bar(scores, t, d),
                     "rows": c.records(rows, gemm, d),
                 }
             )

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from benchmarks import search_reference as ref
 from dask_cosim import search_kernels as sk
 from dask_cosim import search_precision as sp
 from dask_cosim import search_twopass as tp
@@ -178,11 +179,13 @@ def mm_topk(q: torch.Tensor, items: torch.Tensor, k: int, dtype: torch.dtype) ->
 
 def topk_contenders(
     q: torch.Tensor, items: torch.Tensor, k: int, engine: str, slow_share: float
-) -> tuple[list[Contender], Callable[[], torch.Tensor]]:
+) -> tuple[list[Contender], Callable[[], tuple[torch.Tensor, int]]]:
     """The top-k contenders on the same device tensors (float16 unit rows), and the run
-    that gives the float64 answer (ours, exact).  The float32 contenders are slow: they
-    answer the first ``slow_share`` of the queries (their time scaled up, their answer
-    compared with those queries' float64 answer)."""
+    that gives the float64 answer by brute force (``benchmarks.search_reference``): the
+    positions (Q, k) and how many rows' k-th and next scores lie within float64 rounding
+    of each other.  The float32 contenders are slow: they answer the first
+    ``slow_share`` of the queries (their time scaled up, their answer compared with those
+    queries' float64 answer)."""
     device = items.device
     ip, il = prepared(items)
     pairs = len(q) * len(items)
@@ -219,7 +222,13 @@ def topk_contenders(
     cuvs = _cuvs_contender(q, items, k, pairs) if device.type == "cuda" else None
     if cuvs is not None:
         cases.append(cuvs)
-    return cases, ours(True)
+
+    def reference() -> tuple[torch.Tensor, int]:
+        v, i = ref.topk(sk.prepare(q, eps=1e-8), ip, k + 1)
+        near = ref.near_bar(v[:, k], v[:, k - 1], q.shape[1]) if v.shape[1] > k else 0
+        return i[:, :k], near
+
+    return cases, reference
 
 
 def _cuvs_contender(q: torch.Tensor, items: torch.Tensor, k: int, pairs: int) -> Contender | None:
@@ -284,12 +293,12 @@ def nemo_max(x: torch.Tensor, batch: int = 8192) -> torch.Tensor:
 
 def threshold_contenders(
     x: torch.Tensor, t: float, engine: str, slow_share: float
-) -> tuple[list[Contender], list[Contender], Callable[[], torch.Tensor]]:
-    """(self-join contenders, dedup contenders, the run that gives the float64 pair
-    set): self-join answers are sorted pair codes i * n + j, dedup answers a bool mask of
-    the dropped rows.  The float32 contenders answer the self-join of the first
-    ``slow_share`` of the rows (time scaled by the pairs, answer compared with those
-    rows' float64 pairs)."""
+) -> tuple[list[Contender], list[Contender]]:
+    """(self-join contenders, dedup contenders): self-join answers are sorted pair codes
+    i * n + j, dedup answers a bool mask of the dropped rows.  The float32 contenders
+    answer the self-join of the first ``slow_share`` of the rows (time scaled by the
+    pairs, answer compared with those rows' float64 pairs).  The float64 pair set they
+    are judged by: :func:`threshold_truth`."""
     n = len(x)
     p, low = prepared(x)
     pairs = n * (n - 1) // 2
@@ -342,7 +351,13 @@ def threshold_contenders(
             note="multiplies the whole square",
         ),
     ]
-    return join, dedup, ours_pairs(True)
+    return join, dedup
+
+
+def threshold_truth(x: torch.Tensor, t: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(codes, scores): the float64 pairs of the self-join of ``x`` at ``t``, by brute
+    force (``benchmarks.search_reference``); filter the scores for higher thresholds."""
+    return ref.self_pairs(sk.prepare(x, eps=1e-8), t)
 
 
 def dropped_changed(got: torch.Tensor, want_codes: torch.Tensor) -> tuple[int, bool]:
