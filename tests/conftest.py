@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import dask
 import pytest
 import torch
 
@@ -48,6 +49,14 @@ def shared_client(shared_cluster: str) -> Iterator[Client]:
     module left on them (imports, run() patches), never their results."""
     with config_for_cluster_tests(), Client(shared_cluster) as c:
         yield c
+
+
+@pytest.fixture
+def sync_scheduler() -> Iterator[None]:
+    """dask's synchronous scheduler for one test; a module's tests all take it with
+    ``pytestmark = pytest.mark.usefixtures("sync_scheduler")``."""
+    with dask.config.set(scheduler="sync"):
+        yield
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

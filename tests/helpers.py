@@ -3,8 +3,10 @@
 pairs and frames in every accepted input format, schedulers that count or forbid
 computations, the device-to-host bytes of a run, Triton's interpreter in a fresh process,
 and the Parquet readers a written folder must read back in.  The search's adversarial
-rows and checks against the float64 answer are in :mod:`tests.search_checks`.  Test
-modules take what they share from these two, none from another test module."""
+rows and checks against the float64 answer are in :mod:`tests.search_checks`, the
+columns, cases and runs of the bad-input tables of ``pairwise`` in
+:mod:`tests.bad_input_cases`.  Test modules take what they share from these, none from
+another test module."""
 
 from __future__ import annotations
 
