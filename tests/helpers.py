@@ -2,9 +2,10 @@
 ``exact_reference`` in exact arithmetic, ``brute`` for every pair of two sets of rows),
 pairs and frames in every accepted input format, schedulers that count or forbid
 computations, the device-to-host bytes of a run, Triton's interpreter in a fresh process,
-and the Parquet readers a written folder must read back in.  The search's adversarial
-rows and checks against the float64 answer are in :mod:`tests.search_checks`, the
-columns, cases and runs of the bad-input tables of ``pairwise`` in
+the answers a search must give on the search tests' frames (brute-force pairs, the rows
+dedup keeps), and the Parquet readers a written folder must read back in.  The search's
+adversarial rows and checks against the float64 answer are in :mod:`tests.search_checks`,
+the columns, cases and runs of the bad-input tables of ``pairwise`` in
 :mod:`tests.bad_input_cases`.  Test modules take what they share from these, none from
 another test module."""
 
@@ -309,6 +310,46 @@ def split_frame(pdf: pd.DataFrame, sizes: Sequence[int]) -> dd.DataFrame:
     parts = [pdf.iloc[a:b] for a, b in itertools.pairwise(edges)]
     with dask.config.set({"dataframe.convert-string": False}):
         return dd.from_map(lambda part: part, parts, meta=pdf.iloc[:0], enforce_metadata=False)
+
+
+def expected_pairs(
+    s: np.ndarray, k: int | None, thr: float | None, li: pd.Index, ri: pd.Index
+) -> pd.DataFrame:
+    """The brute-force result: per left row, best first (ties by position) with k, else
+    by right position."""
+    rows = []
+    for i in range(s.shape[0]):
+        # Ranked lists best first; threshold-only pairs in frame order.
+        order = (
+            np.lexsort((np.arange(s.shape[1]), -s[i])) if k is not None else np.arange(s.shape[1])
+        )
+        order = order[np.isfinite(s[i, order])]
+        if thr is not None:
+            order = order[s[i, order] >= thr]
+        if k is not None:
+            order = order[:k]
+        for rank, j in enumerate(order):
+            rows.append((li[i], ri[j], s[i, j], rank))
+    out = pd.DataFrame(rows, columns=["left", "right", "score", "rank"])
+    return out if k is not None else out.drop(columns="rank")
+
+
+def assert_pairs_equal(got: pd.DataFrame, want: pd.DataFrame, s: np.ndarray | None = None) -> None:
+    assert list(got.columns) == list(want.columns)
+    assert len(got) == len(want), (len(got), len(want))
+    np.testing.assert_allclose(
+        got["score"].to_numpy(np.float64), want["score"].to_numpy(), atol=1e-6
+    )
+    assert (got["left"].to_numpy() == want["left"].to_numpy()).all()
+    assert (got["right"].to_numpy() == want["right"].to_numpy()).all()
+    if "rank" in want:
+        assert (got["rank"].to_numpy() == want["rank"].to_numpy()).all()
+
+
+def reference_dedup(x: np.ndarray, thr: float) -> np.ndarray:
+    s = brute(x, x)
+    earlier = np.tril(s >= thr, -1)  # s[i, j] with j < i
+    return ~earlier.any(axis=1)
 
 
 # --------------------------------------------------------------------------- readers

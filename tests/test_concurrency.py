@@ -1,9 +1,9 @@
 """Concurrent use: many tasks of one computation in threads (dask's threaded scheduler),
 several computations at once (one graph of many searches, Python threads each computing
 their own), and graphs built from several threads.  Every answer must be the one a
-computation alone gives (tests/test_search.py checks those against the float64 brute
-force), with no warning, and nothing of the process's global state (dask's config, the
-warnings filters) may be left changed.
+computation alone gives (tests/test_search_results.py checks those against the float64
+brute force), with no warning, and nothing of the process's global state (dask's config,
+the warnings filters) may be left changed.
 
 Races show only when a thread switch falls in a short window: the tests that look for
 one repeat the racy call in several threads for a fraction of a second (some asking

@@ -1,0 +1,144 @@
+"""The search's errors and empty cases on dask and pandas frames: what is checked when
+the graph is built (columns not found, with the vector columns suggested; widths that
+differ; k and threshold out of range; text columns), a column given in the wrong place,
+``columns=`` naming one column as a string, ragged object columns (found at compute
+time), and empty or all-null sides (empty results of the right columns and dtypes)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import dask
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+import dask_cosim
+from tests.helpers import no_computes, to_dask
+from tests.helpers import search_frame as frame
+from tests.helpers import search_vectors as vectors
+
+D = 12  # the width of vectors()'s rows
+
+
+def test_errors_at_graph_time() -> None:
+    pl = to_dask(frame(vectors()), 3)
+    other = to_dask(frame(vectors(10, d=5)), 1)
+
+    with no_computes():
+        with pytest.raises(
+            KeyError, match=r"on: column 'embs' not found; did you mean 'emb'\? available"
+        ):
+            pl.cosim.join(pl, "embs", k=1)
+        with pytest.raises(KeyError, match=r"right_on: column 'vec' not found"):
+            pl.cosim.join(pl, "emb", right_on="vec", k=1)
+        with pytest.raises(
+            ValueError,
+            match="left column 'emb' holds vectors of 12 values and right column 'emb' of 5",
+        ):
+            pl.cosim.join(other, "emb", k=1)
+        with pytest.raises(ValueError, match=r"k=0 must be an integer >= 1"):
+            pl.cosim.join(pl, "emb", k=0)
+        with pytest.raises(ValueError, match=r"k=True must be an integer"):
+            pl.cosim.neighbors("emb", k=True)
+        with pytest.raises(ValueError, match=r"give k .*, threshold .*, or both"):
+            pl.cosim.join(pl, "emb")
+        with pytest.raises(ValueError, match=r"threshold=1.5 must be a number in \[-1, 1\]"):
+            pl.cosim.neighbors("emb", threshold=1.5)
+        with pytest.raises(ValueError, match=r"threshold=nan must be"):
+            pl.cosim.dedup("emb", float("nan"))
+        with pytest.raises(TypeError, match=r"column 'text' holds text .* such as 'row 0'"):
+            pl.cosim.neighbors("text", k=1)
+        with pytest.raises(KeyError, match=r"columns: column 'idd' not found; did you mean 'id'"):
+            pl.cosim.topk(np.ones((1, D)), "emb", columns=["idd"])
+
+
+def test_columns_may_name_one_column_as_a_string() -> None:
+    """columns="id" is the column "id" (as pandas takes one label), not "i" and "d"."""
+    x = vectors(40)
+    pdf = frame(x)
+    q = x[:2]
+    runs: list[Any] = [
+        lambda df, c: df.cosim.topk(q, "emb", k=3, columns=c),
+        lambda df, c: df.cosim.join(df, "emb", k=2, columns=c),
+        lambda df, c: df.cosim.join(df, "emb", k=2, columns=["text"], right_columns=c),
+        lambda df, c: df.cosim.neighbors("emb", threshold=0.3, columns=c),
+        lambda df, c: df.cosim.dedup("emb", 0.3, return_removed=True, columns=c)[1],
+    ]
+    for df in (pdf, dask_cosim.from_pandas(pdf, npartitions=3)):
+        for run in runs:
+            got, want = dask.compute(run(df, "id"), run(df, ["id"]))
+            pd.testing.assert_frame_equal(got, want)
+    hits = pdf.cosim.topk(q, "emb", k=3, columns="id")
+    assert list(hits.columns) == ["query", "rank", "match", "score", "id"]
+    with pytest.raises(KeyError, match=r"columns: column 'ids' not found; did you mean 'id'"):
+        pdf.cosim.topk(q, "emb", columns="ids")
+
+
+def test_an_embedding_column_not_found_suggests_the_vector_columns() -> None:
+    """No column name is close to "embedding": the frame's vector columns are suggested
+    (the CLI's --on says the same); a close name still comes first."""
+    pdf = frame(vectors(5))
+    for df in (pdf, dask_cosim.from_pandas(pdf, npartitions=2)):
+        with pytest.raises(
+            KeyError,
+            match=r"^\"on: column 'embedding' not found; did you mean 'emb', the only vector "
+            r"column\? available: \['emb', 'id', 'text'\]",
+        ):
+            df.cosim.neighbors("embedding", k=1)
+        with pytest.raises(KeyError, match=r"right_on: .* the vector columns are \['emb', 'v'\];"):
+            df.cosim.join(df.assign(v=df["emb"]), "emb", right_on="vector", k=1)
+        with pytest.raises(KeyError, match=r"column 'embs' not found; did you mean 'emb'\? "):
+            df.cosim.dedup("embs", 0.9)
+        # Carried columns need not hold vectors: no such suggestion.
+        with pytest.raises(KeyError, match=r"columns: column 'embedding' not found; available"):
+            df.cosim.topk(vectors(1), "emb", columns=["embedding"])
+
+
+def test_the_column_given_in_the_wrong_place_is_named() -> None:
+    """neighbors and dedup take the column first, topk and join the queries or the right
+    frame first: the column given first to topk or join is a TypeError saying the order,
+    not pandas' "unhashable type"; any array or frame given as the column says what
+    was given."""
+    pdf = frame(vectors(5))
+    queries = vectors(2)
+    for df in (pdf, dask_cosim.from_pandas(pdf, npartitions=2)):
+        with pytest.raises(TypeError, match=r"^df.cosim.topk takes the queries first, then the "
+                           r"column: df.cosim.topk\(queries, 'emb', k=10\)$"):  # fmt: skip
+            df.cosim.topk("emb", queries)
+        with pytest.raises(TypeError, match=r"topk\(queries, 'emb'"):
+            df.cosim.topk("emb", torch.from_numpy(queries))
+        with pytest.raises(
+            TypeError, match=r"join takes the right frame first.*join\(right, 'emb'"
+        ):
+            df.cosim.join("emb", df, k=1)
+        with pytest.raises(TypeError, match=r"^on= must name a column of the frame; got a ndarray"):
+            df.cosim.neighbors(queries, k=1)
+        with pytest.raises(TypeError, match=r"^on= must name a column of the frame; got a Tensor"):
+            df.cosim.topk(queries, torch.from_numpy(queries))
+
+
+def test_ragged_object_columns_of_different_lengths_fail_at_compute() -> None:
+    left = frame(vectors(5), "object_numpy")
+    right = frame(vectors(5, d=4), "object_numpy")
+    with pytest.raises(
+        ValueError,
+        match=r"column 'emb' \(partition 0\) holds vectors of 12 values and column 'emb' "
+        r"\(partition 0\) of 4",
+    ):
+        left.cosim.join(right, "emb", k=1)
+
+
+def test_empty_sides_give_empty_results() -> None:
+    pdf = frame(vectors())
+    empty = pdf.iloc[:0]
+    for left, right in ((pdf, empty), (empty, pdf)):
+        got = to_dask(left, 1).cosim.join(to_dask(right, 1), "emb", k=2).compute(scheduler="sync")
+        assert len(got) == 0 and list(got.columns) == ["left", "right", "score", "rank"]
+        assert got["score"].dtype == np.float32 and got["left"].dtype == np.int64
+    assert len(empty.cosim.topk(vectors(2), "emb", k=3)) == 0
+    assert len(empty.cosim.dedup("emb", 0.9)) == 0
+    all_null = frame(vectors(6), "list", null=np.ones(6, bool))
+    assert len(all_null.cosim.neighbors("emb", threshold=-1)) == 0
+    assert len(all_null.cosim.dedup("emb", -1)) == 6
