@@ -352,6 +352,14 @@ def reference_dedup(x: np.ndarray, thr: float) -> np.ndarray:
     return ~earlier.any(axis=1)
 
 
+def prepare_rows(x: np.ndarray, null: np.ndarray | None = None) -> sk.Prepared:
+    """Rows (and their null mask) prepared for the search kernels, as the CPU selection's
+    tests take them."""
+    return sk.prepare(
+        torch.from_numpy(x), None if null is None else torch.from_numpy(null), eps=1e-8
+    )
+
+
 # --------------------------------------------------------------------------- readers
 
 
