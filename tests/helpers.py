@@ -6,7 +6,8 @@ the answers a search must give on the search tests' frames (brute-force pairs, t
 dedup keeps), and the Parquet readers a written folder must read back in.  The search's
 adversarial rows and checks against the float64 answer are in :mod:`tests.search_checks`,
 the columns, cases and runs of the bad-input tables of ``pairwise`` in
-:mod:`tests.bad_input_cases`.  Test modules take what they share from these, none from
+:mod:`tests.bad_input_cases`, the rows the clustered search is tested on in
+:mod:`tests.clustered_data`.  Test modules take what they share from these, none from
 another test module."""
 
 from __future__ import annotations
