@@ -14,7 +14,8 @@
 
 ``benchmarks.harness`` holds what they share (its docstring shows how to write a new
 script); ``benchmarks.peers`` the tools users would use instead; ``benchmarks.gpu_host``
-and ``benchmarks.gpu_read`` rows of ``pairwise_gpu``.  Run from the repository
-root, the root is on ``sys.path``, and the processes dask and multiprocessing spawn
-inherit it, so they import ``benchmarks.peers`` too.
+and ``benchmarks.gpu_read`` rows of ``pairwise_gpu``; ``benchmarks.search_cases`` the
+cases of ``search``.  Run from the repository root, the root is on ``sys.path``, and the
+processes dask and multiprocessing spawn inherit it, so they import ``benchmarks.peers``
+too.
 """
