@@ -22,6 +22,7 @@ from dask.base import tokenize
 from dask_cosim import backends
 from dask_cosim import search_partition as sp
 from dask_cosim import search_results as sr
+from dask_cosim.io import scattered
 from dask_cosim.io.convert import active_client, futures_of, held_where_it_is, objects_kept
 from dask_cosim.search_budget import Budget, check_total
 
@@ -61,8 +62,9 @@ class Builder:
         distributed client it is scattered to every worker (the queries of topk and an
         eager side, which every pair task reads) rather than sent inside the graph
         ("Sending large graph"), under a key of its own, ``name``-<random>; a copy on
-        each worker also outlives the death of one of them.  Else it is in the graph,
-        named ``name``-``token(obj)``."""
+        each worker also outlives the death of one of them (a local scheduler gathers it
+        back: :mod:`dask_cosim.io.scattered`).  Else it is in the graph, named
+        ``name``-``token(obj)``."""
         if not self.lazy:
             return obj
         client = active_client()
@@ -72,7 +74,8 @@ class Builder:
         # batched stream) can reach the scheduler after this scatter (an RPC), and would
         # then release this copy too, under the tasks that need it.
         key = f"{name}-{uuid.uuid4().hex}"
-        return dask.delayed(client.scatter({key: obj}, broadcast=True, hash=False)[key])
+        futures = scattered.scatter(client, {key: obj}, broadcast=True, hash=False)
+        return dask.delayed(futures[key])
 
     def partitions(self, obj: Any) -> list[Any]:
         """``obj``'s partitions (one key, :meth:`value`, for an eager frame).  Those of a

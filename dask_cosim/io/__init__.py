@@ -23,6 +23,9 @@
   range and the divisions in the manifest; :mod:`.categories`: categoricals of numbers,
   which a Parquet read does not give back by itself; :mod:`.cudf_parquet`: cudf's GPU
   reader and writer, which the cudf backend of :mod:`.read` and :mod:`.write` use.
+- :mod:`.scattered`: what the package scatters to a client's workers (``from_pandas``'s
+  partitions, a search's eager inputs), gathered back by dask's local schedulers
+  (``compute(scheduler="sync")``) when a graph names it.
 """
 
 from dask_cosim.backends import arrow_vector_types

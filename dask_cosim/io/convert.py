@@ -19,6 +19,7 @@ from dask.dataframe._pyarrow import to_pyarrow_string
 from dask.dataframe.utils import pyarrow_strings_enabled
 
 from dask_cosim import backends, errors
+from dask_cosim.io import scattered
 from dask_cosim.io.layouts import vectors_to_arrow
 
 # Partition size from_pandas aims at when neither npartitions nor chunksize is given.
@@ -91,8 +92,10 @@ def from_pandas(
         frame refers to them: every computation then sends a small graph instead of the
         whole frame.  The frame is tied to that client (it holds its futures), and a worker
         that dies loses its partitions for good (computations then fail with "lost
-        dependencies"; a Parquet read is read again instead).  Without a client the data
-        stays in the graph, as with ``dd.from_pandas``.
+        dependencies"; a Parquet read is read again instead).  A local scheduler
+        (``compute(scheduler="sync")``) gathers the partitions from the workers when it
+        starts (:mod:`dask_cosim.io.scattered`).  Without a client the data stays in the
+        graph, as with ``dd.from_pandas``.
 
     Raises
     ------
@@ -159,7 +162,7 @@ def _on_workers(ddf: dd.DataFrame) -> dd.DataFrame:
         return ddf
     # The same partitions and divisions dd.from_pandas chose; slicing them out is cheap.
     parts = dask.compute(*ddf.to_delayed(), scheduler="sync")
-    futures = client.scatter(list(parts), hash=False)
+    futures = scattered.scatter(client, list(parts), hash=False)
     # The partitions are converted already: nothing is left for convert-string to do.
     with objects_kept():
         return dd.from_delayed(futures, meta=ddf._meta, divisions=ddf.divisions, verify_meta=False)
