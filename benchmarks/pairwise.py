@@ -64,7 +64,8 @@ class Pairs:
 class Phase:
     """Rows timed after the CPU rows, once the CPU cluster is closed (the GPU rows).
     ``run(pairs, repeat, log)`` returns (timed rows, failures {"case", "error"}, more
-    entries of the results record, such as "host_round_trips"); ``targets`` join the
+    entries of the results record, such as "host_round_trips", and "interrupted" where
+    an interrupt cut it short: its rows so far are kept); ``targets`` join the
     table's targets; ``report(record)`` prints what the phase added, after the table."""
 
     run: Callable[[Pairs, int, harness.Log], tuple[list[Row], list[dict[str, str]], dict[str, Any]]]
@@ -305,9 +306,10 @@ def options(fn: F) -> F:
     return fn
 
 
-def execute(given: dict[str, Any], kind: str, phase: Phase | None = None) -> None:
+def execute(given: dict[str, Any], kind: str, phase: Phase | None = None) -> harness.Record:
     """Settle the sizes ``given`` (the values of ``options``), then measure, print and
-    write the run: ``<kind><cores>-<N>x<D>-<dtype>.json`` unless --name says otherwise."""
+    write the run: ``<kind><cores>-<N>x<D>-<dtype>.json`` unless --name says otherwise.
+    Returns the results record."""
     params = {k: given[k] for k in ("rows", "dim", "dtype", "partitions", "workers", "repeat")}
     params["workers"] = params["workers"] or os.cpu_count() or 1
     partitions = params["partitions"] or max(
@@ -327,7 +329,7 @@ def execute(given: dict[str, Any], kind: str, phase: Phase | None = None) -> Non
         if phase is not None and phase.report is not None:
             phase.report(record)
 
-    harness.execute_benchmark(harness.Config(output, name, run, report_all, chart))
+    return harness.execute_benchmark(harness.Config(output, name, run, report_all, chart))
 
 
 @click.command()

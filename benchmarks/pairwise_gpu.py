@@ -235,7 +235,8 @@ def run_gpu(
     then the cudf cases on a dask-cuda cluster of one worker per GPU
     (``dask_cosim.local_cluster()``, closed after), then in this process the host round
     trips and the read breakdown.  Whatever raises is logged with its traceback and left
-    out.
+    out.  An interrupt (SIGINT: ``.ci/gpu-check``'s budget) ends it early: the rows of
+    the sections that finished stay, and "interrupted" is set in the record.
     """
     failed: list[dict[str, str]] = []
     extras: dict[str, Any] = {"host_round_trips": None, "read_breakdown": None}
@@ -248,9 +249,29 @@ def run_gpu(
 
     rows: list[Row] = []
     try:
+        _gpu_sections(pairs, repeat, log, rows, failed, extras, fail)
+    except KeyboardInterrupt:
+        # .ci/gpu-check's budget: the rows of the sections that finished are kept.
+        log("GPU: interrupted; the rows timed so far are kept")
+        failed.append({"case": "interrupted", "error": "KeyboardInterrupt (the budget)"})
+        extras["interrupted"] = True
+    return rows, failed, extras
+
+
+def _gpu_sections(
+    pairs: Pairs,
+    repeat: int,
+    log: harness.Log,
+    rows: list[Row],
+    failed: list[dict[str, str]],
+    extras: dict[str, Any],
+    fail: Any,
+) -> None:
+    """:func:`run_gpu`'s sections in order, each adding to ``rows`` only once timed."""
+    try:
         log("GPU: device floors and kernels, kernel sweep, host data on the GPU")
         tensor_rows = gpu_tensor_rows(pairs, log)
-        failed += harness.time_rows(tensor_rows, repeat, pairs.ref, log, drop_failed=True)
+        failed.extend(harness.time_rows(tensor_rows, repeat, pairs.ref, log, drop_failed=True))
         rows += tensor_rows
     except Exception:
         fail("device tensor cases")
@@ -273,7 +294,7 @@ def run_gpu(
                 fail("ours: dask_cudf, persisted (set-up)")
                 persisted = None
             cudf_cases = cudf_rows(pairs, persisted)
-            failed += harness.time_rows(cudf_cases, repeat, pairs.ref, log, drop_failed=True)
+            failed.extend(harness.time_rows(cudf_cases, repeat, pairs.ref, log, drop_failed=True))
             rows += cudf_cases
             del persisted
         except Exception:
@@ -297,7 +318,6 @@ def run_gpu(
             extras["read_breakdown"] = gpu_read.read_breakdown(folders, repeat, log)
         except Exception:
             fail("GPU read breakdown")
-    return rows, failed, extras
 
 
 def _spent() -> None:
@@ -355,7 +375,9 @@ def main(**given: Any) -> None:
     if not torch.cuda.is_available():
         print("no CUDA device: nothing run (the CPU rows alone: python -m benchmarks.pairwise)")
         return
-    pairwise.execute(given, "gpu", pairwise.Phase(run_gpu, TARGETS, report, from_table))
+    record = pairwise.execute(given, "gpu", pairwise.Phase(run_gpu, TARGETS, report, from_table))
+    if record.get("interrupted"):
+        raise SystemExit(130)  # written, but cut short: the step did not finish
 
 
 if __name__ == "__main__":

@@ -159,3 +159,24 @@ def test_an_interrupted_run_writes_what_it_measured(tmp_path: Path) -> None:
     with pytest.raises(KeyboardInterrupt):
         h.execute_benchmark(h.Config(output, "none", run, shown.append))
     assert not (tmp_path / "none.json").exists()
+
+
+def test_an_interrupted_gpu_phase_keeps_the_sections_it_finished(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The GPU rows of ``benchmarks.pairwise_gpu`` cut by the budget's SIGINT: the
+    sections timed before it stay, the run says it was interrupted (no GPU needed: the
+    sections are stand-ins)."""
+    from benchmarks import pairwise_gpu
+
+    calls: list[str] = []
+
+    def sections(pairs, repeat, log, rows, failed, extras, fail) -> None:  # type: ignore[no-untyped-def]
+        rows.append("the tensor rows")
+        calls.append("tensor")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pairwise_gpu, "_gpu_sections", sections)
+    rows, failed, extras = pairwise_gpu.run_gpu(None, 1, lambda msg: None)  # type: ignore[arg-type]
+    assert rows == ["the tensor rows"] and calls == ["tensor"]
+    assert extras["interrupted"] and failed[-1]["case"] == "interrupted"
