@@ -201,7 +201,9 @@ def _threshold(
     n, d = case
     x = c.unit_rows(n, d, device, seed=3)
     log(f"threshold N={n:,} D={d}: the float64 pairs, by brute force")
-    codes, scores = c.threshold_truth(x, min(params["thresholds"]))
+    # A little below the lowest threshold, so that pairs just under a bar count among
+    # its near-ties too.
+    codes, scores = c.threshold_truth(x, min(params["thresholds"]) - 1e-6)
     for t in params["thresholds"]:
         log(f"threshold N={n:,} D={d} t={t}")
         join, dedup = c.threshold_contenders(x, t, engine, SLOW_SHARE)
