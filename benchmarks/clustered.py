@@ -192,13 +192,17 @@ def main(
     probes = [None if m == "exact" else int(m) for m in modes.split(",")]
     counts = _ints(clusters) or [default_clusters(rows)]
 
+    record: h.Record = {}  # filled in step by step: an interrupt keeps what ran
+
     def run(log: h.Log) -> h.Record:
-        record: h.Record = {
+        record.update({
             "params": {"rows": rows, "dim": dim, "device": device, "dtype": dtype,
                        "directions": directions,
                        "partition_rows": partition_rows, "recall_rows": recall_rows},
             "load_before": h.load_text(),
-        }  # fmt: skip
+            "exact": [],
+            "cases": [],
+        })  # fmt: skip
         with dask.config.set({"cosim.device": device}):
             # Untimed: the kernels' first calls compile them.
             warm = frame(2 * min(partition_rows, 1000), dim, directions, device, 1000, dtype)
@@ -212,7 +216,7 @@ def main(
                 )
                 log(f"exact all-pairs {n:,} rows: {secs:.1f} s, {len(pairs):,} pairs")
                 exact.append((n, secs))
-            record["exact"] = [{"rows": n, "seconds": s} for n, s in exact]
+                record["exact"].append({"rows": n, "seconds": secs})
             est = quadratic(exact, rows) if exact else None
             record["exact_extrapolated_seconds"] = est
             # For comparison: all-pairs as pure n^2 from the largest run (the fit is lower).
@@ -223,7 +227,7 @@ def main(
             secs, truth = timed(lambda: cr.sample_truth(df, "emb", ts[0], sample_rows=recall_rows))
             record["truth_seconds"] = secs
             log(f"truth of {recall_rows:,} sampled rows: {secs:.1f} s")
-            cases = []
+            cases = record["cases"]
             for t, k, mode in itertools.product(ts, counts, probes):
                 # The plan alone (k-means, the clusters' radii): how many blocks each
                 # row is copied to.  A provable mode past --max-copies would hold that
@@ -240,26 +244,26 @@ def main(
                     log(f"{op} t={t} n_probe={case['n_probe']} clusters={k}: "
                         f"{case['seconds']:.1f} s, recall {case['recall']:.5f}")  # fmt: skip
                     cases.append(case)
-            record["cases"] = cases
         record["load_after"] = h.load_text()
         return record
 
     def report(record: h.Record) -> None:
-        for e in record["exact"]:
+        for e in record.get("exact", []):
             print(f"exact all-pairs  {e['rows']:>11,} rows  {e['seconds']:8.1f} s")
-        est = record["exact_extrapolated_seconds"]
+        est = record.get("exact_extrapolated_seconds")
         if est is not None:
             print(
                 f"exact all-pairs  {rows:>11,} rows  {est:8.1f} s  (quadratic fit, a, b, c >= 0; "
                 f"n^2 from the largest run: {record['exact_n2_from_largest_seconds']:.1f} s)"
             )
-        print(f"recall truth: {recall_rows:,} sampled rows in {record['truth_seconds']:.1f} s")
-        h.print_table(TABLE, record["cases"], f"clustered, N={rows:,} D={dim} on {device}")
+        if "truth_seconds" in record:
+            print(f"recall truth: {recall_rows:,} sampled rows in {record['truth_seconds']:.1f} s")
+        h.print_table(TABLE, record.get("cases", []), f"clustered, N={rows:,} D={dim} on {device}")
 
     name = output.name or f"clustered-{device}-{rows}x{dim}" + (
         "" if dtype == "float32" else f"-{dtype}"
     )
-    h.execute_benchmark(h.Config(output, name, run, report))
+    h.execute_benchmark(h.Config(output, name, run, report, partial=record))
 
 
 if __name__ == "__main__":
