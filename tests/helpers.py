@@ -1,5 +1,6 @@
 """What the tests share: the references of the numerics policy (``reference`` in float64,
 ``exact_reference`` in exact arithmetic, ``brute`` for every pair of two sets of rows),
+the pairwise kernel with the configured options (``cosine``, ``EPS``, ``CHUNK_BYTES``),
 pairs and frames in every accepted input format, schedulers that count or forbid
 computations, the device-to-host bytes of a run, Triton's interpreter in a fresh process,
 the answers a search must give on the search tests' frames (brute-force pairs, the rows
@@ -37,7 +38,7 @@ import pytest
 import torch
 
 import dask_cosim
-from dask_cosim import _search_tiles, search_prepare
+from dask_cosim import _search_tiles, kernels, options, search_prepare
 from dask_cosim import search_kernels as sk
 
 
@@ -110,6 +111,12 @@ def random_pairs(
     a = rng.standard_normal((n, d)).astype(dtype)
     b = (0.5 * a + rng.standard_normal((n, d))).astype(dtype)
     return a, b
+
+
+# The kernels take their options as arguments: the configured defaults (cosim.yaml).
+EPS, CHUNK_BYTES = options.eps(), options.chunk_bytes()
+# The kernel with the configured eps and chunk budget (both are required arguments).
+cosine = functools.partial(kernels.pairwise_cosine, eps=EPS, chunk_bytes=CHUNK_BYTES)
 
 
 FORMATS = ["fixed_size_list", "list", "object_numpy", "object_torch_300x1", "object_lists"]
