@@ -1,7 +1,8 @@
 """The rows the clustered tests search: ``adversarial`` rows around six centres (pairs
 straddling the boundaries between clusters, exact and scaled duplicates, rows shorter
-than eps, zero and NaN/inf rows), ``unit`` rows, and ``frame``, rows as an embedding
-column "emb" with an "id" column and a sorted, non-range index."""
+than eps, zero and NaN/inf rows), ``unit`` rows, ``frame``, rows as an embedding
+column "emb" with an "id" column and a sorted, non-range index, and ``generated``,
+embeddings as make_embeddings generates them, in a frame."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import math
 import numpy as np
 import pandas as pd
 
+from dask_cosim.datasets import make_embeddings
 from tests.helpers import as_column
 
 
@@ -45,3 +47,10 @@ def frame(x: np.ndarray, null: np.ndarray | None = None) -> pd.DataFrame:
         {"emb": as_column(x, "fixed_size_list", null), "id": np.arange(n)},
         index=pd.Index(np.arange(n) * 10 + 3, name="key"),
     )
+
+
+def generated() -> pd.DataFrame:
+    """make_embeddings' frame ("id", "emb"): 1500 rows of 16 values around 30 directions,
+    a tenth of them planted near-duplicates."""
+    frame, _ = make_embeddings(1500, 16, directions=30, duplicates=0.1, seed=4)
+    return frame
