@@ -241,15 +241,9 @@ def run_gpu(
     failed: list[dict[str, str]] = []
     extras: dict[str, Any] = {"host_round_trips": None, "read_breakdown": None}
 
-    def fail(what: str) -> None:
-        exc = sys.exc_info()[1]
-        log(f"GPU: {what} failed, left out: {exc!r}")
-        traceback.print_exc(file=sys.stderr)
-        failed.append({"case": what, "error": repr(exc)})
-
     rows: list[Row] = []
     try:
-        _gpu_sections(pairs, repeat, log, rows, failed, extras, fail)
+        _gpu_sections(pairs, repeat, log, rows, failed, extras)
     except KeyboardInterrupt:
         # .ci/gpu-check's budget: the rows of the sections that finished are kept.
         log("GPU: interrupted; the rows timed so far are kept")
@@ -265,9 +259,16 @@ def _gpu_sections(
     rows: list[Row],
     failed: list[dict[str, str]],
     extras: dict[str, Any],
-    fail: Any,
 ) -> None:
-    """:func:`run_gpu`'s sections in order, each adding to ``rows`` only once timed."""
+    """:func:`run_gpu`'s sections in order, each adding to ``rows`` only once timed; what
+    raises is logged with its traceback and added to ``failed``."""
+
+    def fail(what: str) -> None:
+        exc = sys.exc_info()[1]
+        log(f"GPU: {what} failed, left out: {exc!r}")
+        traceback.print_exc(file=sys.stderr)
+        failed.append({"case": what, "error": repr(exc)})
+
     try:
         log("GPU: device floors and kernels, kernel sweep, host data on the GPU")
         tensor_rows = gpu_tensor_rows(pairs, log)

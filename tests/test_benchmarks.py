@@ -171,7 +171,7 @@ def test_an_interrupted_gpu_phase_keeps_the_sections_it_finished(
 
     calls: list[str] = []
 
-    def sections(pairs, repeat, log, rows, failed, extras, fail) -> None:  # type: ignore[no-untyped-def]
+    def sections(pairs, repeat, log, rows, failed, extras) -> None:  # type: ignore[no-untyped-def]
         rows.append("the tensor rows")
         calls.append("tensor")
         raise KeyboardInterrupt
