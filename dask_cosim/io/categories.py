@@ -16,7 +16,10 @@ Parquet keeps neither the categories no row uses nor their order.  So:
   of no type (object) gets them typed as stored, or the next write stores a dictionary
   of nulls;
 - :func:`as_meta`: the frame's meta has every stored categorical with unknown categories
-  (dask's convention: partitions may hold different ones) and the stored ``ordered``.
+  (dask's convention: partitions may hold different ones) and the stored ``ordered``;
+- :func:`typed_dictionaries`: on the way to a file, a categorical whose categories have
+  no type (pandas 2 reads strings as object, so a categorical of strings with no
+  categories is one) is stored as a dictionary of strings, not of nulls.
 
 pandas frames only: cudf frames are left as cudf reads them.
 """
@@ -31,7 +34,7 @@ import pandas as pd
 import pyarrow as pa
 from dask.dataframe.utils import UNKNOWN_CATEGORIES
 
-__all__ = ["as_meta", "as_stored", "recorded"]
+__all__ = ["as_meta", "as_stored", "recorded", "typed_dictionaries"]
 
 
 def recorded(table: pa.Table, metadata: dict[bytes, bytes] | None) -> dict[bytes, bytes] | None:
@@ -58,6 +61,37 @@ def recorded(table: pa.Table, metadata: dict[bytes, bytes] | None) -> dict[bytes
         if all(isinstance(c, int) or math.isfinite(c) for c in categories):
             entry["metadata"] = {**described, "categories": categories}
     return {**metadata, b"pandas": json.dumps(pandas_meta).encode()}
+
+
+def typed_dictionaries(table: pa.Table) -> pa.Table:
+    """``table`` (as it will be written) with each categorical stored as a dictionary of
+    nulls made a dictionary of strings.
+
+    pyarrow gives a dictionary of nulls to a categorical whose categories are an empty
+    object index.  pandas 2 reads strings as object, so that is what a categorical of
+    strings becomes where no row holds a value (a zero-row partition, as the first read
+    gives it back): stored so, the next read gives a ``string`` column, and the folder's
+    files disagree on the column's type.  Categories of numbers are typed even when empty
+    (:func:`as_stored`), so object categories of no type are taken as strings, which is
+    what pandas 3 gives them."""
+    described = table.schema.pandas_metadata or {}
+    categorical = {
+        e.get("field_name") for e in described.get("columns", [])
+        if e.get("pandas_type") == "categorical"
+    }  # fmt: skip
+    for i, field in enumerate(table.schema):
+        t = field.type
+        if field.name not in categorical or not pa.types.is_dictionary(t):
+            continue
+        if not pa.types.is_null(t.value_type):
+            continue
+        typed = pa.dictionary(t.index_type, pa.string(), t.ordered)
+        chunks = [
+            pa.DictionaryArray.from_arrays(c.indices, pa.array([], pa.string()), ordered=t.ordered)
+            for c in table.column(i).chunks
+        ]
+        table = table.set_column(i, field.with_type(typed), pa.chunked_array(chunks, typed))
+    return table
 
 
 def as_stored(df: Any, schema: pa.Schema) -> Any:

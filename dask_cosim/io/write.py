@@ -53,6 +53,7 @@ def frame_to_table(
         _index_named_as_pyarrow(df[others], preserve_index, vectors),
         preserve_index=preserve_index,
     )
+    table = categories.typed_dictionaries(table)
     fields, arrays = list(table.schema), list(table.columns)
     positions = {c: i for i, c in enumerate(df.columns)}
     # In column order, so each lands where it was (index columns stay last).
