@@ -13,8 +13,9 @@ Parquet keeps neither the categories no row uses nor their order.  So:
   the values the partition holds, sorted and unordered, as dask's reader gives a column
   (the stored order of categories is not known, so comparisons are not offered); and
   where no row holds a value, a categorical of strings pyarrow gave back with categories
-  of no type (object) gets them typed as stored, or the next write stores a dictionary
-  of nulls;
+  of no type (object) gets them typed as stored where pandas has a type for strings
+  (``str``, pandas 3; on pandas 2 they stay object, and :func:`typed_dictionaries`
+  stores them as strings);
 - :func:`as_meta`: the frame's meta has every stored categorical with unknown categories
   (dask's convention: partitions may hold different ones) and the stored ``ordered``;
 - :func:`typed_dictionaries`: on the way to a file, a categorical whose categories have
@@ -43,11 +44,9 @@ def recorded(table: pa.Table, metadata: dict[bytes, bytes] | None) -> dict[bytes
     if not metadata or b"pandas" not in metadata:
         return metadata
     pandas_meta = json.loads(metadata[b"pandas"])
-    for entry in pandas_meta.get("columns", []):
-        field, described = entry.get("field_name"), entry.get("metadata") or {}
-        if entry.get("pandas_type") != "categorical" or field not in table.column_names:
-            continue
-        column = table.column(field)
+    for entry in _categorical_entries(pandas_meta, table.column_names):
+        described = entry.get("metadata") or {}
+        column = table.column(entry["field_name"])
         t = column.type
         if not pa.types.is_dictionary(t) or column.num_chunks != 1:
             continue
@@ -75,10 +74,7 @@ def typed_dictionaries(table: pa.Table) -> pa.Table:
     (:func:`as_stored`), so object categories of no type are taken as strings, which is
     what pandas 3 gives them."""
     described = table.schema.pandas_metadata or {}
-    categorical = {
-        e.get("field_name") for e in described.get("columns", [])
-        if e.get("pandas_type") == "categorical"
-    }  # fmt: skip
+    categorical = {e["field_name"] for e in _categorical_entries(described, table.column_names)}
     for i, field in enumerate(table.schema):
         t = field.type
         if field.name not in categorical or not pa.types.is_dictionary(t):
@@ -115,8 +111,8 @@ def as_stored(df: Any, schema: pa.Schema) -> Any:
 
 def _typed_categories(values: Any, t: pa.DataType) -> Any:
     """A categorical pyarrow gave back: with no categories (no row holds a value), those
-    are of no type (object), which a write would store as a dictionary of nulls (a
-    ``string`` column the next read), so they get the type pyarrow gives the values."""
+    are of no type (object), so they get the type pyarrow gives the values, where that is
+    not object too (strings on pandas 2: :func:`typed_dictionaries` types them on write)."""
     categories = values.dtype.categories
     if len(categories) or not pa.types.is_dictionary(t):
         return values
@@ -155,6 +151,15 @@ def as_meta(meta: Any, schema: pa.Schema) -> Any:
     return meta
 
 
+def _categorical_entries(described: dict[str, Any], names: list[str]) -> list[dict[str, Any]]:
+    """The entries of pandas metadata ``described`` that are categoricals stored in one of
+    the fields ``names``."""
+    return [
+        e for e in described.get("columns", [])
+        if e.get("pandas_type") == "categorical" and e.get("field_name") in names
+    ]  # fmt: skip
+
+
 def _numbers(t: pa.DataType) -> bool:
     return pa.types.is_integer(t) or pa.types.is_floating(t)
 
@@ -167,11 +172,8 @@ def _categoricals(df: Any, schema: pa.Schema) -> list[tuple[Any, dict[str, Any]]
     described = schema.pandas_metadata or {}
     index = [n for n in described.get("index_columns", []) if isinstance(n, str)]
     found = []
-    for entry in described.get("columns", []):
-        field = entry.get("field_name")
-        if entry.get("pandas_type") != "categorical" or field not in schema.names:
-            continue
-        if field in index:
+    for entry in _categorical_entries(described, schema.names):
+        if entry["field_name"] in index:
             if len(index) == 1 and df.index.nlevels == 1:
                 found.append((None, entry))
         elif entry.get("name") in df.columns:
