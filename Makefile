@@ -19,8 +19,9 @@ $(VENV)/.installed: pyproject.toml Makefile
 # 2-core CI machine the suite spends much of its time starting processes and clusters,
 # and ran in 13 minutes so against 20 in one process.  PYTEST_WORKERS=0: one process.
 PYTEST_WORKERS ?= 2
+PYTEST_PROCESSES = -n $(PYTEST_WORKERS) --dist worksteal
 test: $(VENV)/.installed
-	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist worksteal
+	$(PY) -m pytest -q $(PYTEST_PROCESSES)
 
 # The core tests against the oldest versions pyproject.toml admits (.ci/min-versions.txt),
 # in a venv of their own.
@@ -35,7 +36,7 @@ $(VENV_MIN)/.installed: pyproject.toml Makefile .ci/min-versions.txt
 
 test-min: $(VENV_MIN)/.installed
 	$(VENV_MIN)/bin/python -m pip list 2>/dev/null | grep -iE '^(dask|distributed|pandas|pyarrow|numpy|torch) '
-	$(VENV_MIN)/bin/python -m pytest -q -n $(PYTEST_WORKERS) --dist worksteal \
+	$(VENV_MIN)/bin/python -m pytest -q $(PYTEST_PROCESSES) \
 		--ignore=tests/test_notebooks.py --ignore=tests/test_peers.py
 
 # The demo needs the core and matplotlib (its histogram.png), not the test tools and
