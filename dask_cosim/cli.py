@@ -38,6 +38,7 @@ from dask_cosim._cli import (
     Cluster,
     InputError,
     Output,
+    check_local_inputs,
     cluster_options,
     clustered,
     count,
@@ -91,6 +92,7 @@ def pairwise(
     OUTPUT gets the result column (plus --keep columns and the index) and a summary is
     printed: rows, nulls, mean, min, max, a histogram, time and throughput.
     """
+    check_local_inputs(*inputs)
     from dask_cosim import runs
 
     # Everything that can be checked without a cluster is checked before one starts.
@@ -150,6 +152,7 @@ def convert(
     (N, 2, D) (pair i is [i, 0] and [i, 1], columns --a and --b); a .npz with arrays named
     by --a/--b, each (N, D); or Parquet with object or list columns.
     """
+    check_local_inputs(input_path)
     import dask
 
     from dask_cosim import io
@@ -180,6 +183,7 @@ def _vectors(dim: int | None, dtype: str, lead: str = "") -> str:
 @one_line_errors
 def info(inputs: tuple[str, ...]) -> None:
     """Rows, partitions, columns, and each embedding column's D and dtype."""
+    check_local_inputs(*inputs)
     from dask_cosim import io
 
     io.check_parquet_inputs(inputs, "info reads Parquet files or folders of them")
@@ -334,6 +338,7 @@ def topk(
     index label in Parquet), rank, match (the hit's index label in INPUTS), score and the
     --keep columns (e.g. an id).
     """
+    check_local_inputs(*inputs, queries_path)
     from dask_cosim import runs
     from dask_cosim.search import check_column, check_topk_columns
 
@@ -367,6 +372,7 @@ def join(
     then left_<c>, right_<c> for each --columns c.  For pairs within one input, use
     `neighbors` (each pair once, no row with itself).
     """
+    check_local_inputs(left_path, right_path)
     from dask_cosim import runs
 
     left, right = runs.read_inputs([left_path], _READS), runs.read_inputs([right_path], _READS)
@@ -389,6 +395,7 @@ def neighbors(
     -k each row's K best other rows.  Columns left, right, score (and rank), then
     left_<c>, right_<c> for each --columns c.
     """
+    check_local_inputs(*inputs)
     from dask_cosim import runs
 
     df = runs.read_inputs(inputs, _READS)
@@ -420,6 +427,7 @@ def dedup(
 ) -> None:  # fmt: skip
     """INPUTS without every row that has an earlier row scoring at least --threshold with
     it; all columns are written to OUTPUT."""
+    check_local_inputs(*inputs)
     from dask_cosim import runs
 
     df = runs.read_inputs(inputs, _READS)

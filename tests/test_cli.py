@@ -123,6 +123,52 @@ def test_missing_input_and_ragged_rows_exit_2(tmp_path: Path) -> None:
     assert "Traceback" not in proc.stderr and not (tmp_path / "out").exists()
 
 
+def test_a_missing_input_is_answered_before_the_library_is_imported(tmp_path: Path) -> None:
+    """Every command that reads says a mistyped local path is not found, in the reader's
+    words, before it imports torch, pandas, pyarrow or dask's dataframe and distributed
+    (seconds; dask's config comes with dask_cosim): one process runs them all."""
+    gone = str(tmp_path / "nowhere")
+    pairs = write_pairs(tmp_path / "pairs", *random_pairs(4, 2), files=1)
+    out = str(tmp_path / "out")
+    commands = [
+        ["pairwise", gone, "-a", "x", "-b", "y", "-o", out],
+        ["convert", gone + ".npy", "-o", out],
+        ["info", str(pairs), gone],
+        ["topk", str(pairs), "--on", "x", "--queries", gone + ".npy", "-o", out],
+        ["join", str(pairs), gone, "--on", "x", "-k", "1", "-o", out],
+        ["neighbors", gone, "--on", "x", "-k", "1", "-o", out],
+        ["dedup", gone, "--on", "x", "--threshold", "0.9", "-o", out],
+    ]
+    script = (
+        "import json, sys\n"
+        "from dask_cosim.cli import main\n"
+        "codes = []\n"
+        "for args in json.loads(sys.argv[1]):\n"
+        "    try:\n"
+        "        main(args, prog_name='dask-cosim')\n"
+        "    except SystemExit as stop:\n"
+        "        codes.append(stop.code)\n"
+        "heavy = ('torch', 'pandas', 'pyarrow', 'dask.dataframe', 'distributed')\n"
+        "print(json.dumps([codes, [m for m in heavy if m in sys.modules]]))\n"
+    )
+    import json
+
+    proc = subprocess.run([sys.executable, "-c", script, json.dumps(commands)],
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    codes, heavy = json.loads(proc.stdout)
+    assert codes == [2] * len(commands) and heavy == [], (codes, heavy, proc.stderr)
+    lines = proc.stderr.splitlines()
+    assert lines == [
+        f"Error: {gone!r} not found",
+        f"Error: {gone + '.npy'!r} not found",
+        f"Error: {gone!r} not found",
+        f"Error: {gone + '.npy'!r} not found",
+        *[f"Error: {gone!r} not found"] * 3,
+    ], proc.stderr
+    assert not Path(out).exists()
+
+
 def test_killed_run_leaves_no_output_and_old_output_untouched(tmp_path: Path) -> None:
     a, b = random_pairs(400_000, 64)
     pairs = write_pairs(tmp_path / "pairs", a, b, files=40)
