@@ -257,11 +257,11 @@ def test_make_demo_and_docs_install_only_what_they_need(tmp_path: Path) -> None:
         return proc.stdout
 
     demo = planned("demo")
-    assert 'pip install -q -e ".[bench]"' in demo and ".[dev]" not in demo
+    assert '-e ".[bench]"' in demo and ".[dev]" not in demo
     assert "installed-demo" in demo and "-m dask_cosim demo" in demo
-    assert 'pip install -q -e ".[dev]"' in planned("test")
+    assert '-e ".[dev]"' in planned("test")
     docs = planned("docs")
-    assert 'pip install -q -e ".[docs]"' in docs and ".[dev]" not in docs
+    assert '-e ".[docs]"' in docs and ".[dev]" not in docs
     assert "sphinx-build" in docs
 
 
