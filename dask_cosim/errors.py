@@ -10,6 +10,7 @@ imports nothing of the package: every layer may use it.
 from __future__ import annotations
 
 import difflib
+import json
 import re
 from collections.abc import Iterable
 from typing import Any
@@ -168,10 +169,20 @@ def string_column(
     text = None if sample is None else str(sample)
     vectors = list(vectors)
     others = f" The frame's vector columns: {vectors!r}." if vectors else ""
+    short = None if text is None else text if len(text) <= 40 else text[:37] + "..."
     if text is not None and _VECTOR_TEXT.match(text):
-        message = f"column {column!r} holds strings ({dtype}), not vectors. {_STRINGIFIED}"
+        message = f"column {column!r} holds strings ({dtype}), not vectors. "
+        if _json_numbers(text):
+            # What a CSV or JSON file of embeddings gives pandas (OpenAI's cookbook files,
+            # for one): dask_cosim.from_pandas alone would not help.
+            message += (
+                f"Its cells are lists of numbers written as text, such as {short!r}, as "
+                f"read from a CSV or JSON file: parse them first, e.g. pdf[{column!r}] = "
+                f"pdf[{column!r}].map(json.loads). If they were lists before "
+                "dd.from_pandas: "
+            )
+        message += _STRINGIFIED
     elif text is not None:
-        short = text if len(text) <= 40 else text[:37] + "..."
         message = (
             f"column {column!r} holds text ({dtype}) such as {short!r}, not vectors: cosine "
             f"similarity compares embeddings, one vector of numbers per row. "
@@ -184,6 +195,20 @@ def string_column(
             f"vectors written as text: {_STRINGIFIED}{others}"
         )
     return StringColumnError(message, dtype, text)
+
+
+def _json_numbers(text: str) -> bool:
+    """Whether ``text`` is a JSON list of numbers (or of lists of them): "[0.1, 0.2]",
+    not numpy's "[0.1 0.2]" or torch's "tensor([...])"."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return False
+    if not isinstance(value, list):
+        return False
+    cells = [v for row in value for v in (row if isinstance(row, list) else [row])]
+    numbers = (isinstance(v, (int, float)) and not isinstance(v, bool) for v in cells)
+    return bool(cells) and all(numbers)
 
 
 def binary_column(column: str, dtype: Any, row: Any = None) -> TypeError:

@@ -2,16 +2,17 @@
 shaped.  Each row of ``CASES`` builds a pandas frame and states what ``pairwise`` gives
 for it, values or an error (type, and a regex that names the column, the row label where
 there is one, and the fix), as in tests/test_bad_input_values.py.  The rows here:
-columns that hold no numbers (text, stringified vectors, string lists, dicts, bools,
-complex, nested lists, Arrow lists of bool or string), shapes (ragged rows, a and b of
-different lengths), frame shapes (empty, empty partitions, one row, D = 1, duplicate
-labels) and column names and options.  Every case runs eagerly and through dask, where
+columns that hold no numbers (text, stringified vectors, vectors as JSON text, string
+lists, dicts, bools, complex, nested lists, Arrow lists of bool or string), shapes (ragged
+rows, a and b of different lengths), frame shapes (empty, empty partitions, one row, D =
+1, duplicate labels) and column names and options.  Every case runs eagerly and through dask, where
 the case also says when the error comes (``check_eager``, ``check_dask`` of
 tests/bad_input_cases.py).  Then what ``from_pandas`` makes strings of: only strings.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import dask
@@ -75,6 +76,17 @@ CASES = [
         lambda: Raises(
             TypeError,
             r"column 'a' holds strings \((str|object|string)\), not vectors\..*dask_cosim.from_pandas",
+            "graph",
+        ),
+    ),
+    Case(
+        "vectors as JSON text",  # what pd.read_csv gives for a CSV file of embeddings
+        lambda: frame(pd.array([json.dumps(r.tolist()) for r in A], dtype="str"), fixed(B)),
+        lambda: Raises(
+            TypeError,
+            r"column 'a' holds strings \((str|object|string)\), not vectors\. Its cells are "
+            r"lists of numbers written as text, such as '\[.*pdf\['a'\] = "
+            r"pdf\['a'\]\.map\(json\.loads\).*dask_cosim\.from_pandas",
             "graph",
         ),
     ),
