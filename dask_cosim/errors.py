@@ -164,7 +164,8 @@ def string_column(
 ) -> StringColumnError:
     """Strings where vectors were expected: text (``sample`` a cell that is no vector
     written out: say how to embed it), vectors that dask turned into text (``sample``
-    such as '[0.1 0.2 ...]': say how to keep them), or, with no ``sample``, both cases.
+    such as '[0.1 0.2 ...]': say how to keep them; where it is JSON, '[0.1, 0.2]', as a
+    CSV file holds vectors, say how to parse it first), or, with no ``sample``, both cases.
     ``vectors``: the columns of the frame that do hold vectors."""
     text = None if sample is None else str(sample)
     vectors = list(vectors)
