@@ -3,6 +3,8 @@ Arrow round trips of the pandas registrations (the cudf ones are in tests/test_g
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pandas as pd
 import pyarrow as pa
@@ -23,6 +25,8 @@ def _arrow_series(array: pa.Array | pa.ChunkedArray, index: pd.Index | None = No
         (pa.list_(pa.float64()), backends.VectorSpec(None, np.dtype(np.float64))),
         (pa.large_list(pa.float16()), backends.VectorSpec(None, np.dtype(np.float16))),
         (pa.list_(pa.int8(), 3), backends.VectorSpec(3, np.dtype(np.int8))),
+        (pa.list_view(pa.float32()), backends.VectorSpec(None, np.dtype(np.float32))),
+        (pa.large_list_view(pa.float64()), backends.VectorSpec(None, np.dtype(np.float64))),
     ],
 )
 def test_vector_spec_reads_the_dtype_only(
@@ -89,6 +93,38 @@ def test_variable_lists_with_empty_null_rows_and_ragged_rows() -> None:
     )
     with pytest.raises(ValueError, match="column 'v': row 'y' has 1 values but row 'x' has 2"):
         backends.to_vectors(ragged, "v")
+
+
+@pytest.mark.parametrize("view", [pa.ListViewArray, pa.LargeListViewArray])
+def test_list_views_in_any_order_with_null_rows_and_ragged_rows(view: Any) -> None:
+    """Arrow's list views (each row its own offset and size): rows in order read as a
+    strided view; rows out of order, sharing values or with null rows of another size
+    are gathered; ragged rows name the row."""
+    values = pa.array(np.arange(8, dtype=np.float32))
+    in_order = view.from_arrays(pa.array([0, 2, 4]), pa.array([2, 2, 2]), values)
+    (block,) = backends.to_vectors(_arrow_series(in_order), "v").blocks
+    np.testing.assert_array_equal(block.numpy(), [[0, 1], [2, 3], [4, 5]])
+    assert block.data_ptr() == values.buffers()[1].address  # no copy
+    mask = pa.array([False, True, False, False])
+    shuffled = view.from_arrays(pa.array([6, 0, 0, 2]), pa.array([2, 0, 2, 2]), values, mask=mask)
+    vectors = backends.to_vectors(_arrow_series(shuffled, pd.Index(list("wxyz"))), "v")
+    np.testing.assert_array_equal(vectors.blocks[0].numpy(), [[6, 7], [0, 0], [0, 1], [2, 3]])
+    assert vectors.null.tolist() == [False, True, False, False]
+    ragged = view.from_arrays(pa.array([0, 2]), pa.array([2, 3]), values)
+    with pytest.raises(ValueError, match="column 'v': row 1 has 3 values but row 0 has 2"):
+        backends.to_vectors(_arrow_series(ragged), "v")
+
+
+def test_a_list_null_row_of_another_length_does_not_shift_the_rows() -> None:
+    """A null list row may hold values (Arrow allows any length): the rows after it are
+    still read from their own offsets, not from a stride that the lengths happen to sum
+    to."""
+    values = pa.array(np.arange(8, dtype=np.float32))
+    offsets = pa.array([0, 2, 2, 6, 8], pa.int32())  # row 1 null with 0 values, row 2 with 4
+    lists = pa.ListArray.from_arrays(offsets, values, mask=pa.array([False, True, True, False]))
+    vectors = backends.to_vectors(_arrow_series(lists), "v")
+    np.testing.assert_array_equal(vectors.blocks[0].numpy(), [[0, 1], [0, 0], [0, 0], [6, 7]])
+    assert vectors.null.tolist() == [False, True, True, False]
 
 
 def test_a_null_inside_a_vector_becomes_nan() -> None:

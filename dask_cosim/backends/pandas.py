@@ -1,7 +1,8 @@
 """pandas (and numpy) behind the dispatchers of :mod:`dask_cosim.backends`.
 
-Vector columns of a pandas frame: Arrow ``fixed_size_list``/``list`` columns
-(``pd.ArrowDtype``), read chunk by chunk as zero-copy views, and object columns holding one
+Vector columns of a pandas frame: Arrow ``fixed_size_list``/``list`` columns (and
+``large_list`` and the list views; ``pd.ArrowDtype``), read chunk by chunk as zero-copy
+views, and object columns holding one
 numpy array, torch tensor or list of numbers per row, stacked once.  Registered when
 :mod:`dask_cosim.backends` is imported.
 """
@@ -51,7 +52,7 @@ def arrow_value_spec(column: str, dtype: pd.ArrowDtype) -> VectorSpec:
         raise errors.binary_column(column, dtype)
     if pa.types.is_fixed_size_list(t):
         dim: int | None = t.list_size
-    elif pa.types.is_list(t) or pa.types.is_large_list(t):
+    elif _is_list_type(t):
         dim = None
     else:
         raise errors.not_vectors(column, dtype)
@@ -90,8 +91,13 @@ def _list_chunk_values(
         values = chunk.values.slice(chunk.offset * dim, n * dim)
         return _float_values(values).reshape(n, dim), null
 
-    offsets = chunk.offsets.to_numpy()
-    lengths = np.diff(offsets)
+    if _is_list_view(chunk.type):
+        # Each row's own offset and size (rows may share values or come in any order).
+        offsets = chunk.offsets.to_numpy()
+        lengths = chunk.sizes.to_numpy()
+    else:
+        offsets = chunk.offsets.to_numpy()  # n + 1: row i is offsets[i]:offsets[i + 1]
+        lengths = np.diff(offsets)
     valid_lengths = lengths if null is None else lengths[~null]
     if len(valid_lengths) == 0:  # every row null; the value type still sets the result's
         return np.zeros((n, 0), dtype=chunk.type.value_type.to_pandas_dtype()), null
@@ -109,15 +115,19 @@ def _list_chunk_values(
             dim,
         )
     values = chunk.values  # the whole child array: offsets index into it
-    if (offsets[-1] - offsets[0]) == n * dim:
-        # Every row, null ones included, is D long: the values are evenly strided.
-        start = int(offsets[0])
+    start = int(offsets[0])
+    # Every row, null ones included, D long and one after the other (a list's offsets say
+    # so by its lengths alone; a list view's rows may come in any order): a strided view.
+    strided = bool((lengths == dim).all()) and (
+        not _is_list_view(chunk.type) or np.array_equal(offsets, start + dim * np.arange(n))
+    )
+    if strided:
         return _float_values(values.slice(start, n * dim)).reshape(n, dim), null
-    # Null rows of length 0 break the stride: gather the valid rows (one vectorised copy).
+    # Null rows of another length, or list views out of order, break the stride: gather
+    # the valid rows (one vectorised copy).
     flat = _float_values(values)
     out = np.zeros((n, dim), dtype=flat.dtype)
-    assert null is not None  # a stride break comes only from null rows of length 0
-    valid = np.flatnonzero(~null)
+    valid = np.arange(n) if null is None else np.flatnonzero(~null)
     out[valid] = flat[offsets[valid][:, None] + np.arange(dim)]
     return out, null
 
@@ -310,7 +320,18 @@ def arrow_vector_types(arrow_type: pa.DataType) -> pd.ArrowDtype | None:
 
 
 def _is_list_type(t: pa.DataType) -> bool:
-    return pa.types.is_fixed_size_list(t) or pa.types.is_list(t) or pa.types.is_large_list(t)
+    return (
+        pa.types.is_fixed_size_list(t)
+        or pa.types.is_list(t)
+        or pa.types.is_large_list(t)
+        or _is_list_view(t)
+    )
+
+
+def _is_list_view(t: pa.DataType) -> bool:
+    """Arrow's list views (offset and size per row), which some engines write; without
+    them in the reader's types mapper, dask made text of them (object -> string)."""
+    return pa.types.is_list_view(t) or pa.types.is_large_list_view(t)
 
 
 def frame_from_arrow(table: pa.Table) -> pd.DataFrame:

@@ -368,6 +368,20 @@ def test_a_pandas_file_of_fixed_size_lists_reads_any_projection(tmp_path: Path) 
     assert got["match"].tolist() == [0, 1]
 
 
+def test_list_views_read_as_vectors_not_text(tmp_path: Path) -> None:
+    """A file whose vector column is an Arrow list view (as some engines write) reads as
+    vectors; dask's reader made text of it before (object -> string)."""
+    a, b = random_pairs(12, 4)
+    views = {c: pa.array([list(r) for r in x], pa.list_view(pa.float32()))
+             for c, x in (("embeds_a", a), ("embeds_b", b))}  # fmt: skip
+    pq.write_table(pa.table({"id": pa.array(range(12)), **views}), tmp_path / "v.parquet")
+    df = dask_cosim.read_parquet(tmp_path / "v.parquet")
+    assert pa.types.is_list_view(df["embeds_a"].dtype.pyarrow_dtype)
+    got = df.cosim.pairwise("embeds_a", "embeds_b").compute()
+    np.testing.assert_allclose(got.to_numpy(), reference(a, b), atol=1e-6)
+    assert df.cosim.topk(a[:2], "embeds_a", k=1)["match"].tolist() == [0, 1]
+
+
 @pytest.mark.gpu
 def test_cudf_reader_numbers_files_without_an_index(tmp_path: Path) -> None:
     pytest.importorskip("cudf")
