@@ -2,9 +2,8 @@
 
 Vector columns of a pandas frame: Arrow ``fixed_size_list``/``list`` columns (and
 ``large_list`` and the list views; ``pd.ArrowDtype``), read chunk by chunk as zero-copy
-views, and object columns holding one
-numpy array, torch tensor or list of numbers per row, stacked once.  Registered when
-:mod:`dask_cosim.backends` is imported.
+views, and object columns holding one numpy array, torch tensor or list of numbers per
+row, stacked once.  Registered when :mod:`dask_cosim.backends` is imported.
 """
 
 from __future__ import annotations
