@@ -90,18 +90,17 @@ def _list_chunk_values(
         values = chunk.values.slice(chunk.offset * dim, n * dim)
         return _float_values(values).reshape(n, dim), null
 
-    if _is_list_view(chunk.type):
-        # Each row's own offset and size (rows may share values or come in any order).
-        offsets = chunk.offsets.to_numpy()
-        lengths = chunk.sizes.to_numpy()
-    else:
-        offsets = chunk.offsets.to_numpy()  # n + 1: row i is offsets[i]:offsets[i + 1]
-        lengths = np.diff(offsets)
+    # A list's n + 1 offsets bound its rows; a list view's n offsets each start a row of
+    # its own size (rows may share values or come in any order).
+    view = _is_list_view(chunk.type)
+    offsets = chunk.offsets.to_numpy()
+    lengths = chunk.sizes.to_numpy() if view else np.diff(offsets)
     valid_lengths = lengths if null is None else lengths[~null]
     if len(valid_lengths) == 0:  # every row null; the value type still sets the result's
         return np.zeros((n, 0), dtype=chunk.type.value_type.to_pandas_dtype()), null
     dim = int(valid_lengths[0])
-    bad = np.flatnonzero(lengths != dim)
+    other_length = lengths != dim
+    bad = np.flatnonzero(other_length)
     if null is not None:
         bad = bad[~null[bad]]
     if len(bad):
@@ -117,8 +116,8 @@ def _list_chunk_values(
     start = int(offsets[0])
     # Every row, null ones included, D long and one after the other (a list's offsets say
     # so by its lengths alone; a list view's rows may come in any order): a strided view.
-    strided = bool((lengths == dim).all()) and (
-        not _is_list_view(chunk.type) or np.array_equal(offsets, start + dim * np.arange(n))
+    strided = not other_length.any() and (
+        not view or np.array_equal(offsets, start + dim * np.arange(n))
     )
     if strided:
         return _float_values(values.slice(start, n * dim)).reshape(n, dim), null
