@@ -140,8 +140,13 @@ class ResultTooLargeError(RuntimeError):
     in place of running it out of memory.  Not a MemoryError: nothing should retry it."""
 
 
-# str() of a numpy array, torch tensor or list: "[0.1 0.2 ...]", "tensor([[0.1], ...".
-_VECTOR_TEXT = re.compile(r"^\s*(tensor\(|array\()?\s*[\[(]+\s*[-+]?(\d|\.\d|nan|inf)", re.I)
+# str() of a numpy array, torch tensor, list or tuple: "[0.1 0.2 ...]", "tensor([[0.1],
+# ...", and of a list of numpy or torch scalars, as list(row) makes of an array or tensor
+# row: "[np.float32(0.1), ...", "[tensor(0.1000), ...".
+_VECTOR_TEXT = re.compile(
+    r"^\s*(tensor\(|array\()?\s*[\[(]+\s*(np\.\w+\(|tensor\()?\s*[-+]?(\d|\.\d|nan|inf)",
+    re.I,
+)
 
 _EMBED = (
     "Embed the text first, e.g. with sentence-transformers: model = "

@@ -2,12 +2,13 @@
 shaped.  Each row of ``CASES`` builds a pandas frame and states what ``pairwise`` gives
 for it, values or an error (type, and a regex that names the column, the row label where
 there is one, and the fix), as in tests/test_bad_input_values.py.  The rows here:
-columns that hold no numbers (text, stringified vectors, vectors as JSON text, string
-lists, dicts, bools, complex, nested lists, Arrow lists of bool or string), shapes (ragged
-rows, a and b of different lengths), frame shapes (empty, empty partitions, one row, D =
-1, duplicate labels) and column names and options.  Every case runs eagerly and through dask, where
-the case also says when the error comes (``check_eager``, ``check_dask`` of
-tests/bad_input_cases.py).  Then what ``from_pandas`` makes strings of: only strings.
+columns that hold no numbers (text, stringified vectors and lists of scalars, vectors as
+JSON text, string lists, dicts, bools, complex, nested lists, Arrow lists of bool or
+string), shapes (ragged rows, a and b of different lengths), frame shapes (empty, empty
+partitions, one row, D = 1, duplicate labels) and column names and options.  Every case
+runs eagerly and through dask, where the case also says when the error comes
+(``check_eager``, ``check_dask`` of tests/bad_input_cases.py).  Then what ``from_pandas``
+makes strings of: only strings.
 """
 
 from __future__ import annotations
@@ -76,6 +77,28 @@ CASES = [
         lambda: Raises(
             TypeError,
             r"column 'a' holds strings \((str|object|string)\), not vectors\..*dask_cosim.from_pandas",
+            "graph",
+        ),
+    ),
+    Case(
+        "lists of numpy scalars turned into strings",  # list(row) of a float32 array
+        lambda: frame(pd.array([str(list(r)) for r in A], dtype="str"), fixed(B)),
+        lambda: Raises(
+            TypeError,
+            r"column 'a' holds strings \((str|object|string)\), not vectors\. (?!.*json)"
+            r"(?!.*SentenceTransformer).*dask_cosim.from_pandas",
+            "graph",
+        ),
+    ),
+    Case(
+        "tuples of 0-d tensors turned into strings",  # tuple(row) of a tensor
+        lambda: frame(
+            pd.array([str(tuple(torch.from_numpy(r))) for r in A], dtype="str"), fixed(B)
+        ),
+        lambda: Raises(
+            TypeError,
+            r"column 'a' holds strings \((str|object|string)\), not vectors\. (?!.*json)"
+            r"(?!.*SentenceTransformer).*dask_cosim.from_pandas",
             "graph",
         ),
     ),
