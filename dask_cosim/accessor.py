@@ -153,7 +153,9 @@ class CosimAccessor:
         ----------
         queries : array-like or Series
             A 2-D numpy/cupy array or torch tensor (n, D), or a Series of vectors in any
-            format ``on`` accepts.
+            format ``on`` accepts (a dask Series is computed first).  A DataFrame of
+            numbers counts as an (n, D) array; a DataFrame with other columns is refused
+            (give its embedding column).
         on : str
             The frame's embedding column.
         k : int, default 10
@@ -174,6 +176,8 @@ class CosimAccessor:
         ------
         KeyError
             ``on`` or one of ``columns`` is not a column.
+        TypeError
+            ``queries`` holds no numbers, or is a DataFrame with columns of other types.
         ValueError
             ``k < 1``, vector lengths differ, queries not 2-D.
         """

@@ -91,6 +91,20 @@ def arguments_swapped(method: str, first: str, name: str, column: str) -> TypeEr
     )
 
 
+def queries_frame(columns: list[Any], vectors: list[Any], on: str) -> TypeError:
+    """``topk`` given a frame whose columns are not all numbers as its queries: say which
+    Series to give (a vector column of it: ``vectors``, else ``on`` where it has one), and
+    ``join`` for matching every row of another frame."""
+    candidates = [*vectors, *(c for c in columns if c == on), *columns]
+    column = candidates[0] if candidates else on
+    return TypeError(
+        f"queries is a DataFrame (columns {columns!r}); give the Series of its embedding "
+        f"column, e.g. df.cosim.topk(queries[{column!r}], {on!r}, k=10), or a 2-D array "
+        f"(n, D). For the best matches of every row of another frame, use "
+        f"df.cosim.join(other, {on!r}, k=10)"
+    )
+
+
 def dims_differ(what_a: str, dim_a: int, what_b: str, dim_b: int, row: Any = None) -> ValueError:
     """Vectors of two lengths where one is needed: from the metadata (two columns, or a
     column and the queries), or at ``row`` of one frame (two columns of that row)."""

@@ -408,7 +408,7 @@ def topk(
         columns, f"columns={columns!r}", "rename them first (df.rename(columns=...))"
     )
     opts = _options()
-    query = sp.query_side(queries, opts.eps)
+    query = sp.query_side(_topk_queries(queries, on), opts.eps)
     _check_dims(spec, f"column {on!r}", query.prep.dim, "the queries")
     by_position = not backends.is_vector_series(queries)
     for labels, zero in zip(sp.unusable_queries(query), (False, True)):
@@ -425,6 +425,23 @@ def topk(
     merged = build.tree(pieces, _combine(k_value), opts.split_every)
     result = build(sr.finish_topk)(merged, sg.meta_of(df), columns, score_dtype)
     return result.compute() if build.lazy else result
+
+
+def _topk_queries(queries: Any, on: str) -> Any:
+    """``topk``'s queries as :func:`~dask_cosim.search_partition.query_side` takes them:
+    a dask collection computed (``topk`` is eager and sends its queries whole to every
+    worker); a frame with columns that are not numbers refused, naming the Series to
+    give (a frame of numbers is an (n, D) array, one column per dimension)."""
+    lazy = dask.is_dask_collection(queries)
+    meta = queries._meta if lazy else queries
+    columns = getattr(meta, "columns", None)
+    if columns is not None and not all(getattr(d, "kind", "O") in "biuf" for d in meta.dtypes):
+        vectors = backends.vector_columns(meta)
+        if not lazy:  # an object column whose first cell is no string may hold vectors
+            cells = (meta[c].dropna() for c in meta.columns if meta[c].dtype == object)
+            vectors += [s.name for s in cells if len(s) and not isinstance(s.iloc[0], str)]
+        raise errors.queries_frame(list(columns), vectors, on)
+    return queries.compute() if dask.is_dask_collection(queries) else queries
 
 
 def _numpy_dtype(side: sp.Side) -> np.dtype | None:

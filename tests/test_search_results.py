@@ -15,6 +15,7 @@ import pyarrow as pa
 import pytest
 import torch
 
+import dask_cosim
 from tests.helpers import (
     FORMATS,
     as_column,
@@ -78,6 +79,34 @@ def test_topk_queries_as_series_tensor_and_bad_shapes() -> None:
     with pytest.raises(ValueError, match=r"columns=\['score'\] would overwrite"):
         pdf.assign(score=1).cosim.topk(x[:1], "emb", columns=["score"])
     assert len(pdf.cosim.topk(np.zeros((0, D)), "emb")) == 0
+
+
+def test_topk_queries_from_dask_and_from_frames() -> None:
+    """A dask Series of vectors is computed and taken as a Series (labels name the
+    queries); a frame of numbers is an (n, D) array; a frame with a vector column is
+    refused, naming the Series to give."""
+    x = vectors()
+    pdf = frame(x)
+    series = pd.Series(as_column(x[[3, 11]], "object_numpy"), index=["a", "b"])
+    want = pdf.cosim.topk(series, "emb", k=2)
+    by_array = pdf.cosim.topk(x[[3, 11]], "emb", k=2)
+    queries = pd.DataFrame({"t": ["a", "b"], "vec": series}, index=["a", "b"])
+    for df in (pdf, to_dask(pdf, 3)):
+        got = df.cosim.topk(to_dask(queries, 2)["vec"], "emb", k=2)
+        pd.testing.assert_frame_equal(got.reset_index(drop=True), want.reset_index(drop=True))
+        numbers = pd.DataFrame(x[[3, 11]])
+        for q in (numbers, dd.from_pandas(numbers, npartitions=2)):
+            got = df.cosim.topk(q, "emb", k=2)
+            pd.testing.assert_frame_equal(
+                got.reset_index(drop=True), by_array.reset_index(drop=True)
+            )
+        for q in (queries, dask_cosim.from_pandas(queries, npartitions=2)):
+            with pytest.raises(
+                TypeError,
+                match=r"queries is a DataFrame \(columns \['t', 'vec'\]\); give the Series "
+                r"of its embedding column, e\.g\. df\.cosim\.topk\(queries\['vec'\], 'emb'",
+            ):
+                df.cosim.topk(q, "emb", k=2)
 
 
 def test_topk_read_only_queries_warn_nothing() -> None:
