@@ -240,6 +240,8 @@ class CosimAccessor:
         ValueError
             Neither ``k`` nor ``threshold``, ``k < 1``, threshold outside [-1, 1], or
             vector lengths that differ (known from the metadata).
+        TypeError
+            ``right`` is not a DataFrame (an array of vectors, a Series).
         """
         return search.join(self._obj, right, on, right_on=right_on, k=k, threshold=threshold,
                            columns=columns, right_columns=right_columns)  # fmt: skip

@@ -105,6 +105,20 @@ def queries_frame(columns: list[Any], vectors: list[Any], on: str) -> TypeError:
     )
 
 
+def join_not_frame(right: Any, on: str, right_on: str) -> TypeError:
+    """``join`` given something other than a frame as its right side: a Series (say how
+    to make it a frame) or an array of vectors (how to make a frame of it, and ``topk``,
+    which takes vectors as they are)."""
+    where = f"join's right side is of type {type(right).__name__}, not a DataFrame"
+    if hasattr(right, "index") and hasattr(right, "dtype"):  # a Series
+        return TypeError(f"{where}; make it one: right.to_frame({right_on!r})")
+    return TypeError(
+        f"{where}; make one with a vector column {right_on!r}, e.g. "
+        f"pd.DataFrame({{{right_on!r}: list(vectors)}}), or, for the best rows of the left "
+        f"frame for each vector, use df.cosim.topk(vectors, {on!r}, k=10)"
+    )
+
+
 def dims_differ(what_a: str, dim_a: int, what_b: str, dim_b: int, row: Any = None) -> ValueError:
     """Vectors of two lengths where one is needed: from the metadata (two columns, or a
     column and the queries), or at ``row`` of one frame (two columns of that row)."""

@@ -178,6 +178,8 @@ def join(
     if isinstance(right, str) and not _is_label(on):
         raise errors.arguments_swapped("join", "right frame", "right", right)
     right_on = on if right_on is None else right_on
+    if not hasattr(right, "columns"):
+        raise errors.join_not_frame(right, on, right_on)
     spec_l = check_column(left, on, "on")
     spec_r = check_column(right, right_on, "right_on")
     _check_dims(spec_l, f"left column {on!r}", spec_r.dim, f"right column {right_on!r}")

@@ -1,8 +1,9 @@
 """The search's errors and empty cases on dask and pandas frames: what is checked when
 the graph is built (columns not found, with the vector columns suggested; widths that
 differ; k and threshold out of range; text columns), a column given in the wrong place,
-``columns=`` naming one column as a string, ragged object columns (found at compute
-time), and empty or all-null sides (empty results of the right columns and dtypes)."""
+an array or Series given as join's right frame, ``columns=`` naming one column as a
+string, ragged object columns (found at compute time), and empty or all-null sides
+(empty results of the right columns and dtypes)."""
 
 from __future__ import annotations
 
@@ -117,6 +118,37 @@ def test_the_column_given_in_the_wrong_place_is_named() -> None:
             df.cosim.neighbors(queries, k=1)
         with pytest.raises(TypeError, match=r"^on= must name a column of the frame; got a Tensor"):
             df.cosim.topk(queries, torch.from_numpy(queries))
+
+
+def test_a_join_with_vectors_or_a_series_on_the_right_says_how_to_make_a_frame() -> None:
+    """join's right side is a frame: an array of vectors or a Series is a TypeError that
+    says how to make one (and, for vectors, names topk), not pandas' AttributeError; the
+    frame the advice makes joins."""
+    pdf = frame(vectors(5))
+    for df in (pdf, dask_cosim.from_pandas(pdf, npartitions=2)):
+        with (
+            no_computes(),
+            pytest.raises(
+                TypeError,
+                match=r"^join's right side is of type ndarray, not a DataFrame; make one with a "
+                r"vector column 'emb', e\.g\. pd\.DataFrame\(\{'emb': list\(vectors\)\}\).*"
+                r"df\.cosim\.topk\(vectors, 'emb', k=10\)$",
+            ),
+        ):
+            df.cosim.join(vectors(2), "emb", k=1)
+        right = pdf["emb"]
+        with (
+            no_computes(),
+            pytest.raises(
+                TypeError,
+                match=r"^join's right side is of type Series, not a DataFrame; make it one: "
+                r"right\.to_frame\('emb'\)$",
+            ),
+        ):
+            df.cosim.join(right, "emb", k=1)
+        got = df.cosim.join(right.to_frame("emb"), "emb", k=1)
+        got = got.compute() if dask.is_dask_collection(got) else got
+        assert got["right"].tolist() == got["left"].tolist()
 
 
 def test_ragged_object_columns_of_different_lengths_fail_at_compute() -> None:
