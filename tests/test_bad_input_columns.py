@@ -80,27 +80,21 @@ CASES = [
             "graph",
         ),
     ),
-    Case(
-        "lists of numpy scalars turned into strings",  # list(row) of a float32 array
-        lambda: frame(pd.array([str(list(r)) for r in A], dtype="str"), fixed(B)),
-        lambda: Raises(
-            TypeError,
-            r"column 'a' holds strings \((str|object|string)\), not vectors\. (?!.*json)"
-            r"(?!.*SentenceTransformer).*dask_cosim.from_pandas",
-            "graph",
-        ),
-    ),
-    Case(
-        "tuples of 0-d tensors turned into strings",  # tuple(row) of a tensor
-        lambda: frame(
-            pd.array([str(tuple(torch.from_numpy(r))) for r in A], dtype="str"), fixed(B)
-        ),
-        lambda: Raises(
-            TypeError,
-            r"column 'a' holds strings \((str|object|string)\), not vectors\. (?!.*json)"
-            r"(?!.*SentenceTransformer).*dask_cosim.from_pandas",
-            "graph",
-        ),
+    *(
+        Case(
+            f"{what} turned into strings",  # list(row) of an array, tuple(row) of a tensor
+            lambda cells=cells: frame(pd.array([str(c) for c in cells()], dtype="str"), fixed(B)),
+            lambda: Raises(
+                TypeError,
+                r"column 'a' holds strings \((str|object|string)\), not vectors\. (?!.*json)"
+                r"(?!.*SentenceTransformer).*dask_cosim.from_pandas",
+                "graph",
+            ),
+        )
+        for what, cells in (
+            ("lists of numpy scalars", lambda: [list(r) for r in A]),
+            ("tuples of 0-d tensors", lambda: [tuple(torch.from_numpy(r)) for r in A]),
+        )
     ),
     Case(
         "vectors as JSON text",  # what pd.read_csv gives for a CSV file of embeddings
