@@ -150,7 +150,9 @@ def convert(
     INPUT: a pandas pickle (.pkl/.pickle) of a frame whose columns hold one array or
     tensor per row; a .npy array of shape (N, D) (one vector per row, column --column) or
     (N, 2, D) (pair i is [i, 0] and [i, 1], columns --a and --b); a .npz with arrays named
-    by --a/--b, each (N, D); or Parquet with object or list columns.
+    by --a/--b, each (N, D); a CSV (.csv/.tsv) or JSON Lines (.jsonl/.ndjson/.json) file
+    whose vector cells are JSON lists of numbers (float64 vectors, rows numbered from 0);
+    or Parquet with object or list columns.
     """
     check_local_inputs(input_path)
     import dask
@@ -158,8 +160,13 @@ def convert(
     from dask_cosim import io
 
     df = io.source_frame(input_path, a=col_a, b=col_b, column=column, allow_pickle=allow_pickle)
+    # A text file's blocks each number their rows from 0: written without the index, the
+    # rows are numbered across the folder when it is read.
+    write_index = False if io.is_text_file(input_path) else None
     with dask.config.set(scheduler="threads"):  # one machine's file: no cluster needed
-        manifest = io.to_parquet(df, output, layout=layout, overwrite=overwrite)
+        manifest = io.to_parquet(
+            df, output, layout=layout, write_index=write_index, overwrite=overwrite
+        )
     dims = ", ".join(
         f"{c} {_vectors(v['dim'], v['dtype'])}" for c, v in manifest["vectors"].items()
     )

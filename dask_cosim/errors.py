@@ -206,7 +206,7 @@ def string_column(
     short = None if text is None else text if len(text) <= 40 else text[:37] + "..."
     if text is not None and _VECTOR_TEXT.match(text):
         message = f"column {column!r} holds strings ({dtype}), not vectors. "
-        if _json_numbers(text):
+        if is_json_numbers(text):
             # What a CSV or JSON file of embeddings gives pandas (OpenAI's cookbook files,
             # for one): dask_cosim.from_pandas alone would not help.
             message += (
@@ -231,16 +231,19 @@ def string_column(
     return StringColumnError(message, dtype, text)
 
 
-def _json_numbers(text: str) -> bool:
-    """Whether ``text`` is a JSON list of numbers (or of lists of them): "[0.1, 0.2]",
-    not numpy's "[0.1 0.2]" or torch's "tensor([...])"."""
+def is_json_numbers(text: str, flat: bool = False) -> bool:
+    """Whether ``text`` is a JSON list of numbers (or, unless ``flat``, of lists of them):
+    "[0.1, 0.2]", not numpy's "[0.1 0.2]" or torch's "tensor([...])"."""
     try:
         value = json.loads(text)
     except ValueError:
         return False
     if not isinstance(value, list):
         return False
-    cells = [v for row in value for v in (row if isinstance(row, list) else [row])]
+    if flat:
+        cells = value
+    else:
+        cells = [v for row in value for v in (row if isinstance(row, list) else [row])]
     numbers = (isinstance(v, (int, float)) and not isinstance(v, bool) for v in cells)
     return bool(cells) and all(numbers)
 

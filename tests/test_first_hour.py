@@ -214,9 +214,10 @@ def test_cli_names_a_file_that_is_not_parquet_and_how_to_convert_it(tmp_path: Pa
     a, b = random_pairs(5, 4)
     pdf = pd.DataFrame({"embeds_a": list(a), "embeds_b": list(b)})
     pdf.to_pickle(tmp_path / "pairs.pkl")
-    pdf.assign(embeds_a=pdf["embeds_a"].map(list), embeds_b=pdf["embeds_b"].map(list)).to_csv(
-        tmp_path / "pairs.csv"
-    )
+    # Python lists of floats: pandas writes them as JSON lists.
+    as_lists = {c: pdf[c].map(lambda v: v.tolist()) for c in pdf.columns}
+    pdf.assign(**as_lists).to_csv(tmp_path / "pairs.csv")
+    (tmp_path / "pairs.txt").write_text("0.1 0.2\n")
     np.save(tmp_path / "pairs.npy", np.stack([a, b], axis=1))
     args = ["-a", "embeds_a", "-b", "embeds_b", "-o", str(tmp_path / "out")]
     pkl = str(tmp_path / "pairs.pkl")
@@ -233,16 +234,28 @@ def test_cli_names_a_file_that_is_not_parquet_and_how_to_convert_it(tmp_path: Pa
         code == 2
         and f"Error: {csv!r} is not a Parquet file (it starts with b',emb', not b'PAR1')" in text
     )
-    assert "write Parquet with dask_cosim.to_parquet(pdf, 'pairs-parquet')" in text
+    assert (
+        "vectors stored as text must be parsed once; convert it first (vector cells are JSON "
+        f"lists): dask-cosim convert {csv} -o pairs-parquet" in text
+    )
     npy = str(tmp_path / "pairs.npy")
     code, text = run("info", npy)
     assert code == 2 and f"convert it first: dask-cosim convert {npy} -o pairs-parquet" in text
-    code, text = run("convert", csv, "-o", str(tmp_path / "c"))
-    assert code == 2 and "convert reads pandas pickles, .npy/.npz and Parquet;" in text
+    txt = str(tmp_path / "pairs.txt")
+    code, text = run("convert", txt, "-o", str(tmp_path / "c"))
+    assert (
+        code == 2
+        and "convert reads pandas pickles, .npy/.npz, CSV, JSON Lines and Parquet;" in text
+    )
+    assert "write Parquet with dask_cosim.to_parquet(pdf, 'pairs-parquet')" in text
     assert not (tmp_path / "out").exists() and not (tmp_path / "c").exists()
-    # The command it suggests works.
+    # The commands it suggests work.
     code, text = run("convert", npy, "-o", str(tmp_path / "pairs-parquet"))
     assert code == 0, text
+    code, text = run("convert", csv, "-o", str(tmp_path / "csv-parquet"))
+    assert code == 0 and "vectors: embeds_a 4 x float64, embeds_b 4 x float64" in text, text
+    got = dask_cosim.read_parquet(tmp_path / "csv-parquet").compute()
+    np.testing.assert_array_equal(np.stack(got["embeds_a"].to_numpy()), a)
 
 
 @pytest.mark.skipif(shutil.which("make") is None, reason="needs make")

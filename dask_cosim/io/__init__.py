@@ -17,7 +17,8 @@
   how to convert it.
 - :func:`numpy_frame`, :func:`numpy_vectors`, :func:`read_pickle`, :func:`source_frame`
   (:mod:`.convert`): .npy/.npz arrays and pandas pickles as frames, for ``dask-cosim
-  convert`` and the queries of ``dask-cosim topk``.
+  convert`` and the queries of ``dask-cosim topk``; :func:`read_text` (:mod:`.text`):
+  CSV and JSON Lines files of embeddings, their vectors parsed block by block.
 - :mod:`.layouts`: the two ways a vector column is stored; :mod:`.files`: filesystems,
   listing, globs, the manifest and staging folders; :mod:`.divisions`: each file's index
   range and the divisions in the manifest; :mod:`.categories`: categoricals of numbers,
@@ -48,6 +49,7 @@ from dask_cosim.io.layouts import (
     vectors_to_arrow,
 )
 from dask_cosim.io.read import read_parquet
+from dask_cosim.io.text import is_text_file, read_text
 from dask_cosim.io.write import (
     compute_with_progress,
     frame_to_table,
@@ -65,11 +67,13 @@ __all__ = [
     "encode_vectors",
     "frame_to_table",
     "from_pandas",
+    "is_text_file",
     "list_columns",
     "numpy_frame",
     "numpy_vectors",
     "read_parquet",
     "read_pickle",
+    "read_text",
     "restore_vectors",
     "source_frame",
     "stored_vector",

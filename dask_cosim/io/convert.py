@@ -1,5 +1,6 @@
 """Frames of per-row vectors into dask without turning them into text, and local files of
-other formats (.npy/.npz arrays, pandas pickles) into frames (:func:`source_frame`)."""
+other formats (.npy/.npz arrays, pandas pickles, CSV and JSON Lines) into frames
+(:func:`source_frame`)."""
 
 from __future__ import annotations
 
@@ -287,17 +288,25 @@ def source_frame(
     allow_pickle: bool = False,
 ) -> dd.DataFrame:
     """What ``dask-cosim convert`` reads, as a dask frame: a pandas pickle (read only with
-    ``allow_pickle``), a .npy or .npz array (:func:`numpy_frame`), or Parquet."""
+    ``allow_pickle``), a .npy or .npz array (:func:`numpy_frame`), a CSV or JSON Lines
+    file (:func:`~dask_cosim.io.text.read_text`: its index counts from 0 in every block,
+    so write it without), or Parquet."""
     from dask_cosim.io.files import check_parquet_inputs
     from dask_cosim.io.read import read_parquet
+    from dask_cosim.io.text import TEXT_SUFFIXES, read_text
 
     source = Path(path)
     suffix = source.suffix.lower()
-    if suffix in (".pkl", ".pickle", ".npy", ".npz") and not source.exists():
+    local = (".pkl", ".pickle", ".npy", ".npz", *TEXT_SUFFIXES)
+    if suffix in local and not source.exists():
         raise FileNotFoundError(f"{str(path)!r} not found")  # Parquet: any URL, below
     if suffix in (".pkl", ".pickle"):
         return from_pandas(read_pickle(source, allow_pickle))
     if suffix in (".npy", ".npz"):
         return from_pandas(numpy_frame(source, a, b, column))
-    check_parquet_inputs([str(path)], "convert reads pandas pickles, .npy/.npz and Parquet")
+    if suffix in TEXT_SUFFIXES:
+        return read_text(source)
+    check_parquet_inputs(
+        [str(path)], "convert reads pandas pickles, .npy/.npz, CSV, JSON Lines and Parquet"
+    )
     return read_parquet(path)

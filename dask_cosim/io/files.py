@@ -174,7 +174,12 @@ def check_parquet_inputs(inputs: Sequence[str], reads: str) -> None:
             )
         elif suffix in (".npy", ".npz"):
             how = f"convert it first: dask-cosim convert {text} -o {out}"
-        elif suffix in (".csv", ".tsv", ".txt", ".json", ".jsonl"):
+        elif suffix in (".csv", ".tsv", ".json", ".jsonl", ".ndjson"):
+            how = (
+                "vectors stored as text must be parsed once; convert it first (vector "
+                f"cells are JSON lists): dask-cosim convert {text} -o {out}"
+            )
+        elif suffix == ".txt":
             how = (
                 "vectors stored as text must be parsed: read it with pandas, turn each "
                 "vector cell into a list or array of numbers, and write Parquet with "

@@ -1,0 +1,218 @@
+"""CSV and JSON Lines files of embeddings as dask frames whose vectors are vectors.
+
+Embeddings often travel as text: a CSV file whose vector cells are JSON lists
+(``"[0.1, 0.2, ...]"``, as ``pandas.to_csv`` writes a list and OpenAI's cookbook files hold
+them), or JSON Lines with one record per row (``{"id": 1, "emb": [0.1, 0.2, ...]}``).
+dask splits the file into blocks of about 64 MiB, one partition each, and every vector
+column becomes an Arrow ``list<double>`` column there:
+
+- CSV (``dd.read_csv``): a column of strings whose first cell is a JSON list of numbers
+  is split and cast by pyarrow's compute functions (several times faster than
+  ``json.loads`` per cell);
+- JSON Lines (dask's ``read_bytes``, cut at line ends): pyarrow's JSON reader reads each
+  block with the schema of the first, lists of numbers as ``list<double>``.
+
+Every row of a vector column must hold as many numbers as its first row: a block with a
+row of another length raises, naming the column and the cell (the labels of a block
+count from 0, so the cell's text is what finds it).
+
+The numbers keep the float64 values the text spells (shortest round-trip text of float32
+values reads back as those values, widened).  Each block's index starts at 0, as dask
+gives it: write the frame without its index (``dask-cosim convert`` does), and
+:func:`~dask_cosim.io.read.read_parquet` numbers the rows across the folder.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import dask.dataframe as dd
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.json as pj
+from dask import delayed
+from dask.bytes import read_bytes
+
+from dask_cosim import errors
+
+CSV_SUFFIXES = (".csv", ".tsv")
+JSON_SUFFIXES = (".jsonl", ".ndjson", ".json")
+TEXT_SUFFIXES = CSV_SUFFIXES + JSON_SUFFIXES
+
+# Bytes of text per partition.
+BLOCK_BYTES = 64 * 2**20
+
+VECTORS = pd.ArrowDtype(pa.list_(pa.float64()))
+
+
+def is_text_file(path: str | Path) -> bool:
+    """Whether ``path`` names a CSV or JSON (Lines) file, by its suffix."""
+    return Path(path).suffix.lower() in TEXT_SUFFIXES
+
+
+def read_text(path: str | Path, blocksize: int = BLOCK_BYTES) -> dd.DataFrame:
+    """A CSV (.csv, .tsv) or JSON Lines (.jsonl, .ndjson, .json) file as a dask frame, one
+    partition per ``blocksize`` bytes of text, its vector columns as Arrow
+    ``list<double>`` (found from the first rows: see the module docstring).
+
+    Raises ``ValueError`` when no column holds vectors, naming the columns and what a
+    vector cell looks like; a cell that is not a list of numbers raises when its block is
+    read, naming the column and the cell."""
+    source = Path(path)
+    suffix = source.suffix.lower()
+    if suffix in CSV_SUFFIXES:
+        sep = "\t" if suffix == ".tsv" else ","
+        df = dd.read_csv(str(source), sep=sep, blocksize=blocksize)
+        head = df.head(5, npartitions=1, compute=True)
+        columns = [c for c in head.columns if _holds_vectors(head[c])]
+        _check_found(path, columns, list(head.columns))
+        meta = df._meta.assign(**{str(c): pd.Series([], dtype=VECTORS) for c in columns})
+        return df.map_partitions(_parse_columns, columns, meta=meta, token="cosim-read-text")
+    _, (blocks,) = read_bytes(str(source), delimiter=b"\n", blocksize=blocksize, sample=False)
+    first = bytes(blocks[0].compute()) if blocks else b""
+    if first.lstrip().startswith(b"["):
+        raise ValueError(
+            f"{str(path)!r} is one JSON array, not JSON Lines (one record per line, "
+            "{...}); write it as JSON Lines first, e.g. with jq -c '.[]'"
+        )
+    schema = _json_schema(first)
+    columns = [f.name for f in schema if f.type == pa.list_(pa.float64())]
+    _check_found(path, columns, schema.names)
+    meta = _json_frame(b"", schema)
+    parts = [delayed(_json_frame)(block, schema) for block in blocks]
+    return dd.from_delayed(parts, meta=meta, verify_meta=False)
+
+
+def _check_found(path: str | Path, columns: list[Any], names: list[Any]) -> None:
+    if not columns:
+        raise ValueError(
+            f"{str(path)!r} has no column of vectors among {names!r}: a vector cell is a "
+            'JSON list of numbers, e.g. "[0.1, 0.2, 0.3]"'
+        )
+
+
+def _json_schema(first: bytes) -> pa.Schema:
+    """The schema every block of a JSON Lines file is read with, from its first block
+    (``first``): lists of numbers as ``list<double>``, columns with no value there as
+    strings, the rest as pyarrow infers them."""
+    if not first.strip():
+        return pa.schema([])
+    try:
+        inferred = pj.read_json(pa.BufferReader(first)).schema
+    except pa.ArrowInvalid:  # a bad cell in the block: its first line tells the columns
+        inferred = pj.read_json(pa.BufferReader(first.lstrip().split(b"\n", 1)[0])).schema
+    fields = []
+    for field in inferred:
+        kind = field.type
+        if pa.types.is_list(kind) and (
+            pa.types.is_integer(kind.value_type) or pa.types.is_floating(kind.value_type)
+        ):
+            kind = pa.list_(pa.float64())
+        elif pa.types.is_null(kind):
+            kind = pa.string()
+        fields.append(pa.field(field.name, kind))
+    return pa.schema(fields)
+
+
+def _json_frame(block: bytes, schema: pa.Schema) -> pd.DataFrame:
+    """One block of JSON Lines as a pandas frame of Arrow columns (the same dtypes in
+    every block: pandas' own would make ints with nulls floats in some blocks only)."""
+    options = pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore")
+    try:
+        table = (
+            pj.read_json(pa.BufferReader(block), parse_options=options)
+            if block.strip()
+            else schema.empty_table()
+        )
+    except pa.ArrowInvalid as error:
+        raise _first_bad_line(block, schema, error) from None
+    for field in schema:
+        if field.type == pa.list_(pa.float64()):
+            _check_lengths(table.column(field.name).combine_chunks(), field.name)
+    return table.to_pandas(types_mapper=pd.ArrowDtype)
+
+
+def _first_bad_line(block: bytes, schema: pa.Schema, error: Exception) -> ValueError:
+    """The error naming the first vector cell of ``block`` that is not a list of numbers,
+    else pyarrow's own ``error``."""
+    vectors = [f.name for f in schema if f.type == pa.list_(pa.float64())]
+    for line in block.splitlines():
+        try:
+            record = json.loads(line) if line.strip() else {}
+        except ValueError:
+            return ValueError(f"a line is not JSON: {line[:60]!r} ({error})")
+        for column in vectors:
+            cell = record.get(column) if isinstance(record, dict) else None
+            if cell is not None and not errors.is_json_numbers(json.dumps(cell), flat=True):
+                return _bad_cell(column, json.dumps(cell))
+    return ValueError(str(error))
+
+
+def _holds_vectors(series: pd.Series) -> bool:
+    """Whether the first non-null cell of ``series`` is the JSON text of a list of
+    numbers."""
+    cells = series.dropna()
+    return bool(len(cells)) and errors.is_json_numbers(str(cells.iloc[0]), flat=True)
+
+
+def _parse_columns(pdf: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
+    """One block of CSV: each of ``columns`` (JSON text) as ``list<double>``."""
+    return pdf.assign(**{str(c): _vectors(pdf[c], str(c)) for c in columns})
+
+
+def _vectors(series: pd.Series, column: str) -> pd.Series:
+    try:
+        lists = _split_text(pa.array(series, from_pandas=True).cast(pa.large_string()))
+    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        raise _first_bad_cell(series, column) from None
+    _check_lengths(lists, column)
+    return pd.Series(pd.arrays.ArrowExtensionArray(lists), index=series.index, name=series.name)
+
+
+def _split_text(text: pa.Array) -> pa.Array:
+    """JSON lists of numbers ("[0.1, 0.2]") -> list<double>, null cells null."""
+    inner = pc.utf8_trim(text, "[] \t\r\n")
+    parts = pc.split_pattern(inner, ",")
+    values = pc.cast(pc.utf8_trim_whitespace(parts.flatten()), pa.float64())
+    offsets = pc.list_value_length(parts).fill_null(0).to_numpy(zero_copy_only=False)
+    bounds = pa.array(np.concatenate([[0], np.cumsum(offsets)]).astype(np.int32))
+    return pa.ListArray.from_arrays(bounds, values, mask=text.is_null())
+
+
+def _check_lengths(lists: pa.Array, column: str) -> None:
+    """Raise when the rows of ``lists`` (nulls aside) hold vectors of different lengths,
+    naming the first row that differs from the first one by its values."""
+    lengths = pc.list_value_length(lists).to_numpy(zero_copy_only=False)
+    valid = np.flatnonzero(~np.isnan(lengths.astype(float)))
+    if not len(valid):
+        return
+    other = valid[lengths[valid] != lengths[valid[0]]]
+    if len(other):
+        text = json.dumps(lists[int(other[0])].as_py())
+        short = text if len(text) <= 40 else text[:37] + "..."
+        raise ValueError(
+            f"column {column!r} holds {short!r}, a vector of {int(lengths[other[0]])} values, "
+            f"where its first rows hold {int(lengths[valid[0]])}; every row of an embedding "
+            "column needs the same length: fix or drop that row"
+        )
+
+
+def _first_bad_cell(series: pd.Series, column: str) -> ValueError:
+    """The error naming the first cell of ``series`` that is not a list of numbers (by its
+    text: the labels of a block count from 0, not from the file's first row)."""
+    for cell in series.dropna():
+        if not errors.is_json_numbers(str(cell), flat=True):
+            return _bad_cell(column, str(cell))
+    return ValueError(f"column {column!r} holds a cell that is not a list of numbers")
+
+
+def _bad_cell(column: str, text: str) -> ValueError:
+    short = text if len(text) <= 40 else text[:37] + "..."
+    return ValueError(
+        f"column {column!r} holds {short!r}, not a list of numbers such as "
+        '"[0.1, 0.2, 0.3]": fix or drop that row'
+    )
