@@ -308,13 +308,15 @@ def _pandas_make_result(like: pd.Series, values: torch.Tensor, null: Any, name: 
 
 
 def arrow_vector_types(arrow_type: pa.DataType) -> pd.ArrowDtype | None:
-    """``types_mapper`` for ``Table.to_pandas``: list columns stay Arrow, all else default.
+    """``types_mapper`` for ``Table.to_pandas``: list columns stay Arrow, and so do the
+    other nested types (struct, map, union); all else default.
 
     Mapping them explicitly also keeps pandas from parsing the dtype string it wrote into
-    the file's metadata, which it cannot do for fixed_size_list ("Passing pyarrow type
-    specific parameters ([300]) in the string is not supported").
+    the file's metadata, which it cannot do for nested types ("Passing pyarrow type
+    specific parameters ([300]) in the string is not supported" for fixed_size_list,
+    "data type 'struct<a: int64>[pyarrow]' not understood": pandas-dev/pandas#53011).
     """
-    return pd.ArrowDtype(arrow_type) if _is_list_type(arrow_type) else None
+    return pd.ArrowDtype(arrow_type) if pa.types.is_nested(arrow_type) else None
 
 
 def _is_list_type(t: pa.DataType) -> bool:

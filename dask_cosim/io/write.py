@@ -63,7 +63,7 @@ def frame_to_table(
         arrays.insert(positions[column], array)
     # From arrays, not add_column: a table of the index alone may have no columns, and
     # then pyarrow gives it 0 rows.
-    metadata = _generated_index_named(table.schema.metadata, df.index.name)
+    metadata = _pandas_metadata(table.schema.metadata, df.index.name)
     metadata = categories.recorded(table, metadata)
     return pa.Table.from_arrays(arrays, schema=pa.schema(fields, metadata))
 
@@ -333,7 +333,7 @@ def _file_schema(
         preserve_index=write_index,
     )
     schema = _with_range_index(empty.schema, df.index)
-    schema = schema.with_metadata(_generated_index_named(schema.metadata, df.index.name))
+    schema = schema.with_metadata(_pandas_metadata(schema.metadata, df.index.name))
     positions = {c: i for i, c in enumerate(df.columns)}
     for column in sorted(vectors, key=positions.__getitem__):
         spec = backends.vector_spec(df[column].iloc[:0], str(column))
@@ -349,10 +349,19 @@ def _file_schema(
 _GENERATED_INDEX = re.compile(r"__index_level_\d+__")
 
 
-def _generated_index_named(metadata: dict[bytes, bytes] | None, name: Any) -> Any:
-    """pandas metadata as pyarrow writes it for an index stored as "__index_level_0__"
-    (:func:`_index_named_as_pyarrow`): ``"name"`` the index's own, ``null`` when unnamed
-    (cudf's reader keeps a non-null name as is); a column so named keeps its name."""
+def _pandas_metadata(metadata: dict[bytes, bytes] | None, name: Any) -> Any:
+    """The pandas metadata pyarrow wrote (or none), as every reader can read it back:
+
+    - an index stored as "__index_level_0__" (:func:`_index_named_as_pyarrow`) has
+      ``"name"`` the index's own, ``null`` when unnamed (cudf's reader keeps a non-null
+      name as is); a column so named keeps its name;
+    - an Arrow-backed column whose dtype pandas records as text it cannot parse back
+      (nested types: ``"struct<a: int64>[pyarrow]"``, ``"list<item: string>[pyarrow]"``,
+      pandas-dev/pandas#53011) is recorded as ``object``: with that text,
+      ``pd.read_parquet`` and ``dd.read_parquet`` failed on the whole file.  They now give
+      the column's values as Python objects; :func:`~dask_cosim.io.read.read_parquet`
+      keeps it Arrow (:func:`~dask_cosim.backends.arrow_vector_types`).
+    """
     if not metadata or b"pandas" not in metadata:
         return metadata
     pandas_meta = json.loads(metadata[b"pandas"])
@@ -360,7 +369,21 @@ def _generated_index_named(metadata: dict[bytes, bytes] | None, name: Any) -> An
     for entry in pandas_meta.get("columns", []):
         if entry.get("field_name") in index and _GENERATED_INDEX.fullmatch(str(entry["name"])):
             entry["name"] = name
+        if not _parses(entry.get("numpy_type")):
+            entry["numpy_type"] = "object"
     return {**metadata, b"pandas": json.dumps(pandas_meta).encode()}
+
+
+def _parses(dtype: Any) -> bool:
+    """Whether pandas can make a dtype of the text its metadata records (any text but an
+    Arrow type's counts: pyarrow parses the others itself)."""
+    if not isinstance(dtype, str) or not dtype.endswith("[pyarrow]"):
+        return True
+    try:
+        pd.api.types.pandas_dtype(dtype)
+    except (TypeError, ValueError, NotImplementedError):
+        return False
+    return True
 
 
 def _index_named_as_pyarrow(df: Any, preserve_index: bool | None, vectors: Sequence[Any]) -> Any:

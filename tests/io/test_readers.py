@@ -185,3 +185,47 @@ def test_cudf_reads_the_folder_back_whole(tmp_path: Path, frame: str) -> None:
         dask_cosim.to_parquet(ddf, tmp_path / "out", layout="list")
     got = cudf.read_parquet(str(tmp_path / "out")).to_pandas()
     assert_same(got, ddf.compute(), "cudf")
+
+
+def _plain(value: Any) -> Any:
+    """A cell as plain Python (dicts, lists, None), however the reader gave it."""
+    if value is pd.NA:
+        return None
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, np.ndarray)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def test_nested_arrow_columns_read_back_by_every_reader(tmp_path: Path) -> None:
+    """Arrow-backed struct, list-of-string and map columns: pandas records their dtypes
+    as text it cannot parse back (pandas-dev/pandas#53011), and pandas and dask failed on
+    the whole folder ("data type 'struct<a: int64>[pyarrow]' not understood").  Every
+    reader now reads the values; ours keeps the columns Arrow, and also reads a file
+    pandas wrote itself, which pandas cannot."""
+    import pyarrow as pa
+
+    table = pa.table(
+        {
+            "emb": pa.array([[0.5, 1.0], [2.0, 3.0], None], pa.list_(pa.float32(), 2)),
+            "meta": pa.array([{"a": 1, "tags": ["x"]}, None, {"a": 3, "tags": []}]),
+            "tags": pa.array([["x", "y"], [], None]),
+            "pairs": pa.array([[("k", 1)], [], None], pa.map_(pa.string(), pa.int64())),
+        }
+    )
+    pdf = table.to_pandas(types_mapper=pd.ArrowDtype)
+    want = {c: [_plain(v) for v in pdf[c].tolist()] for c in ("meta", "tags", "pairs")}
+    dask_cosim.to_parquet(pdf, tmp_path / "ours", layout="list")
+    pdf.to_parquet(tmp_path / "by-pandas.parquet")
+    for reader, read in READERS.items():
+        got = read(tmp_path / "ours")
+        for column, values in want.items():
+            if not (reader == "duckdb" and column == "pairs"):  # DuckDB: {key: [...], ...}
+                assert [_plain(v) for v in got[column].tolist()] == values, (reader, column)
+    for folder in (tmp_path / "ours", tmp_path / "by-pandas.parquet"):
+        got = dask_cosim.read_parquet(folder).compute()
+        for column, values in want.items():
+            assert isinstance(got[column].dtype, pd.ArrowDtype), (folder, column)
+            assert [_plain(v) for v in got[column].tolist()] == values, (folder, column)
+        np.testing.assert_array_equal(np.stack(got["emb"].iloc[:2].to_numpy()), [[0.5, 1], [2, 3]])
