@@ -132,6 +132,13 @@ def pairwise(
     help="Name of the vector column of a .npy of shape (N, D).",
 )
 @LAYOUT
+@click.option(
+    "--dtype",
+    type=click.Choice(["float16", "float32", "float64"]),
+    default=None,
+    help="Store the vectors' numbers as this type, each rounded to the nearest one "
+    "(default: as read; text files give float64).",
+)
 @click.option("--allow-pickle", is_flag=True, help="Read a .pkl/.pickle file (runs its code).")
 @OVERWRITE
 @one_line_errors
@@ -142,6 +149,7 @@ def convert(
     col_b: str,
     column: str,
     layout: str,
+    dtype: str | None,
     allow_pickle: bool,
     overwrite: bool,
 ) -> None:  # fmt: skip
@@ -160,6 +168,8 @@ def convert(
     from dask_cosim import io
 
     df = io.source_frame(input_path, a=col_a, b=col_b, column=column, allow_pickle=allow_pickle)
+    if dtype is not None:
+        df = io.cast_vectors(df, dtype)
     # A text file's blocks each number their rows from 0: written without the index, the
     # rows are numbered across the folder when it is read.
     write_index = False if io.is_text_file(input_path) else None

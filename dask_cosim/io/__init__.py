@@ -31,6 +31,7 @@
 
 from dask_cosim.backends import arrow_vector_types
 from dask_cosim.io.convert import (
+    cast_vectors,
     from_pandas,
     numpy_frame,
     numpy_vectors,
@@ -61,6 +62,7 @@ __all__ = [
     "LAYOUTS",
     "MANIFEST",
     "arrow_vector_types",
+    "cast_vectors",
     "check_parquet_inputs",
     "compute_with_progress",
     "describe_parquet",

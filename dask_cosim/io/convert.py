@@ -15,13 +15,15 @@ import dask
 import dask.dataframe as dd
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 import torch
 from dask.dataframe._pyarrow import to_pyarrow_string
 from dask.dataframe.utils import pyarrow_strings_enabled
 
 from dask_cosim import backends, errors
 from dask_cosim.io import scattered
-from dask_cosim.io.layouts import vectors_to_arrow
+from dask_cosim.io.layouts import list_columns, vectors_to_arrow
 
 # Partition size from_pandas aims at when neither npartitions nor chunksize is given.
 TARGET_PARTITION_BYTES = 128 * 2**20
@@ -310,3 +312,57 @@ def source_frame(
         [str(path)], "convert reads pandas pickles, .npy/.npz, CSV, JSON Lines and Parquet"
     )
     return read_parquet(path)
+
+
+# What ``cast_vectors`` stores numbers as.
+VECTOR_DTYPES = ("float16", "float32", "float64")
+
+
+def cast_vectors(df: dd.DataFrame, dtype: str) -> dd.DataFrame:
+    """``df`` with the numbers of every vector column (Arrow lists) stored as ``dtype``, one
+    of :data:`VECTOR_DTYPES`, each rounded to the nearest one.  A finite number beyond the
+    type's range (it would become inf, and every cosine of its row NaN) raises when its
+    partition is cast, naming the column and the largest magnitude."""
+    if dtype not in VECTOR_DTYPES:
+        raise ValueError(f"dtype={dtype!r}: vectors are stored as one of {list(VECTOR_DTYPES)}")
+    columns = list_columns(df._meta)
+    value = pa.from_numpy_dtype(np.dtype(dtype))
+    meta = df._meta.assign(
+        **{
+            str(c): pd.Series([], dtype=pd.ArrowDtype(_cast_type(df._meta[c], value)))
+            for c in columns
+        }
+    )
+    return df.map_partitions(_cast_columns, columns, dtype, meta=meta, token="cosim-cast")
+
+
+def _cast_type(series: pd.Series, value: pa.DataType) -> pa.DataType:
+    kind = series.dtype.pyarrow_dtype
+    if pa.types.is_fixed_size_list(kind):
+        return pa.list_(value, kind.list_size)
+    return pa.list_(value)
+
+
+def _cast_columns(pdf: pd.DataFrame, columns: list[str], dtype: str) -> pd.DataFrame:
+    value = pa.from_numpy_dtype(np.dtype(dtype))
+    cast = {}
+    for column in columns:
+        lists = pa.array(pdf[column].array)  # Arrow-backed: its own arrays, not a copy
+        if isinstance(lists, pa.ChunkedArray):
+            lists = lists.combine_chunks()
+        if lists.type.value_type == value:
+            continue
+        flat = lists.values
+        narrowed = pc.cast(flat, value, safe=False)
+        lost = pc.and_(pc.is_finite(flat), pc.invert(pc.is_finite(narrowed)))
+        if pc.any(lost).as_py():
+            largest = pc.max(pc.abs(pc.filter(flat, lost))).as_py()
+            raise ValueError(
+                f"column {column!r} holds {largest:g}, beyond the range of {dtype}: keep a "
+                "wider dtype"
+            )
+        array = lists.cast(_cast_type(pdf[column], value), safe=False)
+        cast[str(column)] = pd.Series(
+            pd.arrays.ArrowExtensionArray(array), index=pdf.index, name=column
+        )
+    return pdf.assign(**cast)

@@ -2,7 +2,9 @@
 convert``): vector cells that are JSON lists become float64 vectors equal to the numbers
 the text spells, block after block, null cells null, other columns kept (text with commas
 and quotes too), rows numbered across the folder once written without the index; cells
-that are not lists of numbers, files with no vector column and ragged rows are named."""
+that are not lists of numbers, files with no vector column and ragged rows are named;
+``--dtype`` rounds each number to the nearest of the type and refuses one beyond its
+range."""
 
 from __future__ import annotations
 
@@ -77,6 +79,22 @@ def test_convert_writes_a_text_file_as_parquet_and_names_its_bad_cells(tmp_path:
     got = dask_cosim.read_parquet(tmp_path / "o").compute()
     np.testing.assert_array_equal(np.stack(got["emb"].to_numpy()), x)
     assert got.index.equals(pd.RangeIndex(N))
+
+    # --dtype: each number rounded to the nearest of the type; none beyond its range.
+    out = tmp_path / "f32"
+    done = runner.invoke(main, ["convert", str(tmp_path / "emb.csv"), "-o", str(out),
+                                "--dtype", "float32"])  # fmt: skip
+    assert done.exit_code == 2 and not out.exists(), done.output
+    assert "column 'emb' holds 1.79769e+308, beyond the range of float32: keep a wider dtype" in (
+        done.output
+    )
+    x[5] = 0.25  # row 5 held numbers beyond float32's range
+    _write(tmp_path / "small.jsonl", x, null_row=-1)
+    done = runner.invoke(main, ["convert", str(tmp_path / "small.jsonl"), "-o", str(out),
+                                "--dtype", "float32"])  # fmt: skip
+    assert done.exit_code == 0 and "vectors: emb 7 x float32" in done.output, done.output
+    got = dask_cosim.read_parquet(out).compute()
+    np.testing.assert_array_equal(np.stack(got["emb"].to_numpy()), x.astype(np.float32))
 
     cases = {
         "bad.csv": ('id,emb\n0,"[1, 2, 3]"\n1,"[1, x, 2]"\n', "column 'emb' holds '[1, x, 2]', "
