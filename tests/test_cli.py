@@ -41,6 +41,14 @@ def cli(
     )
 
 
+def here(*args: str) -> subprocess.CompletedProcess[str]:
+    """``cli`` in this process, through click's test runner: the exit code, and stdout
+    and stderr together as ``stdout`` (click 8.1 mixes them by default; later versions
+    always fill ``output`` with both)."""
+    result = CliRunner().invoke(main, list(args))
+    return subprocess.CompletedProcess(list(args), result.exit_code, result.output, "")
+
+
 # --scheduler gives up after distributed.comm.timeouts.connect (30 s by default).
 QUICK_CONNECT = {"DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT": "2s"}
 
@@ -317,6 +325,9 @@ def test_scheduler_hint_at_the_default_port() -> None:
 
 
 def test_convert_info_and_pickle_refusal(tmp_path: Path) -> None:
+    """In this process (click's runner): convert and info start no cluster, and a new
+    interpreter would spend 4-5 s a command importing torch (the commands run as a
+    subprocess in the other tests here)."""
     a, b = random_pairs(50, 6)
     frame = pd.DataFrame(
         {
@@ -328,35 +339,35 @@ def test_convert_info_and_pickle_refusal(tmp_path: Path) -> None:
     frame.to_pickle(tmp_path / "frame.pkl")
     # A folder by its file:// URL, as read_parquet and info take it.
     dask_cosim.to_parquet(pairs_frame(a, b, "fixed_size_list"), tmp_path / "pq")
-    by_url = cli("convert", (tmp_path / "pq").as_uri(), "-o", str(tmp_path / "c0"))
-    assert by_url.returncode == 0, by_url.stderr
+    by_url = here("convert", (tmp_path / "pq").as_uri(), "-o", str(tmp_path / "c0"))
+    assert by_url.returncode == 0, by_url.stdout
     assert len(dask_cosim.read_parquet(tmp_path / "c0").compute()) == 50
-    refused = cli("convert", str(tmp_path / "frame.pkl"), "-o", str(tmp_path / "c1"))
-    assert refused.returncode == 2 and "--allow-pickle" in refused.stderr
-    assert "runs code" in refused.stderr and not (tmp_path / "c1").exists()
-    ok = cli("convert", str(tmp_path / "frame.pkl"), "-o", str(tmp_path / "c1"),
-             "--allow-pickle")  # fmt: skip
-    assert ok.returncode == 0, ok.stderr
+    refused = here("convert", str(tmp_path / "frame.pkl"), "-o", str(tmp_path / "c1"))
+    assert refused.returncode == 2 and "--allow-pickle" in refused.stdout
+    assert "runs code" in refused.stdout and not (tmp_path / "c1").exists()
+    ok = here("convert", str(tmp_path / "frame.pkl"), "-o", str(tmp_path / "c1"),
+              "--allow-pickle")  # fmt: skip
+    assert ok.returncode == 0, ok.stdout
     assert "50 rows" in ok.stdout and "embeds_a 6 x float32" in ok.stdout
 
     np.save(tmp_path / "pairs.npy", np.stack([a, b], axis=1))
-    assert cli("convert", str(tmp_path / "pairs.npy"), "-o", str(tmp_path / "c2")).returncode == 0
+    assert here("convert", str(tmp_path / "pairs.npy"), "-o", str(tmp_path / "c2")).returncode == 0
     np.savez(tmp_path / "pairs.npz", left=a, right=b)
-    npz = cli("convert", str(tmp_path / "pairs.npz"), "-o", str(tmp_path / "c3"),
-              "--a", "left", "--b", "right", "--layout", "list")  # fmt: skip
-    assert npz.returncode == 0, npz.stderr
-    bad_npz = cli("convert", str(tmp_path / "pairs.npz"), "-o", str(tmp_path / "c4"))
-    assert bad_npz.returncode == 2 and "has no arrays ['embeds_a', 'embeds_b']" in bad_npz.stderr
+    npz = here("convert", str(tmp_path / "pairs.npz"), "-o", str(tmp_path / "c3"),
+               "--a", "left", "--b", "right", "--layout", "list")  # fmt: skip
+    assert npz.returncode == 0, npz.stdout
+    bad_npz = here("convert", str(tmp_path / "pairs.npz"), "-o", str(tmp_path / "c4"))
+    assert bad_npz.returncode == 2 and "has no arrays ['embeds_a', 'embeds_b']" in bad_npz.stdout
     np.save(tmp_path / "flat.npy", a)  # (N, D): one vector column
-    flat = cli("convert", str(tmp_path / "flat.npy"), "-o", str(tmp_path / "c5"),
-               "--column", "emb")  # fmt: skip
+    flat = here("convert", str(tmp_path / "flat.npy"), "-o", str(tmp_path / "c5"),
+                "--column", "emb")  # fmt: skip
     assert flat.returncode == 0 and "vectors: emb 6 x float32" in flat.stdout
     got = np.stack(dask_cosim.read_parquet(tmp_path / "c5").compute()["emb"].to_numpy())
     np.testing.assert_array_equal(got, a)
     np.save(tmp_path / "cube.npy", np.zeros((2, 3, 4)))
-    cube = cli("convert", str(tmp_path / "cube.npy"), "-o", str(tmp_path / "c6"))
+    cube = here("convert", str(tmp_path / "cube.npy"), "-o", str(tmp_path / "c6"))
     assert (
-        cube.returncode == 2 and "expected (N, D) (one vector per row) or (N, 2, D)" in cube.stderr
+        cube.returncode == 2 and "expected (N, D) (one vector per row) or (N, 2, D)" in cube.stdout
     )
 
     for folder, left, right in (("c1", "embeds_a", "embeds_b"), ("c2", "embeds_a", "embeds_b"),
@@ -365,11 +376,11 @@ def test_convert_info_and_pickle_refusal(tmp_path: Path) -> None:
         cos = df.cosim.pairwise(left, right).compute().to_numpy()
         np.testing.assert_allclose(cos, reference(a, b), atol=1e-6)
 
-    described = cli("info", str(tmp_path / "c1"))
-    assert described.returncode == 0, described.stderr
+    described = here("info", str(tmp_path / "c1"))
+    assert described.returncode == 0, described.stdout
     assert "rows        50" in described.stdout and "layout      binary" in described.stdout
     assert "vectors of 6 x float32" in described.stdout and "label" in described.stdout
-    assert cli("info", str(tmp_path / "nowhere")).returncode == 2
+    assert here("info", str(tmp_path / "nowhere")).returncode == 2
 
 
 @pytest.mark.parametrize("writer", ["dask_cosim", "pandas", "dask"])
