@@ -36,6 +36,7 @@ import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 import pytest
 import torch
+from click.testing import CliRunner
 
 import dask_cosim
 from dask_cosim import _search_tiles, kernels, options, search_prepare
@@ -437,3 +438,14 @@ READERS: dict[str, Callable[[Path], pd.DataFrame]] = {
     "duckdb": read_duckdb,
     "dask_cosim": lambda f: dask_cosim.read_parquet(f).compute(),
 }
+
+
+def cli_here(*args: str) -> subprocess.CompletedProcess[str]:
+    """``dask-cosim ARGS`` in this process, through click's test runner: the exit code,
+    and stdout and stderr together as ``stdout`` (click 8.1 mixes them by default; later
+    versions always fill ``output`` with both).  For commands that start no cluster: a
+    new interpreter spends 4-5 s importing torch, pandas and dask."""
+    from dask_cosim.cli import main
+
+    result = CliRunner().invoke(main, list(args))
+    return subprocess.CompletedProcess(list(args), result.exit_code, result.output, "")

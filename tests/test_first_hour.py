@@ -15,11 +15,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-from click.testing import CliRunner
 
 import dask_cosim
-from dask_cosim import cli
-from tests.helpers import random_pairs, reference
+from tests.helpers import cli_here, random_pairs, reference
 
 BINARY_FIX = (
     "not vectors: Parquet written by dask_cosim.to_parquet stores each vector as raw bytes "
@@ -30,8 +28,8 @@ BINARY_FIX = (
 
 
 def run(*args: str) -> tuple[int, str]:
-    result = CliRunner().invoke(cli.main, list(args))
-    return result.exit_code, result.output
+    proc = cli_here(*args)
+    return proc.returncode, proc.stdout
 
 
 @pytest.fixture

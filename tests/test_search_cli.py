@@ -20,7 +20,7 @@ from dask.callbacks import Callback
 
 import dask_cosim
 from dask_cosim import io, runs
-from tests.helpers import brute
+from tests.helpers import brute, cli_here
 
 
 def cli(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
@@ -128,10 +128,10 @@ def test_input_errors_exit_2_before_a_cluster_starts(
     folder, _ = data
     command, *rest = args
     inputs = [str(folder), str(folder)] if command == "join" else [str(folder)]
-    proc = cli(command, *inputs, *rest, "-o", str(tmp_path / "out"))
-    assert proc.returncode == 2, proc.stderr
-    assert message in proc.stderr
-    assert "cluster     " not in proc.stderr  # the line describing a cluster started
+    proc = cli_here(command, *inputs, *rest, "-o", str(tmp_path / "out"))
+    assert proc.returncode == 2, proc.stdout  # 1 for an exception the command let through
+    assert message in proc.stdout
+    assert "cluster     " not in proc.stdout  # the line describing a cluster started
     assert not (tmp_path / "out").exists()
     assert len(pd.read_parquet(folder)) == 300
 
