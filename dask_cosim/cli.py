@@ -331,10 +331,13 @@ _READS = "the search commands read Parquet files or folders of them"
     "--queries",
     "queries_path",
     required=True,
-    help="The query vectors: a .npy array of shape (N, D), or a Parquet file or folder.",
+    help="The query vectors: a .npy array of shape (N, D), a CSV or JSON Lines file (vector "
+    "cells as JSON lists), or a Parquet file or folder.",
 )
 @click.option(
-    "--query-on", default=None, help="Embedding column of Parquet --queries (default: --on)."
+    "--query-on",
+    default=None,
+    help="Embedding column of Parquet, CSV or JSON Lines --queries (default: --on).",
 )
 @click.option(
     "-k", "k", default=10, show_default=True, type=click.IntRange(1), help="Matches per query."

@@ -122,19 +122,29 @@ def write_all(
 
 
 def read_queries(path: str, query_on: str | None, on: str) -> Any:
-    """The queries of ``topk``: a .npy array (N, D) (queries named by position), or the
-    column ``query_on`` (default ``on``) of Parquet, as a lazy Series (named by label)."""
+    """The queries of ``topk``: a .npy array (N, D) (queries named by position), the
+    column ``query_on`` (default ``on``) of Parquet, as a lazy Series (named by label), or
+    that of a CSV or JSON Lines file, read now (named by position: each block of a text
+    file numbers its rows from 0)."""
     if Path(path).suffix.lower() == ".npy":
         if query_on is not None:
             raise ValueError(
-                f"--query-on {query_on!r} names a column of Parquet queries; {path!r} is one "
-                ".npy array: leave --query-on out"
+                f"--query-on {query_on!r} names a column of Parquet, CSV or JSON Lines "
+                f"queries; {path!r} is one .npy array: leave --query-on out"
             )
         return io.numpy_vectors(path)
-    queries = read_inputs([path], "--queries reads a .npy array of shape (N, D) or Parquet")
+    text = io.is_text_file(path)
+    if text:
+        queries = io.read_text(path)
+    else:
+        queries = read_inputs(
+            [path], "--queries reads a .npy array of shape (N, D), CSV, JSON Lines or Parquet"
+        )
     column = on if query_on is None else query_on
     check_columns(queries, [column], f"--query-on column (in {path!r})")
     check_column(queries, column, "query_on")
+    if text:
+        return queries[column].compute().reset_index(drop=True)
     return queries[column]
 
 

@@ -54,9 +54,10 @@ def is_text_file(path: str | Path) -> bool:
     return Path(path).suffix.lower() in TEXT_SUFFIXES
 
 
-def read_text(path: str | Path, blocksize: int = BLOCK_BYTES) -> dd.DataFrame:
+def read_text(path: str | Path, blocksize: int | None = None) -> dd.DataFrame:
     """A CSV (.csv, .tsv) or JSON Lines (.jsonl, .ndjson, .json) file as a dask frame, one
-    partition per ``blocksize`` bytes of text, its vector columns as Arrow
+    partition per ``blocksize`` bytes of text (default :data:`BLOCK_BYTES`), its vector
+    columns as Arrow
     ``list<double>`` (found from the first rows: see the module docstring).
 
     Raises ``ValueError`` when no column holds vectors, naming the columns and what a
@@ -64,6 +65,7 @@ def read_text(path: str | Path, blocksize: int = BLOCK_BYTES) -> dd.DataFrame:
     read, naming the column and the cell."""
     source = Path(path)
     suffix = source.suffix.lower()
+    blocksize = BLOCK_BYTES if blocksize is None else blocksize
     if suffix in CSV_SUFFIXES:
         sep = "\t" if suffix == ".tsv" else ","
         df = dd.read_csv(str(source), sep=sep, blocksize=blocksize)

@@ -119,3 +119,24 @@ def test_convert_writes_a_text_file_as_parquet_and_names_its_bad_cells(tmp_path:
         assert done.exit_code == 2, (name, done.output)
         assert message in done.output, (name, done.output)
         assert not out.exists()
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".jsonl"])
+def test_topk_queries_from_a_text_file_are_named_by_position(
+    tmp_path: Path, suffix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``dask-cosim topk --queries q.jsonl``: the queries of a file of several blocks
+    (each numbering its rows from 0) are numbered 0..N-1 across the file."""
+    from dask_cosim import runs
+    from dask_cosim.io import text
+
+    x = _vectors()
+    source = tmp_path / f"queries{suffix}"
+    _write(source, x, null_row=3)
+    monkeypatch.setattr(text, "BLOCK_BYTES", source.stat().st_size // 4)
+    queries = runs.read_queries(str(source), "emb", "vec")
+    pd.testing.assert_index_equal(queries.index, pd.RangeIndex(N))
+    assert queries.isna().tolist() == [i == 3 for i in range(N)]
+    np.testing.assert_array_equal(np.stack(queries.drop(index=3).to_numpy()), np.delete(x, 3, 0))
+    with pytest.raises(KeyError, match=r"--query-on column \(in .*\) 'vec' not found"):
+        runs.read_queries(str(source), None, "vec")
