@@ -410,7 +410,8 @@ def topk(
         columns, f"columns={columns!r}", "rename them first (df.rename(columns=...))"
     )
     opts = _options()
-    query = sp.query_side(_topk_queries(queries, on), opts.eps)
+    queries = _topk_queries(queries, on)
+    query = sp.query_side(queries, opts.eps)
     _check_dims(spec, f"column {on!r}", query.prep.dim, "the queries")
     by_position = not backends.is_vector_series(queries)
     for labels, zero in zip(sp.unusable_queries(query), (False, True)):
@@ -443,7 +444,7 @@ def _topk_queries(queries: Any, on: str) -> Any:
             cells = (meta[c].dropna() for c in meta.columns if meta[c].dtype == object)
             vectors += [s.name for s in cells if len(s) and not isinstance(s.iloc[0], str)]
         raise errors.queries_frame(list(columns), vectors, on)
-    return queries.compute() if dask.is_dask_collection(queries) else queries
+    return queries.compute() if lazy else queries
 
 
 def _numpy_dtype(side: sp.Side) -> np.dtype | None:

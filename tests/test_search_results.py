@@ -16,6 +16,7 @@ import pytest
 import torch
 
 import dask_cosim
+from dask_cosim.errors import QueryWarning
 from tests.helpers import (
     FORMATS,
     as_column,
@@ -91,9 +92,13 @@ def test_topk_queries_from_dask_and_from_frames() -> None:
     want = pdf.cosim.topk(series, "emb", k=2)
     by_array = pdf.cosim.topk(x[[3, 11]], "emb", k=2)
     queries = pd.DataFrame({"t": ["a", "b"], "vec": series}, index=["a", "b"])
+    with_nan = queries.assign(vec=[x[3], np.full(D, np.nan)])
     for df in (pdf, to_dask(pdf, 3)):
         got = df.cosim.topk(to_dask(queries, 2)["vec"], "emb", k=2)
         pd.testing.assert_frame_equal(got.reset_index(drop=True), want.reset_index(drop=True))
+        with pytest.warns(QueryWarning, match=r"1 query \(label 'b'\) with NaN"):
+            got = df.cosim.topk(to_dask(with_nan, 2)["vec"], "emb", k=2)
+        assert got["query"].tolist() == ["a", "a"]
         numbers = pd.DataFrame(x[[3, 11]])
         for q in (numbers, dd.from_pandas(numbers, npartitions=2)):
             got = df.cosim.topk(q, "emb", k=2)
