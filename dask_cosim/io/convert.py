@@ -352,7 +352,7 @@ def _cast_columns(pdf: pd.DataFrame, columns: list[str], dtype: str) -> pd.DataF
             lists = lists.combine_chunks()
         if lists.type.value_type == value:
             continue
-        flat = lists.values
+        flat = lists.flatten()  # this partition's values (.values: the whole buffer)
         narrowed = pc.cast(flat, value, safe=False)
         lost = pc.and_(pc.is_finite(flat), pc.invert(pc.is_finite(narrowed)))
         if pc.any(lost).as_py():
