@@ -31,9 +31,7 @@ import click
 import dask_cosim  # light: the library's modules are imported by the commands using them
 from dask_cosim._cli import (
     COLUMNS,
-    LAYOUT,
     MEMORY_LIMIT,
-    OVERWRITE,
     WORKERS,
     Cluster,
     InputError,
@@ -108,7 +106,7 @@ def pairwise(
 
 @main.command()
 @click.argument("input_path")
-@click.option("-o", "--output", required=True, help="Output folder (Parquet, our layout).")
+@output_options
 @click.option(
     "-a",
     "--a",
@@ -131,7 +129,6 @@ def pairwise(
     show_default=True,
     help="Name of the vector column of a .npy of shape (N, D).",
 )
-@LAYOUT
 @click.option(
     "--dtype",
     type=click.Choice(["float16", "float32", "float64"]),
@@ -140,18 +137,15 @@ def pairwise(
     "(default: as read; text files give float64).",
 )
 @click.option("--allow-pickle", is_flag=True, help="Read a .pkl/.pickle file (runs its code).")
-@OVERWRITE
 @one_line_errors
 def convert(
     input_path: str,
-    output: str,
+    out: Output,
     col_a: str,
     col_b: str,
     column: str,
-    layout: str,
     dtype: str | None,
     allow_pickle: bool,
-    overwrite: bool,
 ) -> None:  # fmt: skip
     """Convert INPUT to Parquet in our layout.
 
@@ -174,16 +168,15 @@ def convert(
     # rows are numbered across the folder when it is read.
     write_index = False if io.is_text_file(input_path) else None
     with dask.config.set(scheduler="threads"):  # one machine's file: no cluster needed
-        manifest = io.to_parquet(
-            df, output, layout=layout, write_index=write_index, overwrite=overwrite
-        )
+        manifest = io.to_parquet(df, out.output, layout=out.layout, write_index=write_index,
+                                 overwrite=out.overwrite, progress=out.progress)  # fmt: skip
     dims = ", ".join(
         f"{c} {_vectors(v['dim'], v['dtype'])}" for c, v in manifest["vectors"].items()
     )
     click.echo(
-        f"wrote       {output}: {count(manifest['rows'], 'row')} in "
+        f"wrote       {out.output}: {count(manifest['rows'], 'row')} in "
         f"{count(len(manifest['files']), 'file')}, "
-        f"layout {layout}; vectors: {dims or 'none found'}"
+        f"layout {out.layout}; vectors: {dims or 'none found'}"
     )
 
 
