@@ -144,11 +144,11 @@ def test_topk_keep_named_like_a_result_column_exits_2_before_a_cluster_starts(
         pa.table({"score": [1, 2, 3, 4], "emb": io.encode_vectors(x)}), tmp_path / "in.parquet"
     )
     np.save(tmp_path / "q.npy", x[:1])
-    proc = cli("topk", str(tmp_path / "in.parquet"), "--on", "emb", "--queries",
-               str(tmp_path / "q.npy"), "--keep", "score", "-o", str(tmp_path / "out"))  # fmt: skip
-    assert proc.returncode == 2, proc.stderr
-    assert "--keep score would overwrite the result columns ['score']" in proc.stderr
-    assert "cluster     " not in proc.stderr  # the line describing a cluster started
+    proc = cli_here("topk", str(tmp_path / "in.parquet"), "--on", "emb", "--queries",
+                    str(tmp_path / "q.npy"), "--keep", "score", "-o", str(tmp_path / "out"))  # fmt: skip
+    assert proc.returncode == 2, proc.stdout
+    assert "--keep score would overwrite the result columns ['score']" in proc.stdout
+    assert "cluster     " not in proc.stdout  # the line describing a cluster started
     assert not (tmp_path / "out").exists()
 
 
@@ -167,12 +167,12 @@ def test_dedup_removed_apart_from_output_before_a_cluster_starts(
     # first there after the whole run, failed, and left it holding the removed rows.
     folder, _ = data
     output, removed = str(tmp_path / output), str(tmp_path / removed)
-    proc = cli("dedup", str(folder), "--on", "emb", "--threshold", "0.95", "-o", output,
-               "--removed", removed, "--overwrite")  # fmt: skip
-    assert proc.returncode == 2, proc.stderr
-    assert proc.stderr.startswith("Error: " + message.format(output=output, removed=removed))
-    assert "give --removed a folder of its own" in proc.stderr
-    assert "cluster" not in proc.stderr
+    proc = cli_here("dedup", str(folder), "--on", "emb", "--threshold", "0.95", "-o", output,
+                    "--removed", removed, "--overwrite")  # fmt: skip
+    assert proc.returncode == 2, proc.stdout
+    assert proc.stdout.startswith("Error: " + message.format(output=output, removed=removed))
+    assert "give --removed a folder of its own" in proc.stdout
+    assert "cluster" not in proc.stdout
     assert sorted(p.name for p in tmp_path.iterdir()) == ["rows"]
 
 
@@ -195,10 +195,10 @@ def test_dedup_removed_apart_from_output_in_any_spelling(
         p.format(url=tmp_path.as_uri()) if "{url}" in p else str(tmp_path / p)
         for p in (output, removed)
     )
-    proc = cli("dedup", str(folder), "--on", "emb", "--threshold", "0.95", "-o", output,
-               "--removed", removed, "--overwrite")  # fmt: skip
-    assert proc.returncode == 2, proc.stderr
-    assert proc.stderr.startswith("Error: " + message.format(output=output, removed=removed))
+    proc = cli_here("dedup", str(folder), "--on", "emb", "--threshold", "0.95", "-o", output,
+                    "--removed", removed, "--overwrite")  # fmt: skip
+    assert proc.returncode == 2, proc.stdout
+    assert proc.stdout.startswith("Error: " + message.format(output=output, removed=removed))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["rows"]
 
 
@@ -213,11 +213,11 @@ def test_existing_output_as_a_url_is_refused_before_any_work(
     for flag in ("-o", "--removed"):
         args = {"-o": str(tmp_path / "kept"), "--removed": str(tmp_path / "gone"), flag: ""}
         args[flag] = (tmp_path / "out").as_uri()
-        proc = cli("dedup", str(folder), "--on", "emb", "--threshold", "0.95",
-                   *(a for pair in args.items() for a in pair))  # fmt: skip
-        assert proc.returncode == 2, proc.stderr
-        assert proc.stderr.startswith(f"Error: {args[flag]!r} exists; pass --overwrite")
-        assert "cluster     " not in proc.stderr  # refused before a cluster started
+        proc = cli_here("dedup", str(folder), "--on", "emb", "--threshold", "0.95",
+                        *(a for pair in args.items() for a in pair))  # fmt: skip
+        assert proc.returncode == 2, proc.stdout
+        assert proc.stdout.startswith(f"Error: {args[flag]!r} exists; pass --overwrite")
+        assert "cluster     " not in proc.stdout  # refused before a cluster started
 
 
 def test_object_store_outputs_are_compared_as_written() -> None:
