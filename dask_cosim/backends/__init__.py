@@ -56,6 +56,7 @@ __all__ = [
     "VectorSpec",
     "Vectors",
     "add_columns",
+    "arrow_dtype_parses",
     "arrow_vector_types",
     "boolean_mask",
     "column_spec",
@@ -331,4 +332,8 @@ to_host_tensor.register_lazy("cupy", _register_cupy)
 
 # pandas and numpy: registered now (the module registers itself on import).
 from dask_cosim.backends import pandas as pandas_backend  # noqa: E402
-from dask_cosim.backends.pandas import arrow_vector_types, stack_object_column  # noqa: E402
+from dask_cosim.backends.pandas import (  # noqa: E402
+    arrow_dtype_parses,
+    arrow_vector_types,
+    stack_object_column,
+)

@@ -37,7 +37,13 @@ from dask_cosim.backends import (
     vector_spec,
 )
 
-__all__ = ["arrow_value_spec", "arrow_vector_types", "frame_from_arrow", "stack_object_column"]
+__all__ = [
+    "arrow_dtype_parses",
+    "arrow_value_spec",
+    "arrow_vector_types",
+    "frame_from_arrow",
+    "stack_object_column",
+]
 
 
 # --------------------------------------------------------------------------- pandas meta
@@ -309,14 +315,26 @@ def _pandas_make_result(like: pd.Series, values: torch.Tensor, null: Any, name: 
 
 def arrow_vector_types(arrow_type: pa.DataType) -> pd.ArrowDtype | None:
     """``types_mapper`` for ``Table.to_pandas``: list columns stay Arrow, and so do the
-    other nested types (struct, map, union); all else default.
+    other nested types (struct, map, union) and bytes (binary types); all else default.
 
     Mapping them explicitly also keeps pandas from parsing the dtype string it wrote into
     the file's metadata, which it cannot do for nested types ("Passing pyarrow type
     specific parameters ([300]) in the string is not supported" for fixed_size_list,
     "data type 'struct<a: int64>[pyarrow]' not understood": pandas-dev/pandas#53011).
+    Bytes as Python objects would be an object column, which dask's ``convert-string``
+    turns into text: it failed on bytes that are not UTF-8.
     """
-    return pd.ArrowDtype(arrow_type) if pa.types.is_nested(arrow_type) else None
+    return pd.ArrowDtype(arrow_type) if _kept_arrow(arrow_type) else None
+
+
+def _kept_arrow(t: pa.DataType) -> bool:
+    return (
+        pa.types.is_nested(t)
+        or pa.types.is_binary(t)
+        or pa.types.is_large_binary(t)
+        or pa.types.is_fixed_size_binary(t)
+        or pa.types.is_binary_view(t)
+    )
 
 
 def _is_list_type(t: pa.DataType) -> bool:
@@ -338,10 +356,45 @@ def frame_from_arrow(table: pa.Table) -> pd.DataFrame:
     """An Arrow table -> a pandas frame whose list columns stay Arrow (zero-copy).
 
     The index is of the dtype it was written with where pyarrow's own conversion loses it
-    (:func:`_index_as_stored`); the columns are as pyarrow converts them.
+    (:func:`_index_as_stored`); the columns are as pyarrow converts them, but those that
+    pandas described as Arrow-backed in text it cannot parse back, which stay Arrow
+    (:func:`_as_written`).
     """
-    df = _described_columns_only(table).to_pandas(types_mapper=arrow_vector_types)
+    df = _described_columns_only(table).to_pandas(types_mapper=_as_written(table))
     return _index_as_stored(df, table)
+
+
+def arrow_dtype_parses(text: Any) -> bool:
+    """Whether pandas makes a dtype of ``text``, a dtype as its Parquet metadata records
+    it (any text but an Arrow-backed dtype's counts: pyarrow parses the others itself).
+    pandas records ``str(dtype)``, which it cannot parse back for nested and parametrised
+    Arrow types ("struct<a: int64>[pyarrow]", "fixed_size_binary[4][pyarrow]",
+    "dictionary<...>[pyarrow]": pandas-dev/pandas#53011), and pyarrow then fails on the
+    whole file."""
+    if not isinstance(text, str) or not text.endswith("[pyarrow]"):
+        return True
+    try:
+        pd.api.types.pandas_dtype(text)
+    except (TypeError, ValueError, NotImplementedError):
+        return False
+    return True
+
+
+def _as_written(table: pa.Table) -> Any:
+    """``types_mapper`` for ``table``: :func:`arrow_vector_types`, and Arrow-backed for the
+    types of the columns whose pandas metadata records an Arrow-backed dtype pandas cannot
+    parse back (:func:`arrow_dtype_parses`), as they were written."""
+    described = table.schema.pandas_metadata or {}
+    names = set(table.schema.names)
+    written = {
+        table.schema.field(name).type
+        for column in described.get("columns", [])
+        if (name := column.get("field_name", column.get("name"))) in names
+        and not arrow_dtype_parses(column.get("numpy_type"))
+    }
+    if not written:
+        return arrow_vector_types
+    return lambda t: pd.ArrowDtype(t) if t in written else arrow_vector_types(t)
 
 
 def _index_as_stored(df: pd.DataFrame, table: pa.Table) -> pd.DataFrame:

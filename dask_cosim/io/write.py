@@ -356,11 +356,12 @@ def _pandas_metadata(metadata: dict[bytes, bytes] | None, name: Any) -> Any:
       ``"name"`` the index's own, ``null`` when unnamed (cudf's reader keeps a non-null
       name as is); a column so named keeps its name;
     - an Arrow-backed column whose dtype pandas records as text it cannot parse back
-      (nested types: ``"struct<a: int64>[pyarrow]"``, ``"list<item: string>[pyarrow]"``,
-      pandas-dev/pandas#53011) is recorded as ``object``: with that text,
-      ``pd.read_parquet`` and ``dd.read_parquet`` failed on the whole file.  They now give
-      the column's values as Python objects; :func:`~dask_cosim.io.read.read_parquet`
-      keeps it Arrow (:func:`~dask_cosim.backends.arrow_vector_types`).
+      (:func:`~dask_cosim.backends.arrow_dtype_parses`: nested and parametrised types)
+      is recorded as ``object``: with that text, ``pd.read_parquet`` and
+      ``dd.read_parquet`` failed on the whole file.  They now give the column's values as
+      pyarrow converts them (Python dicts and lists, bytes, categoricals);
+      :func:`~dask_cosim.io.read.read_parquet` keeps nested ones Arrow
+      (:func:`~dask_cosim.backends.arrow_vector_types`).
     """
     if not metadata or b"pandas" not in metadata:
         return metadata
@@ -369,21 +370,9 @@ def _pandas_metadata(metadata: dict[bytes, bytes] | None, name: Any) -> Any:
     for entry in pandas_meta.get("columns", []):
         if entry.get("field_name") in index and _GENERATED_INDEX.fullmatch(str(entry["name"])):
             entry["name"] = name
-        if not _parses(entry.get("numpy_type")):
+        if not backends.arrow_dtype_parses(entry.get("numpy_type")):
             entry["numpy_type"] = "object"
     return {**metadata, b"pandas": json.dumps(pandas_meta).encode()}
-
-
-def _parses(dtype: Any) -> bool:
-    """Whether pandas can make a dtype of the text its metadata records (any text but an
-    Arrow type's counts: pyarrow parses the others itself)."""
-    if not isinstance(dtype, str) or not dtype.endswith("[pyarrow]"):
-        return True
-    try:
-        pd.api.types.pandas_dtype(dtype)
-    except (TypeError, ValueError, NotImplementedError):
-        return False
-    return True
 
 
 def _index_named_as_pyarrow(df: Any, preserve_index: bool | None, vectors: Sequence[Any]) -> Any:
