@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import re
 import shutil
 import subprocess
@@ -246,6 +247,14 @@ def test_cli_names_a_file_that_is_not_parquet_and_how_to_convert_it(tmp_path: Pa
         and "convert reads pandas pickles, .npy/.npz, CSV, JSON Lines and Parquet;" in text
     )
     assert "write Parquet with dask_cosim.to_parquet(pdf, 'pairs-parquet')" in text
+    gz = tmp_path / "pairs.csv.gz"
+    gz.write_bytes(gzip.compress((tmp_path / "pairs.csv").read_bytes()))
+    code, text = run("convert", str(gz), "-o", str(tmp_path / "c"))
+    assert code == 2 and (
+        f"it is compressed text; decompress it first (gunzip -k {gz}: a compressed file cannot "
+        f"be cut into blocks to read in parallel), then convert it: dask-cosim convert {csv} "
+        "-o pairs-parquet" in text
+    ), text
     assert not (tmp_path / "out").exists() and not (tmp_path / "c").exists()
     # The commands it suggests work.
     code, text = run("convert", npy, "-o", str(tmp_path / "pairs-parquet"))

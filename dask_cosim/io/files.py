@@ -23,6 +23,7 @@ from dask.utils import natural_sort_key
 
 from dask_cosim import errors
 from dask_cosim.io import hive
+from dask_cosim.io.text import TEXT_SUFFIXES
 
 # The folder's description, next to the part files (readers skip names starting with "_").
 MANIFEST = "_dask_cosim.json"
@@ -152,6 +153,15 @@ def naming_non_parquet(file: str) -> Iterator[None]:
 _PARQUET_MAGIC = b"PAR1"
 
 
+# Compressed files, with the command that decompresses each, keeping the file.
+_COMPRESSED = {
+    ".gz": "gunzip -k",
+    ".bz2": "bunzip2 -k",
+    ".xz": "unxz -k",
+    ".zst": "unzstd",
+}
+
+
 def check_parquet_inputs(inputs: Sequence[str], reads: str) -> None:
     """Raise if a local file among ``inputs`` is not Parquet, naming it and the way to
     convert it (pyarrow's own message says only "Parquet magic bytes not found in
@@ -174,10 +184,17 @@ def check_parquet_inputs(inputs: Sequence[str], reads: str) -> None:
             )
         elif suffix in (".npy", ".npz"):
             how = f"convert it first: dask-cosim convert {text} -o {out}"
-        elif suffix in (".csv", ".tsv", ".json", ".jsonl", ".ndjson"):
+        elif suffix in TEXT_SUFFIXES:
             how = (
                 "vectors stored as text must be parsed once; convert it first (vector "
                 f"cells are JSON lists): dask-cosim convert {text} -o {out}"
+            )
+        elif suffix in _COMPRESSED and Path(path.stem).suffix.lower() in TEXT_SUFFIXES:
+            plain = path.with_suffix("")
+            how = (
+                f"it is compressed text; decompress it first ({_COMPRESSED[suffix]} {text}: a "
+                "compressed file cannot be cut into blocks to read in parallel), then convert "
+                f"it: dask-cosim convert {plain} -o {plain.stem}-parquet"
             )
         elif suffix == ".txt":
             how = (
@@ -187,8 +204,8 @@ def check_parquet_inputs(inputs: Sequence[str], reads: str) -> None:
             )
         else:
             how = (
-                "dask-cosim convert turns pandas pickles and .npy/.npz files into Parquet: "
-                f"dask-cosim convert {text} -o {out}"
+                "dask-cosim convert turns pandas pickles, .npy/.npz, CSV and JSON Lines files "
+                f"into Parquet: dask-cosim convert {text} -o {out}"
             )
         why = f"it starts with {head!r}, not {_PARQUET_MAGIC!r}"
         raise errors.not_parquet(text, why, reads, how)
