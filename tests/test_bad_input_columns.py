@@ -200,6 +200,25 @@ CASES = [
             "from_pandas",
         ),
     ),
+    *(
+        Case(
+            f"an empty row among vectors, {kind}",  # a placeholder for a missing vector
+            lambda column=column: frame(column([*A[:3], [], *A[4:]]), fixed(B)),
+            lambda when=when: Raises(
+                ValueError,
+                # A dask partition that starts at the empty row compares it the other way round.
+                f"column 'a': row '(r3' has 0 values but row 'r0' has 4|r4' has 4 values but "
+                f"row 'r3' has 0); {RAGGED}; for a row "
+                "without a vector, store null \\(None\\), not an empty one: row 'r3' then "
+                "scores null",
+                when,
+            ),
+        )
+        for kind, column, when in (
+            ("Arrow list<float>", lambda rows: variable([list(r) for r in rows]), "compute"),
+            ("lists", lambda rows: cells([list(r) for r in rows]), "from_pandas"),
+        )
+    ),
     Case(
         "ragged rows, (D, 1) torch tensors",
         lambda: frame(cells([torch.ones(4, 1)] * 3 + [torch.ones(5, 1)] * 3), fixed(B)),

@@ -196,10 +196,12 @@ def _check_lengths(lists: pa.Array, column: str) -> None:
     if len(other):
         text = json.dumps(lists[int(other[0])].as_py())
         short = text if len(text) <= 40 else text[:37] + "..."
+        empty = 0 in (lengths[other[0]], lengths[valid[0]])
+        fix = "write null for a row without a vector" if empty else "fix or drop that row"
         raise ValueError(
             f"column {column!r} holds {short!r}, a vector of {int(lengths[other[0]])} values, "
             f"where its first rows hold {int(lengths[valid[0]])}; every row of an embedding "
-            "column needs the same length: fix or drop that row"
+            f"column needs the same length: {fix}"
         )
 
 

@@ -108,6 +108,9 @@ def test_convert_writes_a_text_file_as_parquet_and_names_its_bad_cells(tmp_path:
         "ragged.csv": ('id,emb\n0,"[1, 2, 3]"\n1,\n2,"[1, 2]"\n',
                        "column 'emb' holds '[1.0, 2.0]', a vector of 2 values, where its first "
                        "rows hold 3; every row of an embedding column needs the same length"),
+        "empty.jsonl": ('{"emb": [1, 2]}\n{"emb": []}\n', "column 'emb' holds '[]', a vector of "
+                        "0 values, where its first rows hold 2; every row of an embedding column "
+                        "needs the same length: write null for a row without a vector"),
         "ragged.jsonl": ('{"emb": [1, 2]}\n{"emb": null}\n{"emb": [1]}\n',
                          "column 'emb' holds '[1.0]', a vector of 1 values, where its first "
                          "rows hold 2"),
