@@ -33,6 +33,7 @@ from dask_cosim import search_dedup as sd
 from dask_cosim import search_graph as sg
 from dask_cosim import search_partition as sp
 from dask_cosim import search_results as sr
+from dask_cosim.io.convert import vector_columns as object_vector_columns
 from dask_cosim.search_budget import Budget
 
 __all__ = ["check_column", "dedup", "groups", "join", "neighbors", "prepare", "topk"]
@@ -436,13 +437,12 @@ def _topk_queries(queries: Any, on: str) -> Any:
     worker); a frame with columns that are not numbers refused, naming the Series to
     give (a frame of numbers is an (n, D) array, one column per dimension)."""
     lazy = dask.is_dask_collection(queries)
-    meta = queries._meta if lazy else queries
+    meta = sg.meta_of(queries)
     columns = getattr(meta, "columns", None)
     if columns is not None and not all(getattr(d, "kind", "O") in "biuf" for d in meta.dtypes):
         vectors = backends.vector_columns(meta)
-        if not lazy:  # an object column whose first cell is no string may hold vectors
-            cells = (meta[c].dropna() for c in meta.columns if meta[c].dtype == object)
-            vectors += [s.name for s in cells if len(s) and not isinstance(s.iloc[0], str)]
+        if not lazy:  # object columns whose first cell is a vector
+            vectors += object_vector_columns(meta)
         raise errors.queries_frame(list(columns), vectors, on)
     return queries.compute() if lazy else queries
 
