@@ -46,7 +46,9 @@ TEXT_SUFFIXES = CSV_SUFFIXES + JSON_SUFFIXES
 # Bytes of text per partition.
 BLOCK_BYTES = 64 * 2**20
 
-VECTORS = pd.ArrowDtype(pa.list_(pa.float64()))
+# What a vector column becomes, in Arrow and in pandas.
+VECTOR_TYPE = pa.list_(pa.float64())
+VECTORS = pd.ArrowDtype(VECTOR_TYPE)
 
 
 def is_text_file(path: str | Path) -> bool:
@@ -82,7 +84,7 @@ def read_text(path: str | Path, blocksize: int | None = None) -> dd.DataFrame:
             "{...}); write it as JSON Lines first, e.g. with jq -c '.[]'"
         )
     schema = _json_schema(first)
-    columns = [f.name for f in schema if f.type == pa.list_(pa.float64())]
+    columns = _vector_fields(schema)
     _check_found(path, columns, schema.names)
     meta = _json_frame(b"", schema)
     parts = [delayed(_json_frame)(block, schema) for block in blocks]
@@ -95,6 +97,10 @@ def _check_found(path: str | Path, columns: list[Any], names: list[Any]) -> None
             f"{str(path)!r} has no column of vectors among {names!r}: a vector cell is a "
             'JSON list of numbers, e.g. "[0.1, 0.2, 0.3]"'
         )
+
+
+def _vector_fields(schema: pa.Schema) -> list[str]:
+    return [f.name for f in schema if f.type == VECTOR_TYPE]
 
 
 def _json_schema(first: bytes) -> pa.Schema:
@@ -113,7 +119,7 @@ def _json_schema(first: bytes) -> pa.Schema:
         if pa.types.is_list(kind) and (
             pa.types.is_integer(kind.value_type) or pa.types.is_floating(kind.value_type)
         ):
-            kind = pa.list_(pa.float64())
+            kind = VECTOR_TYPE
         elif pa.types.is_null(kind):
             kind = pa.string()
         fields.append(pa.field(field.name, kind))
@@ -132,16 +138,15 @@ def _json_frame(block: bytes, schema: pa.Schema) -> pd.DataFrame:
         )
     except pa.ArrowInvalid as error:
         raise _first_bad_line(block, schema, error) from None
-    for field in schema:
-        if field.type == pa.list_(pa.float64()):
-            _check_lengths(table.column(field.name).combine_chunks(), field.name)
+    for column in _vector_fields(schema):
+        _check_lengths(table.column(column), column)
     return table.to_pandas(types_mapper=pd.ArrowDtype)
 
 
 def _first_bad_line(block: bytes, schema: pa.Schema, error: Exception) -> ValueError:
     """The error naming the first vector cell of ``block`` that is not a list of numbers,
     else pyarrow's own ``error``."""
-    vectors = [f.name for f in schema if f.type == pa.list_(pa.float64())]
+    vectors = _vector_fields(schema)
     for line in block.splitlines():
         try:
             record = json.loads(line) if line.strip() else {}
@@ -180,12 +185,11 @@ def _split_text(text: pa.Array) -> pa.Array:
     inner = pc.utf8_trim(text, "[] \t\r\n")
     parts = pc.split_pattern(inner, ",")
     values = pc.cast(pc.utf8_trim_whitespace(parts.flatten()), pa.float64())
-    offsets = pc.list_value_length(parts).fill_null(0).to_numpy(zero_copy_only=False)
-    bounds = pa.array(np.concatenate([[0], np.cumsum(offsets)]).astype(np.int32))
-    return pa.ListArray.from_arrays(bounds, values, mask=text.is_null())
+    # The split's own row bounds: its values are the ones just cast, one for one.
+    return pa.ListArray.from_arrays(parts.offsets, values, mask=text.is_null())
 
 
-def _check_lengths(lists: pa.Array, column: str) -> None:
+def _check_lengths(lists: pa.Array | pa.ChunkedArray, column: str) -> None:
     """Raise when the rows of ``lists`` (nulls aside) hold vectors of different lengths,
     naming the first row that differs from the first one by its values."""
     lengths = pc.list_value_length(lists).to_numpy(zero_copy_only=False)
