@@ -347,12 +347,10 @@ def _cast_columns(pdf: pd.DataFrame, columns: list[str], dtype: str) -> pd.DataF
     value = pa.from_numpy_dtype(np.dtype(dtype))
     cast = {}
     for column in columns:
-        lists = pa.array(pdf[column].array)  # Arrow-backed: its own arrays, not a copy
-        if isinstance(lists, pa.ChunkedArray):
-            lists = lists.combine_chunks()
+        lists = pa.array(pdf[column].array)  # Arrow-backed: its own chunks, not a copy
         if lists.type.value_type == value:
             continue
-        flat = lists.flatten()  # this partition's values (.values: the whole buffer)
+        flat = pc.list_flatten(lists)  # this partition's values (.values: the whole buffer)
         narrowed = pc.cast(flat, value, safe=False)
         lost = pc.and_(pc.is_finite(flat), pc.invert(pc.is_finite(narrowed)))
         if pc.any(lost).as_py():
