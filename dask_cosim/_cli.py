@@ -33,6 +33,7 @@ __all__ = [
     "LAYOUTS",
     "MEMORY_LIMIT",
     "OVERWRITE",
+    "VECTOR_DTYPES",
     "WORKERS",
     "Cluster",
     "InputError",
@@ -412,6 +413,9 @@ LAYOUT = click.option(
     help="How vector columns are stored: binary (read fastest by dask_cosim) or list "
     "(read by every Parquet reader: pandas, DuckDB, Spark).",
 )
+# dask_cosim.io.convert.VECTOR_DTYPES, spelt out for the same reason (tests/test_cli.py
+# checks they agree).
+VECTOR_DTYPES = ("float16", "float32", "float64")
 COLUMNS = click.option(
     "--columns",
     multiple=True,

@@ -32,6 +32,7 @@ import dask_cosim  # light: the library's modules are imported by the commands u
 from dask_cosim._cli import (
     COLUMNS,
     MEMORY_LIMIT,
+    VECTOR_DTYPES,
     WORKERS,
     Cluster,
     InputError,
@@ -131,7 +132,7 @@ def pairwise(
 )
 @click.option(
     "--dtype",
-    type=click.Choice(["float16", "float32", "float64"]),
+    type=click.Choice(VECTOR_DTYPES),
     default=None,
     help="Store the vectors' numbers as this type, each rounded to the nearest one "
     "(default: as read; text files give float64).",

@@ -437,6 +437,16 @@ def test_every_command_that_writes_vectors_takes_the_library_layouts() -> None:
         assert option.default == default, command
 
 
+def test_convert_takes_the_library_vector_dtypes() -> None:
+    from dask_cosim import _cli
+    from dask_cosim.cli import main
+    from dask_cosim.io import convert
+
+    assert _cli.VECTOR_DTYPES == convert.VECTOR_DTYPES
+    option = next(p for p in main.commands["convert"].params if p.name == "dtype")
+    assert tuple(option.type.choices) == convert.VECTOR_DTYPES
+
+
 def test_library_errors_in_cli_spellings() -> None:
     # A race (another process writes OUTPUT while the run computes) reaches the library's
     # own check, which names its argument, not the option.
