@@ -376,7 +376,7 @@ def arrow_dtype_parses(text: Any) -> bool:
     try:
         pd.api.types.pandas_dtype(text)
     # pandas' own refusals: NotImplementedError for a parametrised type
-    # ("fixed_size_binary[4]"), TypeError for a nested one; ValueError from pyarrow's parse.
+    # ("fixed_size_binary[4]"), TypeError for a nested one; ValueError from numpy's parse.
     except (TypeError, ValueError, NotImplementedError):
         return False
     return True
