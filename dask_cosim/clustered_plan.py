@@ -306,7 +306,7 @@ def plan(
             f"clusters here, so each row goes to about {probes.sum() * scale / stats.rows:.0f} "
             "blocks besides its own (memory and shuffle grow with that); n_probe=2 bounds "
             "it (measure the recall with dask_cosim.clustered_recall)",
-            stacklevel=6,  # the line that called df.cosim.neighbors or dedup
+            stacklevel=errors.caller_stacklevel(),
         )
     found = _layout(
         centroids, stats, threshold, n_probe, probes * scale, seen, block_bytes,

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import copy
 import os
-import sys
 import warnings
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -72,13 +71,5 @@ def _warn_unknown() -> None:
                 f"{name} is not a dask_cosim option: it is ignored{hint} (the options: "
                 "docs/configuration.md)",
                 UserWarning,
-                stacklevel=_caller_level(),
+                stacklevel=errors.caller_stacklevel(),
             )
-
-
-def _caller_level() -> int:
-    """The stacklevel of the first frame outside dask_cosim and dask (the user's call)."""
-    frame, level = sys._getframe(2), 2
-    while frame.f_back and frame.f_globals.get("__name__", "").startswith(("dask_cosim", "dask.")):
-        frame, level = frame.f_back, level + 1
-    return level

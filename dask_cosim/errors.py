@@ -12,6 +12,7 @@ from __future__ import annotations
 import difflib
 import json
 import re
+import sys
 from collections.abc import Iterable
 from typing import Any
 
@@ -22,6 +23,7 @@ __all__ = [
     "ResultTooLargeError",
     "StringColumnError",
     "binary_column",
+    "caller_stacklevel",
     "cell_not_vector",
     "column_not_found",
     "did_you_mean",
@@ -343,3 +345,13 @@ def queries_unusable(labels: list[Any], by_position: bool, zero: bool) -> QueryW
         f"{which} with NaN, inf or null values, which match no row; the result has no rows for "
         "them. Check how they were embedded."
     )
+
+
+def caller_stacklevel() -> int:
+    """The ``stacklevel`` that points a warning at the user's line, for a
+    ``warnings.warn`` in the function that calls this: the first frame outside dask_cosim
+    and dask (the entry points reach a warning through different depths)."""
+    frame, level = sys._getframe(2), 2
+    while frame.f_back and frame.f_globals.get("__name__", "").startswith(("dask_cosim", "dask.")):
+        frame, level = frame.f_back, level + 1
+    return level

@@ -131,8 +131,9 @@ def test_generated_embeddings_every_partition_count() -> None:
     with dask.config.set(scheduler="sync"):
         for parts in (1, 3):
             # Few dimensions and diffuse clusters: the exact mode says it copies a lot.
-            with pytest.warns(UserWarning, match="rules out few clusters here"):
+            with pytest.warns(UserWarning, match="rules out few clusters here") as seen:
                 lazy = clustered.neighbors(to_dask(pdf, parts), "emb", threshold=0.9)
+            assert [w.filename for w in seen] == [__file__]  # the caller's line
             assert_same(lazy.compute(), want, exact_scores=False)
 
 
