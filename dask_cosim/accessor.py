@@ -311,7 +311,9 @@ class CosimAccessor:
             on a CPU).  "clustered" runs spherical k-means on a sample, then the exact
             kernels within each cluster and across the cluster boundaries that the skip
             rule cannot rule out (docs/clustered.md): for millions of rows; it computes
-            the clustering when called; ``threshold`` must be in (0, 1].
+            the clustering when called; ``threshold`` must be in (0, 1].  Where its plan
+            expects exact all-pairs to cost no more, that runs instead, with a warning;
+            where the routing shuffle has no room for the rows' copies, ValueError.
         n_probe : int, optional
             With "clustered": None (the default) probes every cluster that may hold a
             match, so the result equals "exact" (recall 1); an integer probes at most

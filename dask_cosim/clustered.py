@@ -28,6 +28,11 @@ where few clusters can be ruled out; recall below 1, measured by
 from __future__ import annotations
 
 import math
+import os
+import shutil
+import socket
+import tempfile
+import warnings
 from collections.abc import Hashable, Sequence
 from typing import Any
 
@@ -37,8 +42,9 @@ import pandas as pd
 import psutil
 import pyarrow as pa
 from dask.base import tokenize
+from dask.utils import format_bytes
 
-from dask_cosim import backends, options, search
+from dask_cosim import backends, errors, options, search
 from dask_cosim import clustered_partition as cp
 from dask_cosim import clustered_results as cr
 from dask_cosim import search_graph as sg
@@ -207,10 +213,68 @@ def _planned(
 ) -> tuple[Plan, Budget]:
     """The plan of ``op``'s search (:func:`plan` with ``kwargs``) and the pairs its tasks
     may hold; ``cosim.search.max-result-bytes`` is checked first: a bad setting costs
-    no plan."""
+    no plan.  A plan whose routed rows the shuffle has no room for is refused
+    (:func:`_check_room`)."""
     setting = options.search_max_result_bytes()
     p = plan(df, on, threshold, **kwargs)
+    if not p.exact_instead and dask.is_dask_collection(df):
+        _check_room(p, kwargs.get("n_probe"))
     return p, Budget(setting, op, on, p.threshold, method="clustered")
+
+
+def _check_room(p: Plan, n_probe: int | None) -> None:
+    """Raise ValueError, before anything is routed, when the routing shuffle would hold
+    more bytes than it has room for (:func:`_room`): it would fill the disk after running
+    for a while (100,000 x 384 float64 rows at threshold 0.5, 164 copies each: 52 GB)."""
+    room = _room(p)
+    if room is None or p.routed_bytes <= room[0]:
+        return
+    free, where = room
+    copies = p.copies / max(p.stats.rows, 1)
+    fewer = "more clusters"
+    if n_probe is None or n_probe > 2:
+        fewer = "n_probe=2 (at most 3 copies per row; the recall is measured by "
+        fewer += "dask_cosim.clustered_recall)"
+    slower = 1 / max(p.cost_vs_exact, 1e-9)
+    exact = f"about {slower:.0f} times the cost" if slower >= 1.5 else "about as costly here"
+    raise ValueError(
+        f"method='clustered' at threshold={p.threshold!r}: the plan routes about "
+        f"{copies:.1f} copies of each row, {format_bytes(int(p.routed_bytes))} through the "
+        f"shuffle, more than the {format_bytes(int(free))} free {where}; use {fewer}, or "
+        f"method='exact' (all pairs, no shuffle: {exact})"
+    )
+
+
+def _room(p: Plan) -> tuple[float, str] | None:
+    """The bytes the routing shuffle can hold, and where: on a distributed cluster the
+    free space of its workers' local directories (dask's p2p shuffle writes there; one
+    disk shared by workers counts once); on the local schedulers nothing to check when
+    the shuffle runs in memory (:func:`_method`), else the free space of dask's
+    temporary directory, where partd writes.  None: not known (dask's task shuffle on a
+    distributed cluster, whose workers spill as they are configured)."""
+    configured = dask.config.get("dataframe.shuffle.method", None)
+    try:
+        from distributed import default_client
+
+        client = default_client()
+    except (ImportError, ValueError):
+        client = None
+    if client is not None:
+        if configured == "tasks":
+            return None
+        disks = client.run(_local_disk)
+        free = {(host, dev): room for host, dev, room in disks.values()}
+        return float(sum(free.values())), "on the workers' disks"
+    if (configured or _method(p)) == "tasks":
+        return None
+    folder = dask.config.get("temporary-directory", None) or tempfile.gettempdir()
+    return float(shutil.disk_usage(folder).free), f"in dask's temporary-directory ({folder})"
+
+
+def _local_disk(dask_worker: Any) -> tuple[str, int, int]:
+    """A worker's host, the device of its local directory and the bytes free there."""
+    folder = dask_worker.local_directory
+    return socket.gethostname(), os.stat(folder).st_dev, shutil.disk_usage(folder).free
 
 
 def _search(df: Any, on: str, p: Plan, cols: list[Any], budget: Budget) -> Any:
@@ -255,6 +319,15 @@ def _dedup(df: Any, on: str, p: Plan, removed: bool, cols: list[Any], budget: Bu
     )
 
 
+def _exact_instead(run: Any, *args: Any, **kwargs: Any) -> Any:
+    """``run`` (exact all-pairs :func:`dask_cosim.search.neighbors` or ``dedup``) for a
+    plan that expects it to cost no more; the accessor warned of repeating labels
+    already."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", errors.RepeatedLabelsWarning)
+        return run(*args, **kwargs)
+
+
 def _unsorted(result: Any) -> Any:
     """``result`` without the divisions of the keys it was gathered by (dask frames)."""
     return result.clear_divisions() if dask.is_dask_collection(result) else result
@@ -273,6 +346,9 @@ def neighbors(
     once, the earlier row (frame order) on the left; one partition per input partition,
     sorted by left row then right row.  Scores are the float64 ones (cast to the result
     dtype).  Other arguments as :func:`plan` takes them (``clusters``, ``n_probe``, ...).
+    Where the plan expects exact all-pairs to cost no more, that runs instead, with a
+    warning (``cosim.search.clustered.exact-when-cheaper``); a plan whose routed rows the
+    shuffle has no room for is refused with ValueError, before anything runs.
 
     Returns
     -------
@@ -282,6 +358,8 @@ def neighbors(
     """
     cols = search._carried(df, columns, "columns")
     p, budget = _planned("neighbors", df, on, threshold, options)
+    if p.exact_instead:
+        return _exact_instead(search.neighbors, df, on, threshold=threshold, columns=columns)
     return _search(df, on, p, cols, budget)
 
 
@@ -296,7 +374,12 @@ def dedup(
     With ``return_removed``, ``(kept, removed)``: ``removed`` as the exact method's (per
     dropped row, in frame order, ``left`` its earlier match of highest float64 score,
     ties to the earliest, ``right`` the row, ``score``, then ``left_<c>``, ``right_<c>``
-    for each of ``columns``).  Options as in :func:`neighbors`."""
+    for each of ``columns``).  Options, and exact all-pairs where it costs no more, as
+    in :func:`neighbors`."""
     cols = search._carried(df, columns, "columns")
     p, budget = _planned("dedup", df, on, threshold, options)
+    if p.exact_instead:
+        return _exact_instead(
+            search.dedup, df, on, threshold, return_removed=return_removed, columns=columns
+        )
     return _dedup(df, on, p, return_removed, cols, budget)

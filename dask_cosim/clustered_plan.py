@@ -35,7 +35,10 @@ from dask_cosim import clustered_partition as cp
 from dask_cosim import errors, options, partition, search
 from dask_cosim import search_graph as sg
 
-__all__ = ["EXACT_COPIES_WARNING", "PROBE_SAMPLE", "Plan", "default_clusters", "plan"]
+__all__ = [
+    "COPY_PAIR_SCORES", "EXACT_COPIES_WARNING", "PROBE_SAMPLE", "Plan", "default_clusters",
+    "plan",
+]  # fmt: skip
 
 # The logger of the clustered search, which the CLI shows.
 logger = logging.getLogger("dask_cosim.clustered")
@@ -44,6 +47,10 @@ logger = logging.getLogger("dask_cosim.clustered")
 PROBE_SAMPLE = 20_000
 # The exact mode warns when it expects each row to be copied to more blocks than this.
 EXACT_COPIES_WARNING = 8
+# What one copy of a row through the routing shuffle costs, in pair scores of the
+# blocks' search: both grow with D.  Measured on 2 CPU cores, 50,000-100,000 x 384 rows,
+# the shuffle in memory: 830-1,320 (docs/clustered.md, "When it runs exact all-pairs").
+COPY_PAIR_SCORES = 1200
 
 
 def default_clusters(rows: int) -> int:
@@ -58,7 +65,9 @@ class Plan:
 
     ``layout`` goes to the workers (centroids, score floors, block numbering); ``stats`` the
     clusters' sizes and radii; ``probes`` the estimated probe copies per cluster;
-    ``partitions`` the shuffle's output partitions; ``sample`` the rows k-means saw.
+    ``partitions`` the shuffle's output partitions; ``sample`` the rows k-means saw;
+    ``exact_instead``: the search runs exact all-pairs instead, expected to cost no more
+    (:attr:`cost_vs_exact`, with ``cosim.search.clustered.exact-when-cheaper``).
     """
 
     layout: cp.Layout
@@ -67,6 +76,7 @@ class Plan:
     probes: np.ndarray
     partitions: int
     sample: int
+    exact_instead: bool = False
 
     @property
     def n_clusters(self) -> int:
@@ -80,10 +90,25 @@ class Plan:
         return float((n * (n - 1) / 2 + self.probes * n).sum())
 
     @property
+    def copies(self) -> float:
+        """Estimated routed rows, every copy: each row once, and once per probe."""
+        return self.stats.rows + float(self.probes.sum())
+
+    @property
+    def all_pairs(self) -> float:
+        """The pair scores of exact all-pairs: ``rows * (rows - 1) / 2`` (at least 1)."""
+        return max(self.stats.rows * (self.stats.rows - 1) / 2, 1.0)
+
+    @property
+    def cost_vs_exact(self) -> float:
+        """The clustered search's expected cost over exact all-pairs': its pair scores
+        plus :data:`COPY_PAIR_SCORES` per routed row, over :attr:`all_pairs`."""
+        return (self.pair_scores + COPY_PAIR_SCORES * self.copies) / self.all_pairs
+
+    @property
     def routed_bytes(self) -> float:
         """Estimated bytes of the routed rows, every copy (what the shuffle moves)."""
-        copies = self.stats.rows + float(self.probes.sum())
-        return copies * (self.layout.dim * getattr(torch, self.layout.dtype).itemsize + 40)
+        return self.copies * (self.layout.dim * getattr(torch, self.layout.dtype).itemsize + 40)
 
     @property
     def centroid_scores(self) -> float:
@@ -300,22 +325,34 @@ def plan(
         (stats,) = dask.compute(stats)
     probes = _probes(probe_sample, centroids, stats, threshold, n_probe, chunk, low)
     scale = stats.rows / max(len(probe_sample), 1)
-    if n_probe is None and probes.sum() * scale > EXACT_COPIES_WARNING * stats.rows:
-        warnings.warn(
-            f"method='clustered' at threshold={threshold!r}: the skip rule rules out few "
-            f"clusters here, so each row goes to about {probes.sum() * scale / stats.rows:.0f} "
-            "blocks besides its own (memory and shuffle grow with that); n_probe=2 bounds "
-            "it (measure the recall with dask_cosim.clustered_recall)",
-            stacklevel=errors.caller_stacklevel(),
-        )
     found = _layout(
         centroids, stats, threshold, n_probe, probes * scale, seen, block_bytes,
         df.npartitions if lazy else 1, low,
     )  # fmt: skip
-    logger.info("clustered: planned in %.1f s: about %.1f copies per row, %d shuffle "
-                "partition%s; the search is lazy from here", time.perf_counter() - started,
-                1 + probes.sum() * scale / max(stats.rows, 1), found.partitions,
-                "" if found.partitions == 1 else "s")  # fmt: skip
+    copies = found.copies / max(stats.rows, 1)
+    if config.exact_when_cheaper and found.cost_vs_exact >= 1:
+        found.exact_instead = True
+        warnings.warn(
+            f"method='clustered' at threshold={threshold!r}: the plan expects it to cost "
+            f"about {found.cost_vs_exact:.1f} times exact all-pairs here ({copies:.1f} "
+            f"copies per row, {found.pair_scores / found.all_pairs:.0%} "
+            "of the pair scores), so method='exact' runs instead: the same pairs "
+            "(cosim.search.clustered.exact-when-cheaper)",
+            stacklevel=errors.caller_stacklevel(),
+        )
+    elif n_probe is None and copies > EXACT_COPIES_WARNING + 1:
+        warnings.warn(
+            f"method='clustered' at threshold={threshold!r}: the skip rule rules out few "
+            f"clusters here, so each row goes to about {copies - 1:.0f} blocks besides its "
+            "own (memory and shuffle grow with that); n_probe=2 bounds it (measure the "
+            "recall with dask_cosim.clustered_recall)",
+            stacklevel=errors.caller_stacklevel(),
+        )
+    parts = found.partitions
+    then = "exact all-pairs instead" if found.exact_instead else (
+        f"{parts} shuffle partition{'' if parts == 1 else 's'}")  # fmt: skip
+    logger.info("clustered: planned in %.1f s: about %.1f copies per row, %s; the search "
+                "is lazy from here", time.perf_counter() - started, copies, then)  # fmt: skip
     return found
 
 

@@ -192,6 +192,7 @@ class Clustered:
     sample_per_cluster: int
     min_sample: int
     route_bytes: int
+    exact_when_cheaper: bool
 
 
 def clustered() -> Clustered:
@@ -209,9 +210,12 @@ def clustered() -> Clustered:
         name: _positive_size(config_keys.get(f"{key}.{name}"), f"{key}.{name}", "'256MiB'")
         for name in ("block-bytes", "route-bytes")
     }
+    cheaper = config_keys.get(f"{key}.exact-when-cheaper")
+    if not isinstance(cheaper, bool):
+        raise ValueError(f"{key}.exact-when-cheaper={cheaper!r} must be true or false")
     return Clustered(
         counts["iterations"], sizes["block-bytes"], counts["sample-per-cluster"],
-        counts["min-sample"], sizes["route-bytes"],
+        counts["min-sample"], sizes["route-bytes"], cheaper,
     )  # fmt: skip
 
 

@@ -4,6 +4,7 @@ module's tests one such cluster between them.  Shared helpers live in tests/help
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import dask
@@ -14,11 +15,17 @@ import torch
 import pandas  # noqa: F401  (before dask_cosim's import hooks: see below)
 import dask_cosim  # noqa: F401  (registers the accessor, loads the cosim defaults)
 
+# The tests of method="clustered" run it on small frames, where its plan would find exact
+# all-pairs cheaper and run that instead: they test the clustered search itself, here and
+# in the commands they start.  The tests of that choice turn it back on.
+os.environ["DASK_COSIM__SEARCH__CLUSTERED__EXACT_WHEN_CHEAPER"] = "False"
+dask.config.set({"cosim.search.clustered.exact-when-cheaper": False})
+
 # distributed's own fixtures, for every test module: `client` (a scheduler and two worker
 # processes) and what it needs.  Imported after dask_cosim: distributed.utils_test keeps
 # a copy of the dask config as it is now and restores it after each cluster test.
-from distributed import Client
-from distributed.utils_test import (  # noqa: F401
+from distributed import Client  # noqa: E402  (after the config above: see there)
+from distributed.utils_test import (  # noqa: E402, F401
     cleanup,
     client,
     cluster,

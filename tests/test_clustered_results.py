@@ -7,6 +7,8 @@ tests/test_clustered_kernels.py."""
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 import types
 
 import dask
@@ -227,8 +229,14 @@ def test_on_worker_processes(client: Client) -> None:
     kept = clustered.dedup(ddf, "emb", 0.9, clusters=20, n_probe=2).compute()
     assert set(pdf.cosim.dedup("emb", 0.9).index) <= set(kept.index)
     assert dask_cosim.__name__ == "dask_cosim"
-    # With a distributed client the routing shuffle is dask's own choice (p2p).
-    assert clustered._method(clustered.plan(ddf, "emb", 0.9, clusters=20)) is None
+    # With a distributed client the routing shuffle is dask's own choice (p2p), whose
+    # room is the free space of the workers' local directories: both on this disk, once.
+    p = clustered.plan(ddf, "emb", 0.9, clusters=20)
+    assert clustered._method(p) is None
+    room, where = clustered._room(p)
+    assert where == "on the workers' disks"
+    free = shutil.disk_usage(tempfile.gettempdir()).free
+    assert 0.9 * free < room < 1.1 * free
 
 
 def test_routing_shuffle_in_memory_where_it_fits(monkeypatch: pytest.MonkeyPatch) -> None:
