@@ -22,6 +22,7 @@ import shutil
 import sys
 import tempfile
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -288,10 +289,12 @@ def _search(
     on_cluster: bool = False,
 ) -> None:
     """Check OUTPUT (and REMOVED) and build the result (errors before a cluster starts),
-    then compute and write it on the cluster; prints rows, time and the output paths.
-    ``build`` returns the result, or (kept rows, removed rows) with ``removed``;
-    ``rows_of_input``: the result's rows are the input's (dedup), index included;
-    ``on_cluster``: build computes (a clustered search's plan), so it runs on the cluster."""
+    then build it again on the cluster (a search cuts partitions too few for the
+    cluster's threads into ranges of rows: :func:`dask_cosim.search_graph.pieces`),
+    compute and write it; prints rows, time and the output paths.  ``build`` returns the
+    result, or (kept rows, removed rows) with ``removed``; ``rows_of_input``: the
+    result's rows are the input's (dedup), index included; ``on_cluster``: build
+    computes (a clustered search's plan), so it runs on the cluster only."""
     from dask_cosim import runs
 
     runs.check_output(out.output, out.overwrite)
@@ -305,9 +308,13 @@ def _search(
             return [(result, out.output, rows_of_input)]
         return [(result[0], out.output, rows_of_input), (result[1], removed, False)]
 
-    jobs = None if on_cluster else jobs_of(build())
+    if not on_cluster:
+        build()
     with cluster.client(), log_steps(not out.quiet):
-        jobs = jobs or jobs_of(build())
+        with warnings.catch_warnings():
+            if not on_cluster:  # said by the first build
+                warnings.simplefilter("ignore")
+            jobs = jobs_of(build())
         written = runs.write_all(jobs, overwrite=out.overwrite, progress=out.progress,
                                  layout=out.layout)  # fmt: skip
     for (_, path, _), w in zip(jobs, written):

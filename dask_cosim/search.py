@@ -243,7 +243,8 @@ def neighbors(
     meta = sp.result_meta(like.index, like.index, sp.score_dtype(spec), k is not None, dtypes)
     exact = meta["score"].dtype == np.float64
     build = sg.Builder(dask.is_dask_collection(df))
-    sides = sg.sides(build, df, on, opts, cols)
+    cut = sg.pieces(build, df, opts, pairs=True)
+    sides = sg.sides(build, df, on, opts, cols, cut=cut)
     n = len(sides)
     budget = None if k is not None else Budget(opts.max_result_bytes, "neighbors", on, threshold)
     pieces: list[list[Any]] = [[] for _ in range(n)]
@@ -269,7 +270,7 @@ def neighbors(
                carried)
         for i, p in enumerate(pieces)
     ]  # fmt: skip
-    return build.collect(outs, backends.frame_like(meta, like))
+    return build.collect(build.rejoin(outs, cut, renumber=True), backends.frame_like(meta, like))
 
 
 def dedup(
@@ -296,8 +297,9 @@ def dedup(
                           columns=cols)  # fmt: skip
     opts = _options()
     build = sg.Builder(dask.is_dask_collection(df))
-    frames = build.partitions(df)
-    sides = sg.sides(build, df, on, opts, cols, frames)
+    cut = sg.pieces(build, df, opts, pairs=True)
+    frames = build.cut(build.partitions(df), cut)
+    sides = sg.sides(build, df, on, opts, cols, frames, cut)
     lengths = [build(len)(f) for f in frames] if len(frames) > len(sides) else None
     like = sg.meta_of(df)
     budget = Budget(opts.max_result_bytes, "dedup", on, threshold_value)
@@ -326,9 +328,10 @@ def dedup(
         if return_removed:
             removed.append(build(sd.finish_removed)(dropped, meta, carried, like))
     divisions = df.divisions if dask.is_dask_collection(df) else None
-    kept = build.collect(outs, like, divisions)
+    kept = build.collect(build.rejoin(outs, cut), like, divisions)
     if not return_removed:
         return kept
+    removed = build.rejoin(removed, cut, renumber=True)
     return kept, build.collect(removed, backends.frame_like(meta, like))
 
 
@@ -352,8 +355,9 @@ def groups(df: Any, on: str, threshold: float, *, name: str = "group") -> Any:
         raise ValueError(f"name={name!r} is a column of the frame already; pick another name")
     opts = _options()
     build = sg.Builder(dask.is_dask_collection(df))
-    frames = build.partitions(df)
-    sides = sg.sides(build, df, on, opts, frames=frames)
+    cut = sg.pieces(build, df, opts, pairs=True)
+    frames = build.cut(build.partitions(df), cut)
+    sides = sg.sides(build, df, on, opts, frames=frames, cut=cut)
     n = len(sides)
     budget = Budget(opts.max_result_bytes, "groups", on, threshold_value)
     edge = functools.partial(build(sd.earlier_matches), precision=opts.precision, edges=True,
@@ -377,7 +381,7 @@ def groups(df: Any, on: str, threshold: float, *, name: str = "group") -> Any:
             outs.append(build(sd.with_group)(frames[m], found[j], name, *before))
     meta = sg.meta_of(df).iloc[:0].assign(**{name: np.zeros(0, dtype=np.int64)})
     divisions = df.divisions if dask.is_dask_collection(df) else None
-    return build.collect(outs, meta, divisions)
+    return build.collect(build.rejoin(outs, cut), meta, divisions)
 
 
 def prepare(df: Any, on: str) -> Any:
@@ -422,9 +426,10 @@ def topk(
     build = sg.Builder(dask.is_dask_collection(df))
     q = build.value(query, "cosim-queries")
     pair = build(sp.join_pair_topk)
+    cut = sg.pieces(build, df, opts, pairs=False)
     pieces = [
         pair(q, r, k_value, None, opts.tile_bytes, opts.precision)
-        for r in sg.sides(build, df, on, opts, columns)
+        for r in sg.sides(build, df, on, opts, columns, cut=cut)
     ]
     merged = build.tree(pieces, _combine(k_value), opts.split_every)
     result = build(sr.finish_topk)(merged, sg.meta_of(df), columns, score_dtype)

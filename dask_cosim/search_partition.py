@@ -51,15 +51,18 @@ QUERIES = "queries"  # the column name of a query side (for errors)
 @dataclass
 class Side:
     """One partition's vectors, normalised (:class:`~dask_cosim.search_kernels.Prepared`),
-    with its index labels, its partition number, the column name (for errors) and the
-    columns to carry into results (``payload``, or None).  Labels and payload stay in the
-    partition's library (on the device for cudf): results take only their own rows."""
+    with its index labels, its number among the sides (its rows' ordering keys), the
+    column name (for errors), the columns to carry into results (``payload``, or None)
+    and the partition its rows came from (for errors; a partition may be searched in
+    several sides).  Labels and payload stay in the partition's library (on the device
+    for cudf): results take only their own rows."""
 
     prep: sk.Prepared
     labels: Any
     part: int
     column: str
     payload: Any
+    partition: int = 0
 
     def __dask_tokenize__(self) -> tuple[Any, ...]:
         # dask would pickle the tensors (slow); their bytes say the same.  ``scale``
@@ -68,7 +71,7 @@ class Side:
         tensors = [backends.tensor_token(t) for t in (p.raw, p.scale, p.valid)]
         carried = None if self.payload is None else backends.data_token(self.payload)
         labels = backends.data_token(self.labels)
-        return (*tensors, labels, self.part, self.column, carried)
+        return (*tensors, labels, self.part, self.column, carried, self.partition)
 
 
 def prepare_side(
@@ -80,10 +83,12 @@ def prepare_side(
     device: str = "auto",
     payload: list[Any] | None = None,
     precision: str = "fp32",
+    source: int | None = None,
 ) -> Side:
     """Normalise one partition's ``column`` (any format :mod:`dask_cosim.backends` reads),
     or take its normalisation from the columns :func:`prepare_columns` added, when ``df``
-    has them.
+    has them.  ``part``: the side's number; ``source``: the partition its rows came from
+    (default ``part``).
 
     Null rows and rows holding NaN or inf never match; a zero row scores 0.0.  On CUDA
     with ``precision`` "exact" or "fast" the float32 unit rows, which only the float32
@@ -113,7 +118,7 @@ def prepare_side(
         # Positional names: a user column called "left" or "score" cannot collide with
         # the bookkeeping columns on the way to the result.
         carried.columns = [f"_p{n}" for n in range(len(payload))]
-    return Side(prep, df.index, part, column, carried)
+    return Side(prep, df.index, part, column, carried, part if source is None else source)
 
 
 # --------------------------------------------------------------------------- prepared frames
@@ -267,7 +272,7 @@ def _aligned(q: Side, r: Side) -> tuple[sk.Prepared, sk.Prepared] | None:
 def _what(side: Side) -> str:
     if side.column == QUERIES:
         return "argument 'queries'"
-    return f"column {side.column!r} (partition {side.part})"
+    return f"column {side.column!r} (partition {side.partition})"
 
 
 def _pairs_frame(
@@ -390,8 +395,8 @@ def pair_threshold(
     if sides is None:
         return np.zeros(0, dtype=np.int64) if positions else _empty_pairs(q, other)
     qp, rp = sides
-    where = f"the task of partition {q.part} " + (
-        "with itself" if r is None else f"with partition {other.part} of the other side"
+    where = f"the task of partition {q.partition} " + (
+        "with itself" if r is None else f"with partition {other.partition} of the other side"
     )
     with collecting(budget, where) as limit:
         i, j, s = sk.threshold_pairs(
