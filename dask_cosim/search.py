@@ -200,8 +200,9 @@ def join(
     build = sg.Builder(dask.is_dask_collection(left) or dask.is_dask_collection(right))
     rsides = sg.sides(build, right, right_on, opts, rcols)
     budget = None if k is not None else Budget(opts.max_result_bytes, "join", on, threshold)
+    cut = sg.pieces(build, left, opts, lambda n: n * len(rsides))
     outs = []
-    for i, lside in enumerate(sg.sides(build, left, on, opts, lcols)):
+    for i, lside in enumerate(sg.sides(build, left, on, opts, lcols, cut=cut)):
         if k is not None:
             pair = build(sp.join_pair_topk)
             pieces = [pair(lside, r, k, threshold, opts.tile_bytes, opts.precision) for r in rsides]
@@ -214,7 +215,7 @@ def join(
             ]  # fmt: skip
         merged = _merged(build, pieces, k, budget, opts.split_every, i)
         outs.append(build(sr.finish_pairs)(merged, meta, k is not None, like, carried))
-    return build.collect(outs, backends.frame_like(meta, like))
+    return build.collect(build.rejoin(outs, cut, renumber=True), backends.frame_like(meta, like))
 
 
 def neighbors(
@@ -243,7 +244,7 @@ def neighbors(
     meta = sp.result_meta(like.index, like.index, sp.score_dtype(spec), k is not None, dtypes)
     exact = meta["score"].dtype == np.float64
     build = sg.Builder(dask.is_dask_collection(df))
-    cut = sg.pieces(build, df, opts, pairs=True)
+    cut = sg.pieces(build, df, opts, sg.pairs_of)
     sides = sg.sides(build, df, on, opts, cols, cut=cut)
     n = len(sides)
     budget = None if k is not None else Budget(opts.max_result_bytes, "neighbors", on, threshold)
@@ -297,7 +298,7 @@ def dedup(
                           columns=cols)  # fmt: skip
     opts = _options()
     build = sg.Builder(dask.is_dask_collection(df))
-    cut = sg.pieces(build, df, opts, pairs=True)
+    cut = sg.pieces(build, df, opts, sg.pairs_of)
     frames = build.cut(build.partitions(df), cut)
     sides = sg.sides(build, df, on, opts, cols, frames, cut)
     lengths = [build(len)(f) for f in frames] if len(frames) > len(sides) else None
@@ -355,7 +356,7 @@ def groups(df: Any, on: str, threshold: float, *, name: str = "group") -> Any:
         raise ValueError(f"name={name!r} is a column of the frame already; pick another name")
     opts = _options()
     build = sg.Builder(dask.is_dask_collection(df))
-    cut = sg.pieces(build, df, opts, pairs=True)
+    cut = sg.pieces(build, df, opts, sg.pairs_of)
     frames = build.cut(build.partitions(df), cut)
     sides = sg.sides(build, df, on, opts, frames=frames, cut=cut)
     n = len(sides)
@@ -426,7 +427,7 @@ def topk(
     build = sg.Builder(dask.is_dask_collection(df))
     q = build.value(query, "cosim-queries")
     pair = build(sp.join_pair_topk)
-    cut = sg.pieces(build, df, opts, pairs=False)
+    cut = sg.pieces(build, df, opts, lambda n: n)
     pieces = [
         pair(q, r, k_value, None, opts.tile_bytes, opts.precision)
         for r in sg.sides(build, df, on, opts, columns, cut=cut)

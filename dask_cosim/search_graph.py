@@ -10,7 +10,6 @@ busy, ranges of each partition's rows: :func:`pieces`), and each block's normali
 from __future__ import annotations
 
 import functools
-import math
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -28,11 +27,14 @@ from dask_cosim.io import scattered
 from dask_cosim.io.convert import active_client, futures_of, held_where_it_is, objects_kept
 from dask_cosim.search_budget import Budget, check_total
 
-__all__ = ["Builder", "Options", "block_bounds", "holds_data", "meta_of", "pieces", "sides"]
+__all__ = [
+    "Builder", "Options", "block_bounds", "holds_data", "meta_of", "pairs_of", "pieces", "sides",
+]  # fmt: skip
 
-# Tasks a search keeps per thread of a distributed cluster, where its partitions are few:
-# each worker thread runs one task at a time, and the pair tasks of a self-search differ
-# in size (the diagonal ones are half the others), so a thread per task idles.
+# Tasks a search gives each thread of a distributed cluster, where its partitions are
+# few: a worker thread runs one task at a time, and the pair tasks of a self-search
+# differ in size (the diagonal ones are half the others), so with one task a thread the
+# threads given the small ones wait for the rest.
 TASKS_PER_THREAD = 4
 
 
@@ -164,23 +166,27 @@ def block_bounds(n: int, max_blocks: int) -> list[tuple[int, int]]:
     return list(zip(cuts[:-1].tolist(), cuts[1:].tolist()))
 
 
-def pieces(build: Builder, df: Any, opts: Options, *, pairs: bool) -> int:
+def pieces(build: Builder, df: Any, opts: Options, tasks: Callable[[int], int]) -> int:
     """Ranges of rows each partition of ``df`` is searched in (:meth:`Builder.cut`): 1,
-    unless a distributed client runs the search and the partitions are too few to give
-    each of its threads :data:`TASKS_PER_THREAD` tasks (``pairs``: a self-search, whose
-    n sides make n (n + 1) / 2 pair tasks; else one task per side).  Never more sides
-    than ``opts.max_blocks``.  100,000 x 384 rows in 2 partitions, dedup on 2 one-thread
-    workers: 49.7 s, one worker busy for 46 s of it; cut into 4 sides, 36-39 s."""
-    client = active_client() if build.lazy else None
-    if client is None:
+    unless a distributed client of two threads or more runs the search and ``df``'s
+    partitions are too few to give each of its threads :data:`TASKS_PER_THREAD` tasks;
+    ``tasks(n)``: the search's tasks for n sides of ``df`` (a self-search n (n + 1) / 2
+    pairs, ``topk`` n).  Never more sides than ``opts.max_blocks``.  100,000 x 384 rows
+    in 2 partitions, dedup on 2 one-thread workers: 49.7 s, one worker busy for 46 s of
+    it; cut into 4 sides, 39.8 s."""
+    client = active_client() if build.lazy and dask.is_dask_collection(df) else None
+    threads = sum(client.nthreads().values()) if client is not None else 1
+    if threads < 2:  # one thread runs the tasks one after the other, however many
         return 1
-    want = TASKS_PER_THREAD * sum(client.nthreads().values())
-    # The fewest sides n with n (n + 1) / 2 >= want pair tasks.
-    need = math.ceil((math.sqrt(8 * want + 1) - 1) / 2) if pairs else want
+    want = TASKS_PER_THREAD * threads
     n = max(1, df.npartitions)
-    if n >= need:
-        return 1
-    return max(1, min(-(-need // n), opts.max_blocks // n))
+    most = max(1, opts.max_blocks // n)
+    return next((cut for cut in range(1, most + 1) if tasks(n * cut) >= want), most)
+
+
+def pairs_of(n: int) -> int:
+    """The pair tasks of a self-search of ``n`` sides: the upper triangle, diagonal in."""
+    return n * (n + 1) // 2
 
 
 def sides(

@@ -51,9 +51,9 @@ def test_few_partitions_are_searched_in_ranges(
     pdf = _frame()
     ddf = dd.from_pandas(pdf, npartitions=npartitions, sort=False)
     assert ddf.npartitions == npartitions
-    assert sg.pieces(sg.Builder(True), ddf, _options(), pairs=True) == cut
+    assert sg.pieces(sg.Builder(True), ddf, _options(), sg.pairs_of) == cut
     with dask.config.set(scheduler="sync"):  # a local scheduler: never cut
-        assert sg.pieces(sg.Builder(True), ddf, _options(), pairs=True) == 1
+        assert sg.pieces(sg.Builder(True), ddf, _options(), sg.pairs_of) == 1
 
     pairs = ddf.cosim.neighbors("emb", threshold=0.5, columns="id")
     sides = npartitions * cut
@@ -86,11 +86,31 @@ def test_topk_cuts_a_corpus_of_few_partitions(shared_client: Client) -> None:
     search's."""
     pdf = _frame()
     ddf = dd.from_pandas(pdf, npartitions=1, sort=False)
-    assert sg.pieces(sg.Builder(True), ddf, _options(), pairs=False) == 8
+    assert sg.pieces(sg.Builder(True), ddf, _options(), lambda n: n) == 8
     queries = np.stack([np.asarray(pdf["emb"].iloc[i]) for i in (49, 3, 120)])
     got = ddf.cosim.topk(queries, "emb", k=4)
     pd.testing.assert_frame_equal(got, pdf.cosim.topk(queries, "emb", k=4))
     assert dask_cosim.__name__ == "dask_cosim"
+
+
+def test_join_cuts_a_left_side_of_few_partitions(shared_client: Client) -> None:
+    """join has a task per (left side, right side): 1 left partition against 2 right ones
+    is cut into 4 ranges on two one-thread workers (8 tasks), against a pandas right side
+    into 8; the pairs and each left row's k best are the eager join's, one partition per
+    left partition."""
+    pdf = _frame()
+    left = dd.from_pandas(pdf.iloc[:60], npartitions=1, sort=False)
+    right = dd.from_pandas(pdf, npartitions=2, sort=False)
+    assert sg.pieces(sg.Builder(True), left, _options(), lambda n: n * 2) == 4
+    assert sg.pieces(sg.Builder(True), left, _options(), lambda n: n) == 8
+    for other in (right, pdf):
+        pairs = left.cosim.join(other, "emb", threshold=0.5, columns="id")
+        assert pairs.npartitions == 1
+        want = pdf.iloc[:60].cosim.join(pdf, "emb", threshold=0.5, columns="id")
+        pd.testing.assert_frame_equal(pairs.compute().reset_index(drop=True), want)
+        best = left.cosim.join(other, "emb", k=3, columns="id").compute()
+        want = pdf.iloc[:60].cosim.join(pdf, "emb", k=3, columns="id")
+        pd.testing.assert_frame_equal(best.reset_index(drop=True), want)
 
 
 def test_the_command_line_cuts_for_the_cluster_it_starts(
