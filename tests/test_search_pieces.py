@@ -41,13 +41,13 @@ def _pair_tasks(result: Any) -> int:
     return sum(1 for k in keys if "pair_threshold" in str(k) or "self_pair_topk" in str(k))
 
 
-@pytest.mark.parametrize(("npartitions", "cut"), [(1, 4), (2, 2), (4, 1)])
+@pytest.mark.parametrize(("npartitions", "cut"), [(1, 4), (2, 2)])
 def test_few_partitions_are_searched_in_ranges(
     shared_client: Client, npartitions: int, cut: int
 ) -> None:
     """Two one-thread workers: a self-search needs 4 sides for 8 pair tasks (1 partition
-    in 4 ranges, 2 in 2 each, 4 as they are); the pairs, kept and removed rows and groups
-    are the eager search's, in the input's partitions."""
+    in 4 ranges, 2 in 2 each); the pairs, kept and removed rows and groups are the eager
+    search's, in the input's partitions."""
     pdf = _frame()
     ddf = dd.from_pandas(pdf, npartitions=npartitions, sort=False)
     assert ddf.npartitions == npartitions
@@ -87,6 +87,9 @@ def test_topk_cuts_a_corpus_of_few_partitions(shared_client: Client) -> None:
     pdf = _frame()
     ddf = dd.from_pandas(pdf, npartitions=1, sort=False)
     assert sg.pieces(sg.Builder(True), ddf, _options(), lambda n: n) == 8
+    # Partitions enough: as they are.
+    four = dd.from_pandas(pdf, npartitions=4, sort=False)
+    assert sg.pieces(sg.Builder(True), four, _options(), sg.pairs_of) == 1
     queries = np.stack([np.asarray(pdf["emb"].iloc[i]) for i in (49, 3, 120)])
     got = ddf.cosim.topk(queries, "emb", k=4)
     pd.testing.assert_frame_equal(got, pdf.cosim.topk(queries, "emb", k=4))
@@ -117,18 +120,12 @@ def test_the_command_line_cuts_for_the_cluster_it_starts(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A command builds its search before the cluster starts (errors first), then again
-    on it, where the search sees the cluster's threads: one partition, two one-thread
-    workers, 4 ranges; the warnings of the first build are not said twice."""
+    on it, where the search sees the cluster's threads: two partitions, two one-thread
+    workers, 2 ranges each; the warning of the first build (labels may repeat: the
+    partitions' labels are not in order) is said once."""
     pdf = _frame()
     folder = tmp_path / "emb"
-    dask_cosim.to_parquet(pdf, folder)
-    # Two partitions whose labels are not in order: labels may repeat, says neighbors.
-    two = tmp_path / "two"
-    dask_cosim.to_parquet(dd.from_pandas(pdf, npartitions=2, sort=False), two)
-    proc = cli_here("neighbors", str(two), "--on", "emb", "--threshold", "0.9", "-o",
-                    str(tmp_path / "pairs"), "--workers", "2", "--quiet")  # fmt: skip
-    assert proc.returncode == 0, proc.stdout
-    assert proc.stdout.count("may not name rows uniquely") == 1, proc.stdout
+    dask_cosim.to_parquet(dd.from_pandas(pdf, npartitions=2, sort=False), folder)
     seen: list[int] = []
     pieces = sg.pieces
 
@@ -137,11 +134,11 @@ def test_the_command_line_cuts_for_the_cluster_it_starts(
         return seen[-1]
 
     monkeypatch.setattr(sg, "pieces", counted)
-    out = tmp_path / "kept"
-    proc = cli_here("dedup", str(folder), "--on", "emb", "--threshold", "0.9", "-o", str(out),
-                    "--workers", "2", "--quiet")  # fmt: skip
+    out = tmp_path / "pairs"
+    proc = cli_here("neighbors", str(folder), "--on", "emb", "--threshold", "0.5", "-o",
+                    str(out), "--workers", "2", "--quiet")  # fmt: skip
     assert proc.returncode == 0, proc.stdout
-    assert seen == [1, 4]
-    pd.testing.assert_frame_equal(
-        dask_cosim.read_parquet(out).compute(), pdf.cosim.dedup("emb", 0.9)
-    )
+    assert seen == [1, 2]
+    assert proc.stdout.count("may not name rows uniquely") == 1, proc.stdout
+    got = dask_cosim.read_parquet(out).compute().reset_index(drop=True)
+    pd.testing.assert_frame_equal(got, pdf.cosim.neighbors("emb", threshold=0.5))
