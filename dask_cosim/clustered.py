@@ -225,7 +225,7 @@ def _planned(
 def _check_room(p: Plan, n_probe: int | None) -> None:
     """Raise ValueError, before anything is routed, when the routing shuffle would hold
     more bytes than it has room for (:func:`_room`): it would fill the disk after running
-    for a while (100,000 x 384 float64 rows at threshold 0.5, 164 copies each: 52 GB)."""
+    for a while (100,000 x 384 float64 rows at threshold 0.5, 164 copies each: 51 GB)."""
     room = _room(p)
     if room is None or p.routed_bytes <= room[0]:
         return
