@@ -214,11 +214,15 @@ def _planned(
     """The plan of ``op``'s search (:func:`plan` with ``kwargs``) and the pairs its tasks
     may hold; ``cosim.search.max-result-bytes`` is checked first: a bad setting costs
     no plan.  A plan whose routed rows the shuffle has no room for is refused
-    (:func:`_check_room`)."""
+    (:func:`_check_room`); one that copies the rows many times is warned about."""
     setting = options.search_max_result_bytes()
     p = plan(df, on, threshold, **kwargs)
-    if not p.exact_instead and dask.is_dask_collection(df):
-        _check_room(p, kwargs.get("n_probe"))
+    if not p.exact_instead:
+        if dask.is_dask_collection(df):
+            _check_room(p, kwargs.get("n_probe"))
+        warning = p.many_copies()
+        if warning is not None:
+            warnings.warn(warning, stacklevel=errors.caller_stacklevel())
     return p, Budget(setting, op, on, p.threshold, method="clustered")
 
 

@@ -105,6 +105,20 @@ class Plan:
         plus :data:`COPY_PAIR_SCORES` per routed row, over :attr:`all_pairs`."""
         return (self.pair_scores + COPY_PAIR_SCORES * self.copies) / self.all_pairs
 
+    def many_copies(self) -> str | None:
+        """The warning for a provable plan that copies each row to more than
+        :data:`EXACT_COPIES_WARNING` blocks besides its own, else None (said by
+        :mod:`dask_cosim.clustered` once it has checked the shuffle's room)."""
+        extra = float(self.probes.sum()) / max(self.stats.rows, 1)
+        if self.layout.n_probe is not None or extra <= EXACT_COPIES_WARNING:
+            return None
+        return (
+            f"method='clustered' at threshold={self.threshold!r}: the skip rule rules out "
+            f"few clusters here, so each row goes to about {extra:.0f} blocks besides its "
+            "own (memory and shuffle grow with that); n_probe=2 bounds it (measure the "
+            "recall with dask_cosim.clustered_recall)"
+        )
+
     @property
     def routed_bytes(self) -> float:
         """Estimated bytes of the routed rows, every copy (what the shuffle moves)."""
@@ -338,14 +352,6 @@ def plan(
             f"copies per row, {found.pair_scores / found.all_pairs:.0%} "
             "of the pair scores), so method='exact' runs instead: the same pairs "
             "(cosim.search.clustered.exact-when-cheaper)",
-            stacklevel=errors.caller_stacklevel(),
-        )
-    elif n_probe is None and copies > EXACT_COPIES_WARNING + 1:
-        warnings.warn(
-            f"method='clustered' at threshold={threshold!r}: the skip rule rules out few "
-            f"clusters here, so each row goes to about {copies - 1:.0f} blocks besides its "
-            "own (memory and shuffle grow with that); n_probe=2 bounds it (measure the "
-            "recall with dask_cosim.clustered_recall)",
             stacklevel=errors.caller_stacklevel(),
         )
     parts = found.partitions

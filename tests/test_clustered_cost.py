@@ -81,7 +81,6 @@ def test_the_clustered_search_runs_where_it_pays() -> None:
     pd.testing.assert_frame_equal(kept.compute(), pdf.cosim.dedup("emb", 0.99))
 
 
-@pytest.mark.filterwarnings("ignore:method='clustered' at threshold")  # few clusters ruled out
 def test_a_plan_the_shuffle_has_no_room_for_is_refused_before_it_runs(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Any
 ) -> None:
@@ -119,6 +118,16 @@ def test_a_plan_the_shuffle_has_no_room_for_is_refused_before_it_runs(
         # The plan's three passes (rows counted, the sample, the radii) read each
         # partition; the refusal comes before the search reads any.
         assert len(reads) == 3 * 3
+        # A plan that copies every row to more than 8 blocks: refused, with no warning
+        # before the error (both would name n_probe=2).
+        with warnings.catch_warnings(record=True) as seen, pytest.raises(ValueError):
+            warnings.simplefilter("always")
+            clustered.neighbors(counted, "emb", threshold=0.5, clusters=30)
+        assert not [w for w in seen if "rules out few clusters" in str(w.message)]
+        room.free = int(1e15)
+        with pytest.warns(UserWarning, match="rules out few clusters here") as said:
+            clustered.neighbors(ddf, "emb", threshold=0.5, clusters=30)
+        assert [w.filename for w in said] == [__file__]
         # Room enough: it runs.
         room.free = int(2 * p.routed_bytes)
         want = ddf.compute().cosim.neighbors("emb", threshold=0.9)
