@@ -131,15 +131,8 @@ def _method(p: Plan) -> str | None:
     disk shuffle, it is the task shuffle, in memory, when the routed rows fit twice in
     the memory available (1M x 384 rows, 2 cores: the lazy part 48 -> 35 s, the peak
     resident memory 7.2 -> 8.5 GB for 4.7 GB of routed rows)."""
-    if dask.config.get("dataframe.shuffle.method", None) is not None:
+    if dask.config.get("dataframe.shuffle.method", None) is not None or _client() is not None:
         return None
-    try:
-        from distributed import default_client
-
-        default_client()
-        return None
-    except (ImportError, ValueError):
-        pass
     # Arrow's allocator keeps what it freed (7 GB after a provable run at 1M x 384 rows):
     # handed back first, it counts as available.
     pa.default_memory_pool().release_unused()
@@ -249,6 +242,17 @@ def _check_room(p: Plan, n_probe: int | None) -> None:
     )
 
 
+def _client() -> Any:
+    """distributed's default client, where there is one, else None: the shuffles of a
+    search built under it run on its cluster (:func:`_method`, :func:`_room`)."""
+    try:
+        from distributed import default_client
+
+        return default_client()
+    except (ImportError, ValueError):
+        return None
+
+
 def _room(p: Plan) -> tuple[float, str] | None:
     """The bytes the routing shuffle can hold, and where: on a distributed cluster the
     free space of its workers' local directories (dask's p2p shuffle writes there; one
@@ -257,12 +261,7 @@ def _room(p: Plan) -> tuple[float, str] | None:
     temporary directory, where partd writes.  None: not known (dask's task shuffle on a
     distributed cluster, whose workers spill as they are configured)."""
     configured = dask.config.get("dataframe.shuffle.method", None)
-    try:
-        from distributed import default_client
-
-        client = default_client()
-    except (ImportError, ValueError):
-        client = None
+    client = _client()
     if client is not None:
         if configured == "tasks":
             return None
