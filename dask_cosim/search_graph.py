@@ -247,8 +247,8 @@ def _rows_of(part: Any, k: int, pieces: int) -> Any:
 
 
 def _concat(*parts: Any, renumber: bool) -> Any:
-    # dask's concat dispatch takes ignore_index, and pandas' keeps the labels all the same.
-    out = backends.concat_frames(list(parts))
+    # dask's pandas concat takes ignore_index but does not pass it on to pd.concat.
+    out = sr.concat_frames(*parts)
     return out.reset_index(drop=True) if renumber else out
 
 
