@@ -166,8 +166,9 @@ def norms(x: np.ndarray, *args: Any) -> float:
     keeps the row in range for a float64 dot product: 1 for float32 rows, whose products
     can neither overflow nor underflow in float64; 1 / the largest magnitude for float64
     ones, capped at 1 / TINY), ``nrm`` = |x * inv|_2 (NaN for invalid rows), ``scale``
-    = 1 / max(nrm, inv * eps) (0 for invalid rows: :func:`~dask_cosim.search_prepare.
-    from_norms` computes it alike) and ``valid`` (finite and not null).
+    = 1 / max(nrm, inv * eps) (0 for invalid rows, 1 for a zero row when eps is 0:
+    :func:`~dask_cosim.search_prepare.from_norms` computes it alike) and ``valid``
+    (finite and not null).
 
     Returns the largest |norm - 1| of the valid nonzero rows (inf for float64 ``x``):
     how far ``x`` itself is from unit rows.  Zero rows are their own unit rows, and the
@@ -214,10 +215,18 @@ def _norms(x, null, eps, inv, nrm, scale, valid, narrow):  # type: ignore[no-unt
                 ss += y * y
         norm = math.sqrt(ss)
         inv[i], nrm[i] = f, norm
-        scale[i] = 1.0 / max(norm, f * eps)
+        scale[i] = _over(max(norm, f * eps))
         if norm > 0.0:  # a zero row is its own unit row, exactly
             worst = max(worst, abs(norm - 1.0))
     return worst
+
+
+@numba.njit(inline="always", nogil=True, cache=True, boundscheck=False)
+def _over(bar):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """1 / ``bar``, the scale of a row of norm max(|x|, eps) = ``bar``; 1 for a zero row
+    when eps is 0 (any finite positive scale keeps its products at 0.0, as with any
+    eps: its unit row is zero)."""
+    return 1.0 / bar if bar > 0.0 else 1.0
 
 
 @numba.njit(nogil=True, cache=True, fastmath=_FASTMATH, boundscheck=False)
@@ -389,7 +398,7 @@ def from_norms(inv, nrm, null, eps, scale, valid):  # type: ignore[no-untyped-de
             continue
         bar = inv[i] * eps
         tiny = tiny or (0.0 < nr < bar)
-        scale[i] = 1.0 / max(nr, bar)
+        scale[i] = _over(max(nr, bar))
         if nr > 0.0:
             worst = max(worst, abs(nr - 1.0))
     return worst, tiny

@@ -47,7 +47,8 @@ class Prepared:
     ``raw`` the original values, and ``inv`` and ``scale``, float64, for the exact
     re-score ``(raw_i * inv_i) . (raw_j * inv_j) * scale_i * scale_j``: ``inv`` keeps
     ``raw * inv`` in float64's range (1 / max |x| up to 2**1000; on CPUs 1 for float32
-    rows, whose products cannot leave it), ``scale`` = 1 / (inv * max(|x|_2, eps)).
+    rows, whose products cannot leave it), ``scale`` = 1 / (inv * max(|x|_2, eps)) (1
+    for a zero row when eps is 0: zero rows score 0.0 whatever eps is).
     ``valid`` (N,) bool marks rows that take part, ``all_valid`` whether all do; ``err``
     bounds the distance of a valid ``unit`` row from the exact ``x / max(|x|_2, eps)``
     (see :func:`margin`).  ``norm`` (N,) float64, when known: |raw * inv|_2, NaN for
@@ -287,7 +288,9 @@ def _prepare_torch(
     # Norms in float64: exact enough for the re-score, and float32 values can neither
     # overflow nor underflow there.
     norm = torch.linalg.vector_norm(work, dim=1, dtype=f64) if d else torch.zeros_like(m)
-    scale = m / torch.clamp(norm, min=eps)
+    # A zero row with eps = 0 gets 1 / 1 (its unit row is zero whatever its scale).
+    bar = torch.clamp(norm, min=eps)
+    scale = m / torch.where(bar > 0, bar, torch.ones_like(bar))
     unit = torch.mul(work, (scale / m).to(work.dtype)[:, None]).to(torch.float32)
     # 1 / m overflows below ~5.6e-309: a capped factor keeps such rows near 2**-74.
     inv = torch.where(m > _TINY, 1.0 / m, torch.full_like(m, 1.0 / _TINY))

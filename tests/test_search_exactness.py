@@ -380,6 +380,33 @@ def test_float32_tile_scores_are_clamped_to_one() -> None:
         assert pdf.cosim.join(pdf, "emb", threshold=0.5)["score"].tolist() == [1.0] * 4
 
 
+@pytest.mark.parametrize("kernel_name", KERNELS)
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_zero_rows_with_eps_zero_score_zero_as_with_any_eps(kernel_name: str, dtype: str) -> None:
+    """``cosim.eps = 0`` (allowed: "a finite number >= 0") with a zero row raised a raw
+    ZeroDivisionError from the numba norms (1 / max(0, 0)), and gave NaN unit rows on the
+    torch path.  A zero row scores 0.0 in a search whatever eps is, from its vectors
+    and from a prepared frame (whose numbers do not depend on eps) alike."""
+    x = np.array([[1, 0], [0, 1], [0, 0], [3, 4]], dtype)
+    pdf = search_frame(x)
+    want = {}
+    with kernel(kernel_name):
+        for eps in (1e-8, 0.0):
+            with dask.config.set({"cosim.eps": eps}):
+                for frame in (pdf, pdf.cosim.prepare("emb")):
+                    got = (
+                        frame.cosim.neighbors("emb", k=3),
+                        frame.cosim.neighbors("emb", threshold=-1.0),
+                        frame.cosim.dedup("emb", 0.0)[["id"]],
+                    )
+                    for name, result in zip(("topk", "threshold", "dedup"), got):
+                        want.setdefault(name, result)
+                        pd.testing.assert_frame_equal(result, want[name], obj=f"{name} eps={eps}")
+    scores = want["topk"].set_index(["left", "right"])["score"]
+    assert scores[pdf.index[2], pdf.index[0]] == 0.0
+    assert scores[pdf.index[0], pdf.index[3]] == pytest.approx(0.6, abs=1e-15)
+
+
 # --------------------------------------------------------------------------- seeded mix
 
 # (dim, dtype, column format, index, partition sizes, clusters): frames larger than the
