@@ -27,6 +27,7 @@ from typing import Any
 
 import dask
 import numpy as np
+from dask.dataframe.utils import is_dataframe_like
 
 from dask_cosim import backends, errors, options
 from dask_cosim import search_dedup as sd
@@ -179,7 +180,8 @@ def join(
     if isinstance(right, str) and not _is_label(on):
         raise errors.arguments_swapped("join", "right frame", "right", right)
     right_on = on if right_on is None else right_on
-    if not hasattr(right, "columns"):
+    # dask's test for a frame: a dask Series has an attribute "columns" too.
+    if not is_dataframe_like(right):
         raise errors.join_not_frame(right, on, right_on)
     spec_l = check_column(left, on, "on")
     spec_r = check_column(right, right_on, "right_on")

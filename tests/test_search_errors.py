@@ -121,9 +121,9 @@ def test_the_column_given_in_the_wrong_place_is_named() -> None:
 
 
 def test_a_join_with_vectors_or_a_series_on_the_right_says_how_to_make_a_frame() -> None:
-    """join's right side is a frame: an array of vectors or a Series is a TypeError that
-    says how to make one (and, for vectors, names topk), not pandas' AttributeError; the
-    frame the advice makes joins."""
+    """join's right side is a frame: an array of vectors or a Series (pandas or dask) is a
+    TypeError that says how to make one (and, for vectors, names topk), not pandas'
+    AttributeError; the frame the advice makes joins."""
     pdf = frame(vectors(5))
     for df in (pdf, dask_cosim.from_pandas(pdf, npartitions=2)):
         with (
@@ -136,19 +136,21 @@ def test_a_join_with_vectors_or_a_series_on_the_right_says_how_to_make_a_frame()
             ),
         ):
             df.cosim.join(vectors(2), "emb", k=1)
-        right = pdf["emb"]
-        with (
-            no_computes(),
-            pytest.raises(
-                TypeError,
-                match=r"^join's right side is of type Series, not a DataFrame; make it one: "
-                r"right\.to_frame\('emb'\)$",
-            ),
-        ):
-            df.cosim.join(right, "emb", k=1)
-        got = df.cosim.join(right.to_frame("emb"), "emb", k=1)
-        got = got.compute() if dask.is_dask_collection(got) else got
-        assert got["right"].tolist() == got["left"].tolist()
+        # A dask Series passed the check for a frame (it has an attribute "columns") and
+        # met pandas' AttributeError further on.
+        for right in (pdf["emb"], dask_cosim.from_pandas(pdf, npartitions=2)["emb"]):
+            with (
+                no_computes(),
+                pytest.raises(
+                    TypeError,
+                    match=r"^join's right side is of type Series, not a DataFrame; make it "
+                    r"one: right\.to_frame\('emb'\)$",
+                ),
+            ):
+                df.cosim.join(right, "emb", k=1)
+            got = df.cosim.join(right.to_frame("emb"), "emb", k=1)
+            got = got.compute() if dask.is_dask_collection(got) else got
+            assert got["right"].tolist() == got["left"].tolist()
 
 
 def test_ragged_object_columns_of_different_lengths_fail_at_compute() -> None:
