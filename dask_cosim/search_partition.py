@@ -194,7 +194,8 @@ def query_side(queries: Any, eps: float) -> Side:
     """The queries of ``topk`` (a 2-D array or tensor, or a Series of vectors) as a side,
     normalised on the CPU: this runs in the client, which touches no GPU."""
     if backends.is_vector_series(queries):
-        v = backends.to_vectors(queries, str(queries.name))
+        # Errors name the rows "column <the Series' name>", or "column 'queries'".
+        v = backends.to_vectors(queries, "queries" if queries.name is None else str(queries.name))
         x = torch.cat([b.cpu() for b in v.blocks]) if v.blocks else torch.zeros((0, 0))
         null = v.null.cpu() if isinstance(v.null, torch.Tensor) else v.null
         labels = backends.to_pandas(queries.index)

@@ -164,6 +164,19 @@ def test_ragged_object_columns_of_different_lengths_fail_at_compute() -> None:
         left.cosim.join(right, "emb", k=1)
 
 
+def test_ragged_queries_are_named_by_their_series_or_as_the_queries() -> None:
+    """An unnamed Series of queries with rows of two lengths was "column 'None'"."""
+    pdf = frame(vectors(5, d=3))
+    for name, shown in ((None, "queries"), ("q", "q")):
+        queries = pd.Series([[1.0, 0.0, 0.0], [0.0, 1.0]], name=name)
+        with pytest.raises(
+            ValueError, match=rf"^column '{shown}': row 1 has 2 values but row 0 has 3; "
+        ):
+            pdf.cosim.topk(queries, "emb", k=1)
+        with pytest.raises(TypeError, match=rf"^column '{shown}': row 1 holds str 'x', "):
+            pdf.cosim.topk(pd.Series([[1.0, 0.0, 0.0], "x"], name=name), "emb", k=1)
+
+
 def test_empty_sides_give_empty_results() -> None:
     pdf = frame(vectors())
     empty = pdf.iloc[:0]
