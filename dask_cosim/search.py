@@ -200,11 +200,11 @@ def join(
     # float64 results get float64 scores for every pair; float32 ones keep the tile's.
     exact = score_dtype == np.float64
     build = sg.Builder(dask.is_dask_collection(left) or dask.is_dask_collection(right))
-    rsides = sg.sides(build, right, right_on, opts, rcols)
+    rsides = sg.sides(build, right, right_on, opts, rcols, frame="right")
     budget = None if k is not None else Budget(opts.max_result_bytes, "join", on, threshold)
     cut = sg.pieces(build, left, opts, lambda n: n * len(rsides))
     outs = []
-    for i, lside in enumerate(sg.sides(build, left, on, opts, lcols, cut=cut)):
+    for i, lside in enumerate(sg.sides(build, left, on, opts, lcols, cut=cut, frame="left")):
         if k is not None:
             pair = build(sp.join_pair_topk)
             pieces = [pair(lside, r, k, threshold, opts.tile_bytes, opts.precision) for r in rsides]

@@ -197,8 +197,10 @@ def sides(
     payload: Sequence[Any] = (),
     frames: list[Any] | None = None,
     cut: int = 1,
+    frame: str = "",
 ) -> list[Any]:
-    """One normalised side per block of ``df[on]`` (carrying the ``payload`` columns).
+    """One normalised side per block of ``df[on]`` (carrying the ``payload`` columns);
+    ``frame``: "left" or "right" for a join's sides (errors name it).
 
     ``frames``: the partitions of the whole of ``df`` where the caller's graph has them
     (dedup and groups return whole rows), cut as ``cut`` says already.  The sides are
@@ -226,7 +228,7 @@ def sides(
     return [
         prep(
             p, on, i, eps=opts.eps, device=opts.device, payload=list(payload) or None,
-            precision=opts.precision, source=i // cut,
+            precision=opts.precision, source=i // cut, frame=frame,
         )
         for i, p in enumerate(blocks)
     ]  # fmt: skip

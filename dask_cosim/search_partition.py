@@ -52,10 +52,11 @@ QUERIES = "queries"  # the column name of a query side (for errors)
 class Side:
     """One partition's vectors, normalised (:class:`~dask_cosim.search_kernels.Prepared`),
     with its index labels, its number among the sides (its rows' ordering keys), the
-    column name (for errors), the columns to carry into results (``payload``, or None)
-    and the partition its rows came from (for errors; a partition may be searched in
-    several sides).  Labels and payload stay in the partition's library (on the device
-    for cudf): results take only their own rows."""
+    column name (for errors), the columns to carry into results (``payload``, or None),
+    the partition its rows came from (for errors; a partition may be searched in several
+    sides) and which frame of a join it belongs to ("left", "right"; "" for one frame:
+    for errors).  Labels and payload stay in the partition's library (on the device for
+    cudf): results take only their own rows."""
 
     prep: sk.Prepared
     labels: Any
@@ -63,6 +64,7 @@ class Side:
     column: str
     payload: Any
     partition: int = 0
+    frame: str = ""
 
     def __dask_tokenize__(self) -> tuple[Any, ...]:
         # dask would pickle the tensors (slow); their bytes say the same.  ``scale``
@@ -71,7 +73,7 @@ class Side:
         tensors = [backends.tensor_token(t) for t in (p.raw, p.scale, p.valid)]
         carried = None if self.payload is None else backends.data_token(self.payload)
         labels = backends.data_token(self.labels)
-        return (*tensors, labels, self.part, self.column, carried, self.partition)
+        return (*tensors, labels, self.part, self.column, carried, self.partition, self.frame)
 
 
 def prepare_side(
@@ -84,11 +86,12 @@ def prepare_side(
     payload: list[Any] | None = None,
     precision: str = "fp32",
     source: int | None = None,
+    frame: str = "",
 ) -> Side:
     """Normalise one partition's ``column`` (any format :mod:`dask_cosim.backends` reads),
     or take its normalisation from the columns :func:`prepare_columns` added, when ``df``
     has them.  ``part``: the side's number; ``source``: the partition its rows came from
-    (default ``part``).
+    (default ``part``); ``frame``: "left" or "right" for a join's sides (for errors).
 
     Null rows and rows holding NaN or inf never match; a zero row scores 0.0.  On CUDA
     with ``precision`` "exact" or "fast" the float32 unit rows, which only the float32
@@ -118,7 +121,8 @@ def prepare_side(
         # Positional names: a user column called "left" or "score" cannot collide with
         # the bookkeeping columns on the way to the result.
         carried.columns = [f"_p{n}" for n in range(len(payload))]
-    return Side(prep, df.index, part, column, carried, part if source is None else source)
+    source = part if source is None else source
+    return Side(prep, df.index, part, column, carried, source, frame)
 
 
 # --------------------------------------------------------------------------- prepared frames
@@ -273,7 +277,8 @@ def _aligned(q: Side, r: Side) -> tuple[sk.Prepared, sk.Prepared] | None:
 def _what(side: Side) -> str:
     if side.column == QUERIES:
         return "argument 'queries'"
-    return f"column {side.column!r} (partition {side.partition})"
+    frame = f"{side.frame} " if side.frame else ""
+    return f"{frame}column {side.column!r} (partition {side.partition})"
 
 
 def _pairs_frame(

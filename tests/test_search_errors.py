@@ -154,12 +154,15 @@ def test_a_join_with_vectors_or_a_series_on_the_right_says_how_to_make_a_frame()
 
 
 def test_ragged_object_columns_of_different_lengths_fail_at_compute() -> None:
+    """Vectors of two lengths in the two frames of a join, found at compute (object
+    columns): the error says which frame holds which (it named "column 'emb' (partition
+    0)" twice)."""
     left = frame(vectors(5), "object_numpy")
     right = frame(vectors(5, d=4), "object_numpy")
     with pytest.raises(
         ValueError,
-        match=r"column 'emb' \(partition 0\) holds vectors of 12 values and column 'emb' "
-        r"\(partition 0\) of 4",
+        match=r"^left column 'emb' \(partition 0\) holds vectors of 12 values and right "
+        r"column 'emb' \(partition 0\) of 4; ",
     ):
         left.cosim.join(right, "emb", k=1)
 
