@@ -322,7 +322,8 @@ def search_threshold(value: Any, *, required: bool = False) -> float | None:
     if value is None and not required:
         return None
     try:
-        number = float(value)
+        # True would read as 1.0: a flag in the threshold's place, most likely.
+        number = math.nan if isinstance(value, bool) else float(value)
     except (TypeError, ValueError):
         number = math.nan
     if not -1.0 <= number <= 1.0:
