@@ -85,7 +85,9 @@ def from_pandas(
     chunksize : int, optional
         Rows per partition, as in ``dd.from_pandas``.
     sort : bool, default True
-        As in ``dd.from_pandas``.
+        As in ``dd.from_pandas``: sort by the index, which sets the frame order a search
+        ranks ties by (and the row ``dedup`` keeps of two duplicates).  ``sort=False``
+        keeps the pandas frame's order.
 
     Returns
     -------
