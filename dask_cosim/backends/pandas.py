@@ -383,20 +383,54 @@ def arrow_dtype_parses(text: Any) -> bool:
 
 
 def _as_written(table: pa.Table) -> Any:
-    """``types_mapper`` for ``table``: :func:`arrow_vector_types`, and Arrow-backed for the
+    """``types_mapper`` for ``table``: :func:`arrow_vector_types`; Arrow-backed for the
     types of the columns whose pandas metadata records an Arrow-backed dtype pandas cannot
-    parse back (:func:`arrow_dtype_parses`), as they were written."""
+    parse back (:func:`arrow_dtype_parses`), as they were written; and for the types
+    pyarrow gives as Python objects (:func:`_objects`), the dtype the metadata records
+    for every column of that type where it records one (pandas' "boolean", a numpy bool,
+    "date64[ms][pyarrow]"), else Arrow-backed (a types mapper maps types, not columns: a
+    numpy bool column beside a "boolean" one reads as two "bool[pyarrow]" columns).
+
+    An object column is what dask's ``convert-string`` turns into text, whatever it
+    holds: it made 'False' (a true value) of a boolean beside a null, '2020-01-01' of a
+    date, '1.00' of a decimal (in the data, where the meta said bool)."""
     described = table.schema.pandas_metadata or {}
-    names = set(table.schema.names)
-    written = {
-        table.schema.field(name).type
+    recorded: dict[str, Any] = {
+        name: column.get("numpy_type")
         for column in described.get("columns", [])
-        if (name := column.get("field_name", column.get("name"))) in names
-        and not arrow_dtype_parses(column.get("numpy_type"))
+        if (name := column.get("field_name", column.get("name"))) in table.schema.names
     }
-    if not written:
-        return arrow_vector_types
-    return lambda t: pd.ArrowDtype(t) if t in written else arrow_vector_types(t)
+    by_type: dict[pa.DataType, set[Any]] = {}
+    for field in table.schema:
+        by_type.setdefault(field.type, set()).add(recorded.get(field.name))
+    written = {t for t, texts in by_type.items() if not all(map(arrow_dtype_parses, texts))}
+
+    def mapper(t: pa.DataType) -> Any:
+        if t in written:
+            return pd.ArrowDtype(t)
+        if _objects(t):
+            texts = by_type.get(t, set())
+            if len(texts) == 1 and (text := next(iter(texts))) is not None:
+                dtype = pd.api.types.pandas_dtype(text)
+                if isinstance(dtype, pd.api.extensions.ExtensionDtype):
+                    return dtype
+                if text == "bool":  # a numpy bool column: it has no nulls
+                    return None
+            return pd.ArrowDtype(t)
+        return arrow_vector_types(t)
+
+    return mapper
+
+
+def _objects(t: pa.DataType) -> bool:
+    """Whether pyarrow converts ``t`` into Python objects (booleans only beside a null,
+    which the schema does not tell), bytes and nested types aside."""
+    return (
+        pa.types.is_boolean(t)
+        or pa.types.is_date(t)
+        or pa.types.is_time(t)
+        or pa.types.is_decimal(t)
+    )
 
 
 def _index_as_stored(df: pd.DataFrame, table: pa.Table) -> pd.DataFrame:

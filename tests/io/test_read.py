@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import datetime
+import decimal
 import json
 from pathlib import Path
 from typing import Any
@@ -413,4 +415,49 @@ def test_a_string_index_reads_back_as_dask_reads_it(tmp_path: Path, convert_stri
         pd.testing.assert_index_equal(back._meta.index, got.index[:0])
         assert back._meta.dtypes.equals(got.dtypes)
     if not convert_string:
+        pd.testing.assert_frame_equal(got, pdf)
+
+
+@pytest.mark.parametrize("convert_string", [True, False])
+def test_columns_pandas_makes_objects_of_read_arrow_backed_not_as_text(
+    tmp_path: Path, convert_string: bool
+) -> None:
+    """bool with nulls, dates, times and decimals: pyarrow gives pandas Python objects for
+    them, and dask's ``convert-string`` turned those into text ('False', a true value in a
+    filter; '2020-01-01'; '1.00'), in the data while the meta said bool.  They read
+    Arrow-backed, the values as stored, the meta as the data."""
+    table = pa.table(
+        {
+            "flag": pa.array([True, None, False]),
+            "day": pa.array([datetime.date(2020, 1, 1), None, datetime.date(1999, 12, 31)]),
+            "ms": pa.array([datetime.date(2021, 5, 6)] * 3, pa.date64()),
+            "at": pa.array([datetime.time(1, 2, 3), None, datetime.time(23, 59)], pa.time64("us")),
+            "sec": pa.array([1, 2, None], pa.time32("s")),
+            "money": pa.array(
+                [decimal.Decimal("1.00"), None, decimal.Decimal("-2.50")], pa.decimal128(5, 2)
+            ),
+        }
+    )
+    pq.write_table(table, tmp_path / "t.parquet")
+    stored = pq.read_table(tmp_path / "t.parquet")
+    with dask.config.set({"dataframe.convert-string": convert_string}):
+        df = dask_cosim.read_parquet(tmp_path / "t.parquet")
+        got = df.compute()
+    assert df._meta.dtypes.equals(got.dtypes), (df._meta.dtypes, got.dtypes)
+    for name in table.column_names:
+        assert got[name].dtype == pd.ArrowDtype(stored.schema.field(name).type), name
+        assert pa.array(got[name]).equals(stored.column(name).combine_chunks()), name
+    assert got["flag"].fillna(False).tolist() == [True, False, False]
+    # Written by dask_cosim.to_parquet from object cells (bools beside a None): the same.
+    pdf = pd.DataFrame({"flag": [True, None, False]}, dtype=object)
+    dask_cosim.to_parquet(dask_cosim.from_pandas(pdf, npartitions=1), tmp_path / "ours")
+    back = dask_cosim.read_parquet(tmp_path / "ours").compute()["flag"]
+    assert back.dtype == pd.ArrowDtype(pa.bool_()) and back.tolist()[::2] == [True, False]
+    # Where pandas' metadata records one dtype for every column of a type, that one.
+    for pdf in (
+        pd.DataFrame({"ok": [True, False, True], "n": [1, 2, 3]}),
+        pd.DataFrame({"maybe": pd.array([True, None, False]), "n": [1, 2, 3]}),
+    ):
+        pdf.to_parquet(tmp_path / "pandas.parquet")
+        got = dask_cosim.read_parquet(tmp_path / "pandas.parquet").compute()
         pd.testing.assert_frame_equal(got, pdf)
