@@ -60,7 +60,9 @@ def parquet_files(path: Any) -> Found | None:
     if any(c in t for t in texts for c in "*?["):
         if any("://" in t for t in texts):
             return None
-        matches = (m for t in texts for m in glob.glob(t) if not _skipped_name(t, m))
+        matches = (
+            m for t in texts for m in glob.glob(t, recursive=True) if not _skipped_name(t, m)
+        )
         texts = sorted(matches, key=natural_sort_key)
         if not texts:
             raise FileNotFoundError(f"no files match {path!r}")
@@ -85,13 +87,18 @@ def _skipped_name(pattern: str, match: str) -> bool:
     starting with "_" or "." (_SUCCESS, _metadata, _common_metadata, our manifest and
     staging folders, hidden files) that ``pattern`` matched with a wildcard rather than
     spelling it out, as pyarrow's dataset discovery and :func:`_folder_files` skip
-    them.  (``glob`` already leaves "." names to patterns that spell the dot.)"""
-    parts = zip(
-        reversed(os.path.normpath(pattern).split(os.sep)),
-        reversed(os.path.normpath(match).split(os.sep)),
-    )
+    them.  (``glob`` already leaves "." names to patterns that spell the dot.)  A
+    ``**`` matches any number of folders: the components before it align from the
+    front, those after it from the back, and those it matched are all wildcards'."""
+    parts = os.path.normpath(pattern).split(os.sep)
+    got = os.path.normpath(match).split(os.sep)
+    if "**" in parts:
+        i = parts.index("**")
+        tail = parts[i + 1 :]
+        middle = got[i : len(got) - len(tail)]
+        parts = [*parts[:i], *["*"] * len(middle), *tail]
     skipped = ("_", ".")
-    return any(got.startswith(skipped) and not part.startswith(skipped) for part, got in parts)
+    return any(g.startswith(skipped) and not p.startswith(skipped) for p, g in zip(parts, got))
 
 
 def _folder_files(fs: pafs.FileSystem, root: str) -> Found:

@@ -51,8 +51,9 @@ def read_parquet(path: Any, columns: list[str] | None = None, **kwargs: Any) -> 
     Parameters
     ----------
     path : str, path-like or list of them
-        A file, a folder of files, a local glob, or a URL pyarrow or fsspec knows.  A
-        glob's wildcards match no name starting with "_" or "." (``_SUCCESS``,
+        A file, a folder of files, a local glob (``**`` matches folders at any depth),
+        or a URL pyarrow or fsspec knows.  A glob's wildcards match no name starting
+        with "_" or "." (``_SUCCESS``,
         ``_metadata``, a manifest, hidden files), as a folder's listing skips them.
     columns : list, optional
         Columns to read (the index comes along), by label or by the files' field names

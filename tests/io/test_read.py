@@ -115,6 +115,20 @@ def test_globs_skip_the_names_folder_readers_skip(tmp_path: Path) -> None:
         dask_cosim.read_parquet(str(tmp_path / "ours" / "_*.json"))
 
 
+def test_a_recursive_glob_reads_every_level(tmp_path: Path) -> None:
+    """``**`` matches folders at any depth, as dask's reader and fsspec take it (it read
+    one level only), still skipping the "_" and "." names it matches, not those the
+    pattern spells ("_in" here)."""
+    root = tmp_path / "_in"
+    for i, sub in enumerate(("", "a", "a/b", "a/_tmp", "a/.hidden", "_c")):
+        (root / sub).mkdir(parents=True, exist_ok=True)
+        pq.write_table(pa.table({"id": [i, i]}), root / sub / "x.parquet")
+    got = dask_cosim.read_parquet(str(root / "**" / "*.parquet")).compute()
+    assert sorted(got["id"]) == [0, 0, 1, 1, 2, 2]
+    got = dask_cosim.read_parquet(str(root / "a" / "**" / "x.parquet")).compute()
+    assert sorted(got["id"]) == [1, 1, 2, 2]
+
+
 def test_read_parquet_hive_folders_and_missing_paths(tmp_path: Path) -> None:
     a, b = random_pairs(40, 3)
     pdf = pairs_frame(a, b, "fixed_size_list")
