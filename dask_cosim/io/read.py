@@ -53,8 +53,8 @@ def read_parquet(path: Any, columns: list[str] | None = None, **kwargs: Any) -> 
     path : str, path-like or list of them
         A file, a folder of files, a local glob (``**`` matches folders at any depth),
         or a URL pyarrow or fsspec knows.  A glob's wildcards match no name starting
-        with "_" or "." (``_SUCCESS``,
-        ``_metadata``, a manifest, hidden files), as a folder's listing skips them.
+        with "_" or "." (``_SUCCESS``, ``_metadata``, a manifest, hidden files), as a
+        folder's listing skips them.
     columns : list, optional
         Columns to read (the index comes along), by label or by the files' field names
         (pandas stores a column labelled 0 as the field "0": ``[0]`` or ``["0"]``).
