@@ -170,6 +170,11 @@ def pairwise(
     """
     df = read_inputs(inputs, "pairwise reads Parquet files or folders of them")
     check_columns(df, keep, "--keep column")
+    if name in keep:
+        raise ValueError(
+            f"--keep {name} would overwrite the result column {name!r} (--name); keep "
+            "others, or give the result another --name"
+        )
     cos = df.cosim.pairwise(a, b, name=name, **kwargs)
     out = df[list(keep)].assign(**{name: cos}) if keep else cos.to_frame()
     check_output(output, overwrite)

@@ -96,6 +96,10 @@ def test_pairwise_writes_result_and_summary(tmp_path: Path) -> None:
          "Error: --device tpu is not a device; use 'auto', 'cpu'"),
         (["-a", "embeds_a", "-b", "embeds_b", "--eps", "-1"],
          "Error: --eps -1.0 must be a finite number >= 0"),
+        # The kept column was overwritten by the result, without a word.
+        (["-a", "embeds_a", "-b", "embeds_b", "--keep", "id", "--name", "id"],
+         "Error: --keep id would overwrite the result column 'id' (--name); keep others, "
+         "or give the result another --name"),
     ],
 )  # fmt: skip
 def test_pairwise_usage_errors_exit_2(tmp_path: Path, args: list[str], message: str) -> None:
