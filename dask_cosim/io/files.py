@@ -251,6 +251,21 @@ def location(path: str) -> str:
     return os.path.realpath(filesystem(text)[1])
 
 
+def check_replaceable(path: str) -> None:
+    """ValueError when the local folder ``path`` is the working directory or holds it:
+    replacing it would delete the directory the process runs in (dask's writer refuses
+    it too), and a relative path would then name nothing."""
+    where = location(path)
+    if "://" in where:
+        return
+    cwd = os.path.realpath(os.getcwd())
+    if cwd == where or cwd.startswith(where.rstrip("/") + "/"):
+        raise ValueError(
+            f"{path!r} holds the working directory {cwd!r}: replacing it would delete the "
+            "directory this runs in; write it elsewhere, or run from another directory"
+        )
+
+
 def new_staging(fs: pafs.FileSystem, root: str) -> str:
     """A new hidden staging folder next to ``root``, created, after removing those that
     earlier writes to ``root`` by dead processes of this host left behind."""

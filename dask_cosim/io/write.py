@@ -21,7 +21,15 @@ from dask.dataframe.dispatch import to_pyarrow_table_dispatch
 from dask_cosim import backends, errors
 from dask_cosim.io import categories, cudf_parquet
 from dask_cosim.io.convert import from_pandas, futures_of, held_where_it_is
-from dask_cosim.io.files import Staging, commit, discard, exists, filesystem, new_staging
+from dask_cosim.io.files import (
+    Staging,
+    check_replaceable,
+    commit,
+    discard,
+    exists,
+    filesystem,
+    new_staging,
+)
 from dask_cosim.io.layouts import (
     check_layout,
     encode_column,
@@ -120,7 +128,8 @@ def to_parquet(
         the rows of one file so.  A stored index reads back whole in pandas, dask, pyarrow
         datasets and cudf (DuckDB, which has no index, sees a column).
     overwrite : bool, default False
-        Replace an existing ``path`` (after the new folder is complete).
+        Replace an existing ``path`` (after the new folder is complete); not a folder
+        that is, or holds, the working directory (ValueError).
     compute : bool, default True
         False returns a ``dask.delayed`` object that writes and commits when computed (a
         failed computation then leaves its hidden staging folder behind).
@@ -220,9 +229,14 @@ def _stage(
     # None from here on: one partition, its index stored unless it is the default one.
     fs, root = filesystem(path)
     staging = new_staging(fs, root)  # first: it puts back what a killed overwrite moved
-    if exists(fs, root) and not overwrite:
-        fs.delete_dir(staging)
-        raise FileExistsError(f"{str(path)!r} exists; pass overwrite=True to replace it")
+    if exists(fs, root):
+        try:
+            if not overwrite:
+                raise FileExistsError(f"{str(path)!r} exists; pass overwrite=True to replace it")
+            check_replaceable(os.fspath(path))
+        except (FileExistsError, ValueError):
+            fs.delete_dir(staging)
+            raise
     files = FileWriter(fs, staging, layout, list(vectors), compression, row_group_rows)
     written = df.map_partitions(
         _write_partition,

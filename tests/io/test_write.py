@@ -264,3 +264,22 @@ def test_overwrite_replaces_a_file(tmp_path: Path) -> None:
     dask_cosim.to_parquet(pairs_frame(a, b, "fixed_size_list"), out, overwrite=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["p"] and out.is_dir()
     assert len(dask_cosim.read_parquet(out).compute()) == 12
+
+
+def test_overwrite_refuses_the_folder_it_runs_in(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A folder that is, or holds, the working directory is not replaced (dask's writer
+    refuses it too): the overwrite deleted the directory the process ran in, and a
+    relative path then failed after the folder had been replaced."""
+    a, b = random_pairs(12, 3)
+    out = tmp_path / "p"
+    dask_cosim.to_parquet(pairs_frame(a, b, "fixed_size_list"), out)
+    (out / "here").mkdir()
+    before = sorted(p.name for p in out.iterdir())
+    for cwd, path in ((out, "."), (out / "here", ".."), (out / "here", str(out))):
+        monkeypatch.chdir(cwd)
+        with pytest.raises(ValueError, match=r"holds the working directory .*; write it elsewhere"):
+            dask_cosim.to_parquet(pairs_frame(a, b, "list"), path, overwrite=True)
+    assert sorted(p.name for p in out.iterdir()) == before  # no staging folder left
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["p"]
