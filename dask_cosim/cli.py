@@ -23,7 +23,7 @@ import sys
 import tempfile
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -284,22 +284,24 @@ def _search(
     out: Output,
     cluster: Cluster,
     *,
+    inputs: Sequence[str],
     rows_of_input: bool = False,
     removed: str | None = None,
     on_cluster: bool = False,
 ) -> None:
-    """Check OUTPUT (and REMOVED) and build the result (errors before a cluster starts),
-    then build it again on the cluster (a search cuts partitions too few for the
-    cluster's threads into ranges of rows: :func:`dask_cosim.search_graph.pieces`),
-    compute and write it; prints rows, time and the output paths.  ``build`` returns the
+    """Check OUTPUT and REMOVED (:func:`dask_cosim.runs.check_output`, against
+    ``inputs``) and build the result (errors before a cluster starts), then build it
+    again on the cluster (a search cuts partitions too few for the cluster's threads
+    into ranges of rows: :func:`dask_cosim.search_graph.pieces`), compute and write it;
+    prints rows, time and the output paths.  ``build`` returns the
     result, or (kept rows, removed rows) with ``removed``; ``rows_of_input``: the
     result's rows are the input's (dedup), index included; ``on_cluster``: build
     computes (a clustered search's plan), so it runs on the cluster only."""
     from dask_cosim import runs
 
-    runs.check_output(out.output, out.overwrite)
+    runs.check_output(out.output, out.overwrite, inputs)
     if removed is not None:
-        runs.check_removed(removed, out.output, out.overwrite)
+        runs.check_removed(removed, out.output, out.overwrite, inputs)
 
     def jobs_of(result: Any) -> list[tuple[Any, str, bool]]:
         # Search results are numbered per partition: their index says nothing, so it is
@@ -375,7 +377,7 @@ def topk(
         # Checked from the metadata now; the data is read once the cluster runs.
         return lambda: df.cosim.topk(dask.compute(queries)[0], on, k, columns=list(keep))
 
-    _search(build, out, cluster)
+    _search(build, out, cluster, inputs=inputs)
 
 
 @main.command()
@@ -398,7 +400,8 @@ def join(
 
     left, right = runs.read_inputs([left_path], _READS), runs.read_inputs([right_path], _READS)
     _search(lambda: left.cosim.join(right, on, right_on=right_on, k=k, threshold=threshold,
-                                    columns=list(columns)), out, cluster)  # fmt: skip
+                                    columns=list(columns)), out, cluster,
+            inputs=[left_path, right_path])  # fmt: skip
 
 
 @main.command()
@@ -422,7 +425,7 @@ def neighbors(
     df = runs.read_inputs(inputs, _READS)
     _search(lambda: df.cosim.neighbors(on, k=k, threshold=threshold, columns=list(columns),
                                        method=method, n_probe=n_probe, clusters=clusters),
-            out, cluster, on_cluster=clustered(method, k=k, threshold=threshold,
+            out, cluster, inputs=inputs, on_cluster=clustered(method, k=k, threshold=threshold,
                                                n_probe=n_probe, clusters=clusters))  # fmt: skip
 
 
@@ -457,7 +460,7 @@ def dedup(
     _search(lambda: df.cosim.dedup(on, threshold, return_removed=removed is not None,
                                    columns=list(columns), method=method, n_probe=n_probe,
                                    clusters=clusters),
-            out, cluster, rows_of_input=True, removed=removed, on_cluster=clustered(
+            out, cluster, inputs=inputs, rows_of_input=True, removed=removed, on_cluster=clustered(
                 method, threshold=threshold, n_probe=n_probe, clusters=clusters))  # fmt: skip
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from dask_cosim import errors, io
-from dask_cosim.io.files import location
+from dask_cosim.io.files import check_replaceable, location
 from dask_cosim.search import check_column
 from dask_cosim.summary import Summary, summarize
 
@@ -61,19 +61,35 @@ def check_columns(df: Any, columns: Sequence[str], what: str) -> None:
         raise errors.column_not_found(missing[0], df.columns, what)
 
 
-def check_output(output: str, overwrite: bool) -> None:
-    """FileExistsError before any work when ``output`` exists and not ``overwrite``: a
-    local folder in any spelling (a ``file://`` URL too).  An object-store output is left
-    to the write, which refuses it then (making its filesystem here could cost requests)."""
+def check_output(output: str, overwrite: bool, inputs: Sequence[str] = ()) -> None:
+    """Before any work: FileExistsError when ``output`` exists and not ``overwrite``: a
+    local folder in any spelling (a ``file://`` URL too); ValueError when it is inside a
+    local folder among ``inputs`` (a later read of that folder would take the output's
+    files for rows of its own), or, with ``overwrite``, when it holds the working
+    directory (:func:`~dask_cosim.io.files.check_replaceable`).  An object-store output
+    is left to the write, which refuses it then (making its filesystem here could cost
+    requests)."""
     where = location(output)
-    if not overwrite and "://" not in where and os.path.exists(where):
-        raise FileExistsError(f"{output!r} exists; pass --overwrite to replace it")
+    if "://" in where:
+        return
+    for path in inputs:
+        folder = location(path)
+        if where.startswith(folder.rstrip("/") + "/") and os.path.isdir(folder):
+            raise ValueError(
+                f"{output!r} is inside the input folder {path!r}: a later read of that "
+                "folder would take the output's files for rows of its own; write it "
+                "elsewhere"
+            )
+    if os.path.exists(where):
+        if not overwrite:
+            raise FileExistsError(f"{output!r} exists; pass --overwrite to replace it")
+        check_replaceable(output)
 
 
-def check_removed(removed: str, output: str, overwrite: bool) -> None:
+def check_removed(removed: str, output: str, overwrite: bool, inputs: Sequence[str] = ()) -> None:
     """dedup's ``--removed`` folder: not ``--output``, not inside it and not holding it (the
     two are renamed into place one after the other, so one would replace or land in the
-    other after the whole run), and not existing unless ``overwrite``.  The two are
+    other after the whole run), and as :func:`check_output` checks an output.  The two are
     compared by :func:`~dask_cosim.io.files.location`: a relative path, a symbolic link
     or a ``file://`` URL of the same folder is the same folder."""
     kept, gone = location(output), location(removed)
@@ -84,7 +100,7 @@ def check_removed(removed: str, output: str, overwrite: bool) -> None:
         raise ValueError(f"--removed {removed!r} is inside --output {output!r}; {how}")
     if kept.startswith(gone + "/"):
         raise ValueError(f"--output {output!r} is inside --removed {removed!r}; {how}")
-    check_output(removed, overwrite)
+    check_output(removed, overwrite, inputs)
 
 
 def write(
@@ -177,7 +193,7 @@ def pairwise(
         )
     cos = df.cosim.pairwise(a, b, name=name, **kwargs)
     out = df[list(keep)].assign(**{name: cos}) if keep else cos.to_frame()
-    check_output(output, overwrite)
+    check_output(output, overwrite, inputs)
     spec = check_column(df, a)
 
     def run(progress: bool = False) -> Written:

@@ -111,6 +111,32 @@ def test_pairwise_usage_errors_exit_2(tmp_path: Path, args: list[str], message: 
     assert not (tmp_path / "out").exists()
 
 
+def test_an_output_inside_an_input_folder_or_holding_the_working_directory_exits_2(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """OUTPUT inside a folder it reads was written (the next read of that folder took the
+    output's files for rows with null vectors); OUTPUT holding the working directory
+    was replaced with --overwrite, deleting the directory, and a relative path then
+    failed ("No such file or directory", exit 2, after the replacement)."""
+    pairs = write_pairs(tmp_path / "pairs", *random_pairs(20, 4), files=1)
+    vectors = ["-a", "embeds_a", "-b", "embeds_b"]
+    for command in (["pairwise", str(pairs), *vectors], ["dedup", str(pairs), "--on",
+                    "embeds_a", "--threshold", "0.9"]):  # fmt: skip
+        proc = cli_here(*command, "-o", str(pairs / "out"))
+        assert proc.returncode == 2, proc.stdout
+        assert f"Error: '{pairs / 'out'}' is inside the input folder '{pairs}': " in proc.stdout
+        assert not (pairs / "out").exists()
+    proc = cli_here("dedup", str(pairs), "--on", "embeds_a", "--threshold", "0.9", "-o",
+                    str(tmp_path / "kept"), "--removed", str(pairs / "gone"))  # fmt: skip
+    assert proc.returncode == 2 and "'" + str(pairs / "gone") + "' is inside" in proc.stdout
+    (tmp_path / "old" / "c").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path / "old" / "c")
+    proc = cli_here("pairwise", "../../pairs", *vectors, "-o", "..", "--overwrite")
+    assert proc.returncode == 2, proc.stdout
+    assert "Error: '..' holds the working directory " in proc.stdout
+    assert (tmp_path / "old" / "c").is_dir()
+
+
 def test_missing_input_and_ragged_rows_exit_2(tmp_path: Path) -> None:
     proc = cli("pairwise", str(tmp_path / "nowhere"), "-a", "x", "-b", "y", "-o", "o")
     assert proc.returncode == 2 and "nowhere' not found" in proc.stderr
