@@ -143,6 +143,7 @@ def _read_files(
         columns=labels,
         filters=filters,
         backend=backend,
+        first_file=(files[0], schema),
         # Read when the graph is built, so that it travels with it to remote workers.
         memory_map=_memory_map(schema),
         in_batches=not binary,
@@ -243,6 +244,7 @@ def _read_piece(
     memory_map: bool = False,
     in_batches: bool = True,
     binary_vectors: dict[str, tuple[int, str]] | None = None,
+    first_file: tuple[str, pa.Schema] | None = None,
 ) -> Any:
     """One partition: a file (or some of its row groups), vectors restored without a copy.
 
@@ -261,6 +263,8 @@ def _read_piece(
     rows a filter drops take their labels with them.  None: the stored index, unnamed
     where dask stored it unnamed.  ``values``: a hive folder's file's keys, appended as
     columns over the dictionaries ``keys`` (:func:`.hive.add_keys`); None for other files.
+    ``first_file``: the read's first file and its schema, whose types the meta has
+    (:func:`_as_first`; pyarrow's path).
     """
     file, row_groups, *ranges = piece
     labels, columns = columns, _field_names(columns)
@@ -298,6 +302,8 @@ def _read_piece(
             table = pq.ParquetFile(file, **where).read_row_groups(
                 row_groups, columns=stored, use_pandas_metadata=True
             )
+    if first_file is not None and file != first_file[0]:
+        table = _as_first(table, stored, file, *first_file)
     if values is not None:
         table = hive.add_keys(table, keys, values, read)
     kept = None  # the labels of the rows a filter keeps, where the files store none
@@ -308,6 +314,44 @@ def _read_piece(
     df = backends.frame_from_arrow(restore_vectors(table), backend)
     df = categories.as_stored(df, table.schema)
     return positions.label(df, first, kept)
+
+
+def _as_first(
+    table: pa.Table, names: list[str] | None, file: str, first: str, schema: pa.Schema
+) -> pa.Table:
+    """``table``, read from ``file``, with the types the read's first file (``first``,
+    ``schema``) gives its columns ``names`` (None: all of them), which the frame's meta
+    has: other types cast (int32 to int64, lists to fixed-size lists of their length),
+    a column the file lacks null (as pyarrow's datasets read it), one it adds dropped.
+
+    A column that cannot take the first file's type (vectors of another length, text
+    for numbers) is a ValueError naming both files: as it was, the partition's column
+    became objects (cosines of vectors of two lengths, numbers beside strings), or, for a
+    column lacking, a KeyError at compute."""
+    # The stored index columns (as the file's pandas metadata names them) as they are.
+    index = [n for n in _index_columns(table.schema) if n in table.column_names]
+    wanted = [f for f in schema if (names is None or f.name in names) and f.name not in index]
+    wanted += [table.schema.field(n) for n in index]
+    if list(table.schema) == wanted:
+        return table
+    columns = []
+    for field in wanted:
+        if field.name not in table.column_names:
+            columns.append(pa.nulls(len(table), field.type))
+            continue
+        column = table.column(field.name)
+        if column.type != field.type:
+            try:
+                column = column.cast(field.type)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+                raise ValueError(
+                    f"column {field.name!r} of {file!r} holds {column.type}, but the first "
+                    f"file of the read, {first!r}, has {field.type}, which the frame "
+                    "takes from it: read the files of each schema on their own (a list "
+                    "or a glob), or rewrite this one with the first file's types"
+                ) from None
+        columns.append(column)
+    return pa.table(columns, schema=pa.schema(wanted, metadata=table.schema.metadata))
 
 
 def _field_names(columns: list[Any] | None) -> list[str] | None:

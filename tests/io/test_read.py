@@ -475,3 +475,40 @@ def test_columns_pandas_makes_objects_of_read_arrow_backed_not_as_text(
         pdf.to_parquet(tmp_path / "pandas.parquet")
         got = dask_cosim.read_parquet(tmp_path / "pandas.parquet").compute()
         pd.testing.assert_frame_equal(got, pdf)
+
+
+def test_files_of_a_folder_are_read_with_the_first_files_types(tmp_path: Path) -> None:
+    """The frame's meta comes from the first file's schema; a later file's columns take
+    its types (int32 as int64, lists as its fixed-size lists), a column it lacks is null
+    (as pyarrow's datasets read it), and one that cannot take them is named with its file.
+    Before: a lacking column was a KeyError at compute in pairwise, vectors of another
+    length gave cosines of object columns, and ids as strings made the column object."""
+
+    def vectors(d: int, n: int = 2, fixed: bool = True) -> pa.Array:
+        values = pa.array(np.arange(n * d, dtype=np.float32) + 1)
+        if fixed:
+            return pa.FixedSizeListArray.from_arrays(values, d)
+        return pa.ListArray.from_arrays(pa.array(np.arange(0, n * d + 1, d, dtype=np.int32)), values)
+
+    def folder(name: str, second: dict[str, Any]) -> Path:
+        (tmp_path / name).mkdir()
+        first = {"id": pa.array([0, 1]), "a": vectors(4), "b": vectors(4)}
+        pq.write_table(pa.table(first), tmp_path / name / "f0.parquet")
+        pq.write_table(pa.table(second), tmp_path / name / "f1.parquet")
+        return tmp_path / name
+
+    ids = pa.array([2, 3], pa.int32())
+    fine = folder("fine", {"id": ids, "a": vectors(4, fixed=False), "extra": [1, 2]})
+    df = dask_cosim.read_parquet(fine)
+    got = df.compute()
+    assert df._meta.dtypes.equals(got.dtypes) and got["id"].tolist() == [0, 1, 2, 3]
+    assert got["b"].isna().tolist() == [False, False, True, True]
+    assert np.isnan(df.cosim.pairwise("a", "b").compute().to_numpy()).tolist() == [0, 0, 1, 1]
+    for name, second, message in (
+        ("longer", {"id": ids, "a": vectors(5), "b": vectors(5)},
+         r"column 'a' of '.*longer/f1\.parquet' holds fixed_size_list<element: float>\[5\]"),
+        ("text", {"id": ["x", "y"], "a": vectors(4), "b": vectors(4)},
+         r"column 'id' of '.*text/f1\.parquet' holds string"),
+    ):  # fmt: skip
+        with pytest.raises(ValueError, match=message + r".* the first file .*f0\.parquet"):
+            dask_cosim.read_parquet(folder(name, second)).compute()
