@@ -488,7 +488,9 @@ def test_files_of_a_folder_are_read_with_the_first_files_types(tmp_path: Path) -
         values = pa.array(np.arange(n * d, dtype=np.float32) + 1)
         if fixed:
             return pa.FixedSizeListArray.from_arrays(values, d)
-        return pa.ListArray.from_arrays(pa.array(np.arange(0, n * d + 1, d, dtype=np.int32)), values)
+        return pa.ListArray.from_arrays(
+            pa.array(np.arange(0, n * d + 1, d, dtype=np.int32)), values
+        )
 
     def folder(name: str, second: dict[str, Any]) -> Path:
         (tmp_path / name).mkdir()
