@@ -255,6 +255,11 @@ def test_cli_names_a_file_that_is_not_parquet_and_how_to_convert_it(tmp_path: Pa
         f"be cut into blocks to read in parallel), then convert it: dask-cosim convert {csv} "
         "-o pairs-parquet" in text
     ), text
+    # A .parquet file that is not Parquet (empty: a write cut short) is not to convert.
+    (tmp_path / "cut.parquet").write_bytes(b"")
+    code, text = run("pairwise", str(tmp_path / "cut.parquet"), *args)
+    assert code == 2 and "it is named .parquet but holds no Parquet (written in part, or " in text
+    assert "dask-cosim convert" not in text
     assert not (tmp_path / "out").exists() and not (tmp_path / "c").exists()
     # The commands it suggests work.
     code, text = run("convert", npy, "-o", str(tmp_path / "pairs-parquet"))
@@ -389,7 +394,7 @@ def test_read_parquet_names_a_file_that_is_not_parquet(tmp_path: Path) -> None:
         dask_cosim.read_parquet(folder)
     code, text = run("info", str(folder))
     assert code == 2 and f"Error: {str(folder / 'pairs.csv')!r} is not a Parquet file" in text
-    assert "`dask-cosim convert` turns pandas pickles and .npy/.npz files into Parquet" in text
+    assert "`dask-cosim convert` turns CSV, JSON Lines, .npy/.npz files and pandas" in text
 
 
 @pytest.mark.parametrize(

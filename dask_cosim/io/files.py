@@ -135,14 +135,15 @@ def naming_non_parquet(file: str) -> Iterator[None]:
     """Within it, pyarrow's errors for a file that is not Parquet ("Parquet magic bytes not
     found in footer", "file size is 0 bytes", "smaller than the minimum file footer":
     none names the file) are raised as :func:`errors.not_parquet`, naming ``file`` and
-    how to convert it; a file gone (its folder replaced by an overwrite since it was
-    listed) says so; other errors pass unchanged."""
+    how to convert it; a file gone (deleted, or its folder replaced by an overwrite,
+    since it was listed) says so; other errors pass unchanged."""
     try:
         yield
     except FileNotFoundError as err:
         raise FileNotFoundError(
-            f"{file!r} is gone: its folder was replaced (an overwrite) after its files were "
-            "listed; read the folder again"
+            f"{file!r} is gone: it was deleted, or its folder replaced (an overwrite), after "
+            "the read listed its files (when the frame was made); read the folder again, "
+            "or put the file back"
         ) from err
     except pa.ArrowInvalid as err:
         if not any(why in str(err) for why in _NOT_PARQUET):
@@ -151,9 +152,8 @@ def naming_non_parquet(file: str) -> Iterator[None]:
             file,
             str(err),
             "read_parquet reads Parquet files or folders holding only Parquet files",
-            "`dask-cosim convert` turns pandas pickles and .npy/.npz files into Parquet; CSV "
-            "needs its vector cells parsed into numbers first (pandas), then "
-            "dask_cosim.to_parquet",
+            "`dask-cosim convert` turns CSV, JSON Lines, .npy/.npz files and pandas pickles "
+            "into Parquet (in Python: dask_cosim.io.read_text, then dask_cosim.to_parquet)",
         ) from None
 
 
@@ -202,6 +202,11 @@ def check_parquet_inputs(inputs: Sequence[str], reads: str) -> None:
                 f"it is compressed text; decompress it first ({_COMPRESSED[suffix]} {text}: a "
                 "compressed file cannot be cut into blocks to read in parallel), then convert "
                 f"it: dask-cosim convert {plain} -o {plain.stem}-parquet"
+            )
+        elif suffix in (".parquet", ".pq", ".parq"):
+            how = (
+                f"it is named {suffix} but holds no Parquet (written in part, or not by a "
+                "Parquet writer): write it again, or leave it out of the read"
             )
         elif suffix == ".txt":
             how = (

@@ -227,8 +227,8 @@ def test_a_reader_of_a_replaced_folder_fails_rather_than_mixing(tmp_path: Path) 
     dask_cosim.to_parquet(dask_cosim.from_pandas(pairs_frame(c, d, "fixed_size_list"), npartitions=4), out,
                           overwrite=True)  # fmt: skip
     with pytest.raises(FileNotFoundError, match=r"part\.0000\d\.[0-9a-f]{12}\.parquet' is gone: "
-                       r"its folder was replaced \(an overwrite\) after its files were listed; "
-                       r"read the folder again"):  # fmt: skip
+                       r"it was deleted, or its folder replaced \(an overwrite\), after the "
+                       r"read listed its files"):  # fmt: skip
         listed.compute()
     assert len(dask_cosim.read_parquet(out).compute()) == 30
 
