@@ -215,9 +215,10 @@ def join(
                      precision=opts.precision, budget=budget)
                 for r in rsides
             ]  # fmt: skip
-        merged = _merged(build, pieces, k, budget, opts.split_every, i)
+        merged = _merged(build, pieces, k, budget, opts.split_every, i // cut)
         outs.append(build(sr.finish_pairs)(merged, meta, k is not None, like, carried))
-    return build.collect(build.rejoin(outs, cut, renumber=True), backends.frame_like(meta, like))
+    joined = build.rejoin(outs, cut, renumber=True, budget=budget)
+    return build.collect(joined, backends.frame_like(meta, like))
 
 
 def neighbors(
@@ -269,11 +270,12 @@ def neighbors(
                 )  # fmt: skip
     finish = build(sr.finish_pairs)
     outs = [
-        finish(_merged(build, p, k, budget, opts.split_every, i), meta, k is not None, like,
-               carried)
+        finish(_merged(build, p, k, budget, opts.split_every, i // cut), meta, k is not None,
+               like, carried)
         for i, p in enumerate(pieces)
     ]  # fmt: skip
-    return build.collect(build.rejoin(outs, cut, renumber=True), backends.frame_like(meta, like))
+    joined = build.rejoin(outs, cut, renumber=True, budget=budget)
+    return build.collect(joined, backends.frame_like(meta, like))
 
 
 def dedup(

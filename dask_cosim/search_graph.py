@@ -108,14 +108,27 @@ class Builder:
             return parts
         return [self(_rows_of)(part, k, pieces) for part in parts for k in range(pieces)]
 
-    def rejoin(self, outs: list[Any], pieces: int, renumber: bool = False) -> list[Any]:
+    def rejoin(
+        self, outs: list[Any], pieces: int, renumber: bool = False, budget: Budget | None = None
+    ) -> list[Any]:
         """The outputs of :meth:`cut`'s ranges, ``pieces`` at a time, as one per
         partition they were cut from; ``renumber``: index them 0, 1, ... (a result's
-        rows), else keep their labels (the input's rows)."""
+        rows), else keep their labels (the input's rows).  With a threshold search's
+        ``budget``, each join is a merge like any other (:meth:`checked`): it runs only
+        once its pairs' total fits one task."""
         if pieces == 1:
             return outs
-        join = self(functools.partial(_concat, renumber=renumber))
-        return [join(*outs[s : s + pieces]) for s in range(0, len(outs), pieces)]
+        join = functools.partial(_concat, renumber=renumber)
+        groups = [outs[s : s + pieces] for s in range(0, len(outs), pieces)]
+        return [
+            self.tree(
+                group,
+                join,
+                pieces,
+                self.checked(group, budget, f"the merge of output partition {p}"),
+            )
+            for p, group in enumerate(groups)
+        ]
 
     def tree(
         self,

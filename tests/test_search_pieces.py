@@ -16,6 +16,7 @@ from distributed import Client
 
 import dask_cosim
 from dask_cosim import search_graph as sg
+from dask_cosim.errors import ResultTooLargeError
 from dask_cosim.io import vectors_to_arrow
 from dask_cosim.search import _options
 from tests.helpers import cli_here
@@ -78,6 +79,22 @@ def test_few_partitions_are_searched_in_ranges(
     groups = ddf.cosim.groups("emb", 0.9)
     assert groups.npartitions == npartitions
     pd.testing.assert_frame_equal(groups.compute(), pdf.cosim.groups("emb", 0.9))
+
+
+def test_the_ranges_of_a_partition_are_rejoined_within_the_budget(shared_client: Client) -> None:
+    """The output of a partition searched in ranges is their pairs together: a merge, which
+    the result budget bounds as every other (it was not checked: 10,330 pairs in one task
+    where 5,120 may be, each range's own within it)."""
+    pdf = _frame()
+    ddf = dd.from_pandas(pdf, npartitions=1, sort=False)
+    with dask.config.set({"cosim.search.max-result-bytes": "200KiB"}):
+        for search in (
+            lambda: ddf.cosim.neighbors("emb", threshold=0.0),
+            lambda: ddf.cosim.join(ddf, "emb", threshold=0.3),
+        ):
+            with pytest.raises(ResultTooLargeError, match="the merge of output partition 0"):
+                search().compute()
+    assert len(ddf.cosim.neighbors("emb", threshold=0.0).compute()) == 10_330
 
 
 def test_topk_cuts_a_corpus_of_few_partitions(shared_client: Client) -> None:
