@@ -91,13 +91,21 @@ class Builder:
         frame scattered to a client's workers (``from_pandas`` under a client) each
         depend on a task that holds its futures: the graph of ``to_delayed()`` names
         them without holding them, so a search whose input frame was dropped before it
-        was computed would find them released ("lost dependencies")."""
+        was computed would find them released ("lost dependencies").  RuntimeError where
+        the client that scattered them has closed: they are gone."""
         if not dask.is_dask_collection(obj):
             return [self.value(obj, "cosim-frame", backends.data_token)]
         parts = list(obj.to_delayed())
         futures = futures_of(obj)
         if not futures:
             return parts
+        closed = [f.client for f in futures if f.client.status in ("closing", "closed")]
+        if closed:
+            raise RuntimeError(
+                f"this frame's partitions were scattered to the workers of {closed[0]!r}, "
+                "which has closed: they are gone with it (dask_cosim.from_pandas under a "
+                "client scatters them); build the frame again under the client that computes"
+            )
         held = self(held_where_it_is)(*[self(held_where_it_is)(f) for f in futures])
         return [self(_with)(part, held) for part in parts]
 

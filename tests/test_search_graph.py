@@ -179,6 +179,23 @@ def test_eager_inputs_scattered_again_are_not_lost(client: Any) -> None:
         np.testing.assert_array_equal(build.value(QUERIES, "cosim-queries").compute(), QUERIES)
 
 
+def test_a_search_of_partitions_a_closed_client_scattered_says_so() -> None:
+    """A frame made by ``from_pandas`` under a client that has closed since holds no data:
+    a search of it under another client failed at compute with "FutureCancelledError:
+    ... lost dependencies"; it is refused when built, saying why."""
+    from distributed import Client, LocalCluster
+
+    pdf = _frame(1, n=20, d=4)
+    options = {"n_workers": 1, "processes": False, "dashboard_address": None}
+    with LocalCluster(**options) as cluster, Client(cluster) as first:
+        df = dask_cosim.from_pandas(pdf, npartitions=2)
+    with LocalCluster(**options) as cluster, Client(cluster):
+        for search in (lambda: df.cosim.dedup("emb", 0.2), lambda: pdf.cosim.join(df, "emb", k=1)):
+            with pytest.raises(RuntimeError, match=rf"scattered to the workers of {first!r}, "
+                               r"which has closed: .* build the frame again"):  # fmt: skip
+                search()
+
+
 def test_a_search_holds_the_partitions_from_pandas_scattered(client: Any) -> None:
     """``dask_cosim.from_pandas`` under a client scatters the partitions, which live as
     long as the frame's futures; a search's graph (made of ``to_delayed``'s partitions)
