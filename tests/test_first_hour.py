@@ -428,6 +428,26 @@ def test_plain_folder_with_a_stray_file_names_it(
         assert code == 2 and f"Error: {named}" in text, text
 
 
+def test_a_damaged_parquet_file_is_named(tmp_path: Path) -> None:
+    """A file whose footer is damaged (overwritten, or cut short and given a footer back)
+    failed with pyarrow's "OSError: Couldn't deserialize thrift", naming no file (the
+    command line: exit 1, as for a worker lost)."""
+    folder = tmp_path / "plain"
+    folder.mkdir()
+    for i in range(3):
+        a, b = random_pairs(6, 3, seed=i)
+        pd.DataFrame({"embeds_a": list(a), "embeds_b": list(b)}).to_parquet(folder / f"{i}.parquet")
+    data = (folder / "1.parquet").read_bytes()
+    footer = int.from_bytes(data[-8:-4], "little")
+    (folder / "1.parquet").write_bytes(data[: -8 - footer] + b"\0" * footer + data[-8:])
+    named = f"{str(folder / '1.parquet')!r} is a damaged Parquet file (Couldn't deserialize thrift"
+    with pytest.raises(ValueError, match=re.escape(named)):
+        dask_cosim.read_parquet(folder).compute()
+    out = str(tmp_path / "out")
+    code, text = run("pairwise", str(folder), "-a", "embeds_a", "-b", "embeds_b", "-o", out)
+    assert code == 2 and f"Error: {named}" in text and "write it again" in text, text
+
+
 def test_from_pandas_given_something_else_says_what_to_do() -> None:
     pdf = pd.DataFrame({"embeds_a": list(random_pairs(4, 3)[0])})
     df = dask_cosim.from_pandas(pdf)

@@ -128,6 +128,8 @@ def _folder_files(fs: pafs.FileSystem, root: str) -> Found:
 
 
 _NOT_PARQUET = ("magic bytes", "file size is 0 bytes", "smaller than the minimum file footer")
+# pyarrow's errors (OSError) for a Parquet file whose footer or pages do not decode.
+_DAMAGED = ("deserialize thrift", "Unexpected end of stream", "Corrupt", "Invalid column metadata")
 
 
 @contextmanager
@@ -136,7 +138,8 @@ def naming_non_parquet(file: str) -> Iterator[None]:
     found in footer", "file size is 0 bytes", "smaller than the minimum file footer":
     none names the file) are raised as :func:`errors.not_parquet`, naming ``file`` and
     how to convert it; a file gone (deleted, or its folder replaced by an overwrite,
-    since it was listed) says so; other errors pass unchanged."""
+    since it was listed) and a damaged one (a footer or page that does not decode) say
+    so; other errors pass unchanged."""
     try:
         yield
     except FileNotFoundError as err:
@@ -154,6 +157,13 @@ def naming_non_parquet(file: str) -> Iterator[None]:
             "read_parquet reads Parquet files or folders holding only Parquet files",
             "`dask-cosim convert` turns CSV, JSON Lines, .npy/.npz files and pandas pickles "
             "into Parquet (in Python: dask_cosim.io.read_text, then dask_cosim.to_parquet)",
+        ) from None
+    except OSError as err:
+        if not any(why in str(err) for why in _DAMAGED):
+            raise
+        raise ValueError(
+            f"{file!r} is a damaged Parquet file ({err}): cut short, or overwritten while "
+            "it was read; write it again, or leave it out of the read"
         ) from None
 
 
