@@ -52,7 +52,9 @@ class Found(NamedTuple):
 
 
 def parquet_files(path: Any) -> Found | None:
-    """What a read of ``path`` reads; None when it needs dask's reader (globs in URLs)."""
+    """What a read of ``path`` reads; None when it needs dask's reader (globs in URLs).
+    Several paths (a list, or what a glob matches) read their files, and the files of
+    their folders, one after the other."""
     paths = list(path) if isinstance(path, (list, tuple)) else [path]
     if not paths or not all(isinstance(p, (str, os.PathLike)) for p in paths):
         return None
@@ -75,11 +77,29 @@ def parquet_files(path: Any) -> Found | None:
             return _folder_files(fs, first)
         return Found(fs, [first], [info.size], None)
     located = [filesystem(t)[1] for t in texts]
-    infos = fs.get_file_info(located)
-    missing = [t for t, i in zip(texts, infos) if i.type != pafs.FileType.File]
+    files: list[str] = []
+    sizes: list[int] = []
+    missing = []
+    for text, where, info in zip(texts, located, fs.get_file_info(located)):
+        if info.type == pafs.FileType.File:
+            files.append(where)
+            sizes.append(info.size)
+        elif info.type == pafs.FileType.Directory:
+            # A folder among several paths: its files, in its own order (its manifest's
+            # divisions apply to it alone: the read has none).
+            found = _folder_files(fs, where)
+            if found.keys is not None:
+                raise ValueError(
+                    f"{text!r} is a hive-partitioned folder (key=value/ subfolders), which is "
+                    "read on its own: read it alone, or give its files"
+                )
+            files += found.files
+            sizes += found.sizes
+        else:
+            missing.append(text)
     if missing:
-        raise FileNotFoundError(f"not files: {missing!r}")
-    return Found(fs, located, [i.size for i in infos], None)
+        raise FileNotFoundError(f"not found: {missing!r}")
+    return Found(fs, files, sizes, None)
 
 
 def _skipped_name(pattern: str, match: str) -> bool:

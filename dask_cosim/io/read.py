@@ -143,7 +143,7 @@ def _read_files(
         columns=labels,
         filters=filters,
         backend=backend,
-        first_file=(files[0], schema),
+        first_file=(files[0], restore_vectors(schema.empty_table()).schema),
         # Read when the graph is built, so that it travels with it to remote workers.
         memory_map=_memory_map(schema),
         in_batches=not binary,
@@ -263,8 +263,8 @@ def _read_piece(
     rows a filter drops take their labels with them.  None: the stored index, unnamed
     where dask stored it unnamed.  ``values``: a hive folder's file's keys, appended as
     columns over the dictionaries ``keys`` (:func:`.hive.add_keys`); None for other files.
-    ``first_file``: the read's first file and its schema, whose types the meta has
-    (:func:`_as_first`; pyarrow's path).
+    ``first_file``: the read's first file and its schema (vectors restored), whose types
+    the meta has (:func:`_as_first`; pyarrow's path).
     """
     file, row_groups, *ranges = piece
     labels, columns = columns, _field_names(columns)
@@ -303,7 +303,7 @@ def _read_piece(
                 row_groups, columns=stored, use_pandas_metadata=True
             )
     if first_file is not None and file != first_file[0]:
-        table = _as_first(table, stored, file, *first_file)
+        table = _as_first(restore_vectors(table), stored, file, *first_file)
     if values is not None:
         table = hive.add_keys(table, keys, values, read)
     kept = None  # the labels of the rows a filter keeps, where the files store none

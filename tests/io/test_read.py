@@ -129,6 +129,23 @@ def test_a_recursive_glob_reads_every_level(tmp_path: Path) -> None:
     assert sorted(got["id"]) == [1, 1, 2, 2]
 
 
+def test_several_folders_are_read_one_after_the_other(tmp_path: Path) -> None:
+    """A list of paths may name folders (ours, and plain ones) beside files: their files
+    in order (it was "not files: [...]", and the command line's INPUTS... so too)."""
+    a, b = random_pairs(30, 3)
+    pdf = pairs_frame(a, b, "fixed_size_list")
+    dask_cosim.to_parquet(dask_cosim.from_pandas(pdf.iloc[:10], npartitions=2), tmp_path / "ours")
+    (tmp_path / "plain").mkdir()
+    pdf.iloc[10:20].to_parquet(tmp_path / "plain" / "x.parquet")
+    pdf.iloc[20:].to_parquet(tmp_path / "last.parquet")
+    paths = [tmp_path / "ours", str(tmp_path / "plain"), tmp_path / "last.parquet"]
+    got = dask_cosim.read_parquet(paths)
+    assert got.npartitions == 4
+    pd.testing.assert_frame_equal(got.compute(), pdf, check_index_type=False)
+    with pytest.raises(FileNotFoundError, match=r"not found: \['.*nowhere'\]"):
+        dask_cosim.read_parquet([tmp_path / "ours", str(tmp_path / "nowhere")])
+
+
 def test_read_parquet_hive_folders_and_missing_paths(tmp_path: Path) -> None:
     a, b = random_pairs(40, 3)
     pdf = pairs_frame(a, b, "fixed_size_list")
