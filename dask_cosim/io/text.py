@@ -10,11 +10,12 @@ column becomes an Arrow ``list<double>`` column there:
   is split and cast by pyarrow's compute functions (several times faster than
   ``json.loads`` per cell);
 - JSON Lines (dask's ``read_bytes``, cut at line ends): pyarrow's JSON reader reads each
-  block with the schema of the first, lists of numbers as ``list<double>``.
+  block with the schema of the first, lists of numbers as ``list<double>`` (a string
+  column whose first value is the JSON text of one is parsed as CSV's cells are).
 
 Every row of a vector column must hold as many numbers as its first row: a block with a
-row of another length raises, naming the column and the cell (the labels of a block
-count from 0, so the cell's text is what finds it).
+row of another length raises, naming the file, the column and the cell (the labels of a
+block count from 0, so the cell's text is what finds it).
 
 The numbers keep the float64 values the text spells (shortest round-trip text of float32
 values reads back as those values, widened).  Each block's index starts at 0, as dask
@@ -62,12 +63,18 @@ def read_text(path: str | Path, blocksize: int | None = None) -> dd.DataFrame:
     columns as Arrow
     ``list<double>`` (found from the first rows: see the module docstring).
 
-    Raises ``ValueError`` when no column holds vectors, naming the columns and what a
-    vector cell looks like; a cell that is not a list of numbers raises when its block is
-    read, naming the column and the cell."""
+    Raises ``ValueError`` when the file is empty, or no column holds vectors, naming the
+    columns and what a vector cell looks like; a cell that is not a list of numbers
+    raises when its block is read, naming the file, the column and the cell.  JSON Lines
+    may hold vectors as lists or as their JSON text (``"[0.1, 0.2]"``), as CSV does."""
     source = Path(path)
     suffix = source.suffix.lower()
     blocksize = BLOCK_BYTES if blocksize is None else blocksize
+    where = str(path)
+    if source.is_file():
+        with open(source, "rb") as f:
+            if not f.read(4096).strip():
+                raise ValueError(f"{where!r} is empty: no header, no rows")
     if suffix in CSV_SUFFIXES:
         sep = "\t" if suffix == ".tsv" else ","
         df = dd.read_csv(str(source), sep=sep, blocksize=blocksize)
@@ -75,7 +82,7 @@ def read_text(path: str | Path, blocksize: int | None = None) -> dd.DataFrame:
         columns = [c for c in head.columns if _holds_vectors(head[c])]
         _check_found(path, columns, list(head.columns))
         meta = df._meta.assign(**{str(c): pd.Series([], dtype=VECTORS) for c in columns})
-        return df.map_partitions(_parse_columns, columns, meta=meta, token="cosim-read-text")
+        return df.map_partitions(_parse_columns, columns, where, meta=meta, token="cosim-read-text")
     _, (blocks,) = read_bytes(str(source), delimiter=b"\n", blocksize=blocksize, sample=False)
     first = bytes(blocks[0].compute()) if blocks else b""
     if first.lstrip().startswith(b"["):
@@ -83,11 +90,11 @@ def read_text(path: str | Path, blocksize: int | None = None) -> dd.DataFrame:
             f"{str(path)!r} is one JSON array, not JSON Lines (one record per line, "
             "{...}); write it as JSON Lines first, e.g. with jq -c '.[]'"
         )
-    schema = _json_schema(first)
-    columns = _vector_fields(schema)
+    schema, as_text = _json_schema(first)
+    columns = [*_vector_fields(schema), *as_text]
     _check_found(path, columns, schema.names)
-    meta = _json_frame(b"", schema)
-    parts = [delayed(_json_frame)(block, schema) for block in blocks]
+    meta = _json_frame(b"", schema, as_text, where)
+    parts = [delayed(_json_frame)(block, schema, as_text, where) for block in blocks]
     return dd.from_delayed(parts, meta=meta, verify_meta=False)
 
 
@@ -103,16 +110,23 @@ def _vector_fields(schema: pa.Schema) -> list[str]:
     return [f.name for f in schema if f.type == VECTOR_TYPE]
 
 
-def _json_schema(first: bytes) -> pa.Schema:
+def _json_schema(first: bytes) -> tuple[pa.Schema, list[str]]:
     """The schema every block of a JSON Lines file is read with, from its first block
     (``first``): lists of numbers as ``list<double>``, columns with no value there as
-    strings, the rest as pyarrow infers them."""
+    strings, the rest as pyarrow infers them; and the string columns whose first value
+    is the JSON text of a list of numbers (vectors as text)."""
     if not first.strip():
-        return pa.schema([])
+        return pa.schema([]), []
     try:
-        inferred = pj.read_json(pa.BufferReader(first)).schema
+        table = pj.read_json(pa.BufferReader(first))
     except pa.ArrowInvalid:  # a bad cell in the block: its first line tells the columns
-        inferred = pj.read_json(pa.BufferReader(first.lstrip().split(b"\n", 1)[0])).schema
+        table = pj.read_json(pa.BufferReader(first.lstrip().split(b"\n", 1)[0]))
+    inferred = table.schema
+    as_text = [
+        f.name
+        for f in inferred
+        if pa.types.is_string(f.type) and _holds_vectors(table.column(f.name).to_pandas())
+    ]
     fields = []
     for field in inferred:
         kind = field.type
@@ -123,12 +137,13 @@ def _json_schema(first: bytes) -> pa.Schema:
         elif pa.types.is_null(kind):
             kind = pa.string()
         fields.append(pa.field(field.name, kind))
-    return pa.schema(fields)
+    return pa.schema(fields), as_text
 
 
-def _json_frame(block: bytes, schema: pa.Schema) -> pd.DataFrame:
-    """One block of JSON Lines as a pandas frame of Arrow columns (the same dtypes in
-    every block: pandas' own would make ints with nulls floats in some blocks only)."""
+def _json_frame(block: bytes, schema: pa.Schema, as_text: list[str], where: str) -> pd.DataFrame:
+    """One block of JSON Lines (of the file ``where``) as a pandas frame of Arrow columns
+    (the same dtypes in every block: pandas' own would make ints with nulls floats in
+    some blocks only); the ``as_text`` columns parsed as CSV's vector cells are."""
     options = pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore")
     try:
         table = (
@@ -137,26 +152,27 @@ def _json_frame(block: bytes, schema: pa.Schema) -> pd.DataFrame:
             else schema.empty_table()
         )
     except pa.ArrowInvalid as error:
-        raise _first_bad_line(block, schema, error) from None
+        raise _first_bad_line(block, schema, error, where) from None
     for column in _vector_fields(schema):
-        _check_lengths(table.column(column), column)
-    return table.to_pandas(types_mapper=pd.ArrowDtype)
+        _check_lengths(table.column(column), column, where)
+    df = table.to_pandas(types_mapper=pd.ArrowDtype)
+    return _parse_columns(df, as_text, where) if as_text else df
 
 
-def _first_bad_line(block: bytes, schema: pa.Schema, error: Exception) -> ValueError:
-    """The error naming the first vector cell of ``block`` that is not a list of numbers,
-    else pyarrow's own ``error``."""
+def _first_bad_line(block: bytes, schema: pa.Schema, error: Exception, where: str) -> ValueError:
+    """The error naming the first vector cell of ``block`` (of the file ``where``) that
+    is not a list of numbers, else pyarrow's own ``error``."""
     vectors = _vector_fields(schema)
     for line in block.splitlines():
         try:
             record = json.loads(line) if line.strip() else {}
         except ValueError:
-            return ValueError(f"a line is not JSON: {line[:60]!r} ({error})")
+            return ValueError(f"{where!r}: a line is not JSON: {line[:60]!r} ({error})")
         for column in vectors:
             cell = record.get(column) if isinstance(record, dict) else None
             if cell is not None and not errors.is_json_numbers(json.dumps(cell), flat=True):
-                return _bad_cell(column, json.dumps(cell))
-    return ValueError(str(error))
+                return _bad_cell(column, json.dumps(cell), where)
+    return ValueError(f"{where!r}: {error}")
 
 
 def _holds_vectors(series: pd.Series) -> bool:
@@ -166,17 +182,18 @@ def _holds_vectors(series: pd.Series) -> bool:
     return bool(len(cells)) and errors.is_json_numbers(str(cells.iloc[0]), flat=True)
 
 
-def _parse_columns(pdf: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
-    """One block of CSV: each of ``columns`` (JSON text) as ``list<double>``."""
-    return pdf.assign(**{str(c): _vectors(pdf[c], str(c)) for c in columns})
+def _parse_columns(pdf: pd.DataFrame, columns: list[str], where: str) -> pd.DataFrame:
+    """One block of the file ``where``: each of ``columns`` (JSON text) as
+    ``list<double>``."""
+    return pdf.assign(**{str(c): _vectors(pdf[c], str(c), where) for c in columns})
 
 
-def _vectors(series: pd.Series, column: str) -> pd.Series:
+def _vectors(series: pd.Series, column: str, where: str) -> pd.Series:
     try:
         lists = _split_text(pa.array(series, from_pandas=True).cast(pa.large_string()))
     except (pa.ArrowInvalid, pa.ArrowTypeError):
-        raise _first_bad_cell(series, column) from None
-    _check_lengths(lists, column)
+        raise _first_bad_cell(series, column, where) from None
+    _check_lengths(lists, column, where)
     return pd.Series(pd.arrays.ArrowExtensionArray(lists), index=series.index, name=series.name)
 
 
@@ -189,9 +206,10 @@ def _split_text(text: pa.Array) -> pa.Array:
     return pa.ListArray.from_arrays(parts.offsets, values, mask=text.is_null())
 
 
-def _check_lengths(lists: pa.Array | pa.ChunkedArray, column: str) -> None:
+def _check_lengths(lists: pa.Array | pa.ChunkedArray, column: str, where: str) -> None:
     """Raise when the rows of ``lists`` (nulls aside) hold vectors of different lengths,
-    naming the first row that differs from the first one by its values."""
+    naming the file ``where`` and the first row that differs from the first one by its
+    values."""
     lengths = pc.list_value_length(lists).to_numpy(zero_copy_only=False)
     valid = np.flatnonzero(~np.isnan(lengths.astype(float)))
     if not len(valid):
@@ -203,24 +221,25 @@ def _check_lengths(lists: pa.Array | pa.ChunkedArray, column: str) -> None:
         empty = 0 in (lengths[other[0]], lengths[valid[0]])
         fix = "write null for a row without a vector" if empty else "fix or drop that row"
         raise ValueError(
-            f"column {column!r} holds {short!r}, a vector of {int(lengths[other[0]])} values, "
+            f"{where!r}: column {column!r} holds {short!r}, a vector of "
+            f"{int(lengths[other[0]])} values, "
             f"where its first rows hold {int(lengths[valid[0]])}; every row of an embedding "
             f"column needs the same length: {fix}"
         )
 
 
-def _first_bad_cell(series: pd.Series, column: str) -> ValueError:
+def _first_bad_cell(series: pd.Series, column: str, where: str) -> ValueError:
     """The error naming the first cell of ``series`` that is not a list of numbers (by its
     text: the labels of a block count from 0, not from the file's first row)."""
     for cell in series.dropna():
         if not errors.is_json_numbers(str(cell), flat=True):
-            return _bad_cell(column, str(cell))
-    return ValueError(f"column {column!r} holds a cell that is not a list of numbers")
+            return _bad_cell(column, str(cell), where)
+    return ValueError(f"{where!r}: column {column!r} holds a cell that is not a list of numbers")
 
 
-def _bad_cell(column: str, text: str) -> ValueError:
+def _bad_cell(column: str, text: str, where: str) -> ValueError:
     short = text if len(text) <= 40 else text[:37] + "..."
     return ValueError(
-        f"column {column!r} holds {short!r}, not a list of numbers such as "
+        f"{where!r}: column {column!r} holds {short!r}, not a list of numbers such as "
         '"[0.1, 0.2, 0.3]": fix or drop that row'
     )

@@ -114,6 +114,9 @@ def test_convert_writes_a_text_file_as_parquet_and_names_its_bad_cells(tmp_path:
         "ragged.jsonl": ('{"emb": [1, 2]}\n{"emb": null}\n{"emb": [1]}\n',
                          "column 'emb' holds '[1.0]', a vector of 1 values, where its first "
                          "rows hold 2"),
+        "empty.csv": ("\n", "empty.csv' is empty: no header, no rows"),
+        "bad-text.jsonl": ('{"emb": "[1, 2]"}\n{"emb": "[1, x]"}\n',
+                           "column 'emb' holds '[1, x]', not a list of numbers"),
     }  # fmt: skip
     for name, (text, message) in cases.items():
         (tmp_path / name).write_text(text)
@@ -121,7 +124,16 @@ def test_convert_writes_a_text_file_as_parquet_and_names_its_bad_cells(tmp_path:
         done = runner.invoke(main, ["convert", str(tmp_path / name), "-o", str(out)])
         assert done.exit_code == 2, (name, done.output)
         assert message in done.output, (name, done.output)
+        # Every message names the file (a cell's block numbers its rows from 0).
+        assert f"Error: {str(tmp_path / name)!r}" in done.output, (name, done.output)
         assert not out.exists()
+
+    # Vectors as JSON text in JSON Lines (as CSV holds them) read as in CSV.
+    (tmp_path / "text.jsonl").write_text('{"id": 0, "emb": "[1, 2]"}\n{"id": 1, "emb": null}\n')
+    done = runner.invoke(main, ["convert", str(tmp_path / "text.jsonl"), "-o", str(out)])
+    assert done.exit_code == 0 and "vectors: emb 2 x float64" in done.output, done.output
+    got = dask_cosim.read_parquet(out).compute()["emb"]
+    assert got.isna().tolist() == [False, True] and list(got.iloc[0]) == [1.0, 2.0]
 
 
 @pytest.mark.parametrize("suffix", [".csv", ".jsonl"])
