@@ -393,6 +393,19 @@ def test_convert_info_and_pickle_refusal(tmp_path: Path) -> None:
     assert (
         cube.returncode == 2 and "expected (N, D) (one vector per row) or (N, 2, D)" in cube.stdout
     )
+    # numpy's refusals named no file ("Object arrays cannot be loaded when
+    # allow_pickle=False").
+    ragged = np.empty(2, dtype=object)
+    ragged[:] = [np.zeros(2), np.zeros(3)]
+    np.save(tmp_path / "objects.npy", ragged, allow_pickle=True)
+    np.savez(tmp_path / "objects.npz", embeds_a=ragged, embeds_b=ragged)
+    (tmp_path / "noise.npy").write_bytes(b"not an array")
+    for name, why in (("objects.npy", "holds an array of Python objects"),
+                      ("objects.npz", "holds an array of Python objects"),
+                      ("noise.npy", "is not an array numpy reads: ")):  # fmt: skip
+        done = cli_here("convert", str(tmp_path / name), "-o", str(tmp_path / "c7"))
+        assert done.returncode == 2, done.stdout
+        assert f"Error: {str(tmp_path / name)!r} {why}" in done.stdout, done.stdout
 
     for folder, left, right in (("c1", "embeds_a", "embeds_b"), ("c2", "embeds_a", "embeds_b"),
                                 ("c3", "left", "right")):  # fmt: skip

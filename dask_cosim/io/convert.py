@@ -215,13 +215,31 @@ def active_client() -> Any:
     return None
 
 
+@contextmanager
+def _naming_numpy(source: str | Path) -> Iterator[None]:
+    """numpy's errors for a file it cannot load as numbers, naming the file (numpy's
+    own name none): an object array, which only unpickling would load, says so."""
+    try:
+        yield
+    except ValueError as err:
+        if "Object arrays cannot be loaded" in str(err):
+            raise ValueError(
+                f"{str(source)!r} holds an array of Python objects (rows of different "
+                "lengths, or arrays in an object array), which only unpickling loads, and "
+                "that runs code stored in the file: save the vectors as one (N, D) array of "
+                "numbers, e.g. np.save(path, np.stack(rows))"
+            ) from None
+        raise ValueError(f"{str(source)!r} is not an array numpy reads: {err}") from None
+
+
 def numpy_vectors(source: str | Path) -> np.ndarray:
     """A .npy file of one array of numbers of shape (N, D): N vectors (e.g. queries).
 
     Object arrays are refused (``allow_pickle=False``): loading one would run code stored
     in the file.
     """
-    values = np.load(source, allow_pickle=False)
+    with _naming_numpy(source):
+        values = np.load(source, allow_pickle=False)
     if values.ndim != 2 or values.dtype.kind not in "fiu":
         raise ValueError(
             f"{str(source)!r} holds an array of shape {values.shape} and dtype {values.dtype}; "
@@ -242,7 +260,8 @@ def numpy_frame(
     """
     source = Path(source)
     if source.suffix.lower() == ".npy":
-        values = np.load(source, allow_pickle=False)
+        with _naming_numpy(source):
+            values = np.load(source, allow_pickle=False)
         if values.ndim == 2:
             return pd.DataFrame({column: vectors_to_arrow(numpy_vectors(source))})
         if values.ndim != 3 or values.shape[1] != 2:
@@ -252,7 +271,7 @@ def numpy_frame(
             )
         first, second = values[:, 0], values[:, 1]
     else:
-        with np.load(source, allow_pickle=False) as arrays:
+        with _naming_numpy(source), np.load(source, allow_pickle=False) as arrays:
             missing = [c for c in (a, b) if c not in arrays]
             if missing:
                 hint = errors.did_you_mean(missing[0], arrays)
