@@ -531,3 +531,12 @@ def test_files_of_a_folder_are_read_with_the_first_files_types(tmp_path: Path) -
     ):  # fmt: skip
         with pytest.raises(ValueError, match=message + r".* the first file .*f0\.parquet"):
             dask_cosim.read_parquet(folder(name, second)).compute()
+    # A stored index in one file and none in the next: each as its file has it.
+    (tmp_path / "index").mkdir()
+    pd.DataFrame({"x": [1.0, 2.0]}, index=pd.Index([10, 11], name="k")).to_parquet(
+        tmp_path / "index" / "0.parquet"
+    )
+    pd.DataFrame({"x": [3.0, 4.0]}).to_parquet(tmp_path / "index" / "1.parquet", index=False)
+    for columns in (None, ["x"]):
+        got = dask_cosim.read_parquet(tmp_path / "index", columns=columns).compute()
+        assert got.index.tolist() == [10, 11, 0, 1] and got["x"].tolist() == [1, 2, 3, 4]
