@@ -95,6 +95,20 @@ def test_variable_lists_with_empty_null_rows_and_ragged_rows() -> None:
         backends.to_vectors(ragged, "v")
 
 
+def test_a_ragged_row_is_named_against_the_most_common_length() -> None:
+    """A column whose first row is the odd one named the second row as odd ("row 1 has 3
+    values but row 0 has 4"): a partition, or a range of rows a search cut, may start at
+    the odd row.  On a tie the earliest row's length counts as the common one."""
+    rows = [[1.0, 2.0, 3.0, 4.0], None, [1.0, 2.0, 3.0], [4.0, 5.0, 6.0], [7.0, 8.0, 9.0]]
+    arrow = _arrow_series(pa.array(rows, type=pa.list_(pa.float32())))
+    objects = pd.Series([None if r is None else np.array(r) for r in rows])
+    for s in (arrow, objects):
+        with pytest.raises(ValueError, match=r"^column 'v': row 0 has 4 values but row 2 has 3"):
+            backends.to_vectors(s, "v")
+        with pytest.raises(ValueError, match=r"^column 'v': row 2 has 3 values but row 0 has 4"):
+            backends.to_vectors(s.iloc[:3], "v")
+
+
 @pytest.mark.parametrize("view", [pa.ListViewArray, pa.LargeListViewArray])
 def test_list_views_in_any_order_with_null_rows_and_ragged_rows(view: Any) -> None:
     """Arrow's list views (each row its own offset and size): rows in order read as a

@@ -104,20 +104,19 @@ def _list_chunk_values(
     valid_lengths = lengths if null is None else lengths[~null]
     if len(valid_lengths) == 0:  # every row null; the value type still sets the result's
         return np.zeros((n, 0), dtype=chunk.type.value_type.to_pandas_dtype()), null
-    dim = int(valid_lengths[0])
-    other_length = lengths != dim
-    bad = np.flatnonzero(other_length)
-    if null is not None:
-        bad = bad[~null[bad]]
-    if len(bad):
-        first_valid = 0 if null is None else int(np.flatnonzero(~null)[0])
+    valid = np.arange(n) if null is None else np.flatnonzero(~null)
+    odd = ragged_rows(valid_lengths)
+    if odd is not None:
+        bad, usual = (int(valid[i]) for i in odd)
         raise errors.ragged(
             column,
-            row_label(index, row0 + int(bad[0])),
-            int(lengths[bad[0]]),
-            row_label(index, row0 + first_valid),
-            dim,
+            row_label(index, row0 + bad),
+            int(lengths[bad]),
+            row_label(index, row0 + usual),
+            int(lengths[usual]),
         )
+    dim = int(valid_lengths[0])
+    other_length = lengths != dim
     values = chunk.values  # the whole child array: offsets index into it
     start = int(offsets[0])
     # Every row, null ones included, D long and one after the other (a list's offsets say
@@ -231,15 +230,15 @@ def _stack_checked(
                 raise _cell_error(column, index, pos, x)
             flat_cells.append(arr.reshape(-1))
         sizes = [a.size for a in flat_cells]
-    dim = sizes[0]
-    bad = next((i for i, s in enumerate(sizes) if s != dim), None)
-    if bad is not None:
+    odd = ragged_rows(np.asarray(sizes))
+    if odd is not None:
+        bad, usual = odd
         raise errors.ragged(
             column,
             row_label(index, int(positions[bad])),
             sizes[bad],
-            row_label(index, int(positions[0])),
-            dim,
+            row_label(index, int(positions[usual])),
+            sizes[usual],
         )
     if all_torch:
         return torch.stack([t.cpu() for t in flat_cells])
@@ -292,6 +291,19 @@ def _pandas_to_vectors(s: pd.Series, column: str) -> Vectors:
         return Vectors([tensor], null, tensor.shape[1], n)
     vector_spec(s, column)  # raises the right TypeError
     raise errors.not_vectors(column, s.dtype)
+
+
+def ragged_rows(lengths: np.ndarray) -> tuple[int, int] | None:
+    """Where ``lengths`` (of a column's rows) differ: (the first row of another length
+    than the most common one, the first row of the most common length; on a tie, the
+    earliest row's length counts as the common one), or None when all agree.  Against
+    the first row alone, one odd row that came first (a partition, or a range of one,
+    that starts at it) named every other row as the odd one."""
+    values, first, counts = np.unique(lengths, return_index=True, return_counts=True)
+    if len(values) < 2:
+        return None
+    usual = np.lexsort((first, -counts))[0]
+    return int(np.flatnonzero(lengths != values[usual])[0]), int(first[usual])
 
 
 def _check_chunk_dims(dims: list[tuple[int, int]], column: str, index: Any) -> int:
