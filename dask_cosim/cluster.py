@@ -369,14 +369,28 @@ def _local_dashboard(address: str | int | None) -> str | None:
     )
 
 
+# Keywords of the cluster and its workers that local_cluster sets itself: given, they were
+# overridden without a word (nthreads, by threads_per_worker) or collided (processes).
+_SET_HERE = {
+    "nthreads": "each worker's threads are threads_per_worker, e.g. threads_per_worker=2",
+    "processes": "it starts worker processes; for workers in this process, use "
+    "distributed.LocalCluster(processes=False) and a Client of it",
+}
+
+
 def _check_kwargs(kwargs: dict[str, Any], cluster_class: type) -> None:
-    """Unknown keywords fail here, not in a worker process after the scheduler started."""
+    """Unknown keywords fail here, not in a worker process after the scheduler started,
+    and so do those local_cluster sets itself (:data:`_SET_HERE`)."""
     known: set[str] = set()
     for target in (*cluster_class.__mro__[:-1], Nanny, Worker):  # [:-1]: not object
         for p in inspect.signature(target).parameters.values():
             if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
                 known.add(p.name)
     for name in kwargs:
+        if name in _SET_HERE:
+            raise TypeError(f"local_cluster() takes no {name!r}: {_SET_HERE[name]}")
         if name not in known:
-            hint = errors.did_you_mean(name, sorted(known | {"n_workers"}))
+            hint = errors.did_you_mean(name, sorted((known - set(_SET_HERE)) | {"n_workers"}))
+            if not hint and "thread" in name:
+                hint = "; did you mean 'threads_per_worker'?"
             raise TypeError(f"local_cluster() got an unexpected keyword argument {name!r}{hint}")

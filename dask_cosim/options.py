@@ -418,7 +418,9 @@ def memory_size(name: str, value: Any, example: str) -> None:
         except ValueError:
             ok = False
     elif isinstance(value, (int, float)) and not isinstance(value, bool):
-        ok = value > 0
+        # dask takes a float up to 1 for a fraction, and any other number for bytes: 1.5
+        # gave each worker 1 byte.
+        ok = value > 0 and (value <= 1 or float(value).is_integer())
     if not ok:
         raise ValueError(
             f"{name}={value!r} is not a size: give bytes, a string like {example}, a "

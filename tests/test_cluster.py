@@ -162,6 +162,7 @@ def test_local_cluster_tls(loop: object) -> None:
             "memory_limit='lots' is not a size: give bytes, a string like \"4GiB\"",
         ),
         ({"memory_limit": -1}, ValueError, "memory_limit=-1 is not a size"),
+        ({"memory_limit": 1.5}, ValueError, "memory_limit=1.5 is not a size"),  # 1 byte each
         (
             {"rmm_pool_size": "1GB", "gpus": False},
             ValueError,
@@ -184,6 +185,14 @@ def test_local_cluster_tls(loop: object) -> None:
             TypeError,
             "unexpected keyword argument 'n_worker'; did you mean 'n_workers'?",
         ),
+        # Keywords local_cluster sets: nthreads was overridden, processes collided.
+        (
+            {"nthreads": 2},
+            TypeError,
+            "takes no 'nthreads': each worker's threads are threads_per_worker",
+        ),
+        ({"processes": False}, TypeError, "takes no 'processes': it starts worker processes;"),
+        ({"threads": 2}, TypeError, "argument 'threads'; did you mean 'threads_per_worker'?"),
     ],
     ids=lambda v: v if isinstance(v, str) else None,
 )
