@@ -45,12 +45,21 @@ class Written:
     embedding_bytes: int | None = None
 
 
-def read_inputs(inputs: Sequence[str], reads: str) -> Any:
-    """The Parquet ``inputs`` (files, folders, globs) as one dask frame; a local file that
-    is not Parquet raises first, saying how to convert it (``reads``: what the caller
-    reads, for the message)."""
-    io.check_parquet_inputs(inputs, reads)
-    return io.read_parquet(list(inputs) if len(inputs) > 1 else inputs[0])
+def _paths(inputs: str | os.PathLike[str] | Sequence[str]) -> list[str]:
+    """``inputs`` as a list of paths: one path (a string iterated would be its letters,
+    "/" among them, a listing of the whole filesystem) or several."""
+    if isinstance(inputs, (str, os.PathLike)):
+        return [os.fspath(inputs)]
+    return [os.fspath(p) for p in inputs]
+
+
+def read_inputs(inputs: str | os.PathLike[str] | Sequence[str], reads: str) -> Any:
+    """The Parquet ``inputs`` (a path, or several: files, folders, globs) as one dask
+    frame; a local file that is not Parquet raises first, saying how to convert it
+    (``reads``: what the caller reads, for the message)."""
+    listed = _paths(inputs)
+    io.check_parquet_inputs(listed, reads)
+    return io.read_parquet(listed if len(listed) > 1 else listed[0])
 
 
 def check_columns(df: Any, columns: Sequence[str], what: str) -> None:
@@ -165,7 +174,7 @@ def read_queries(path: str, query_on: str | None, on: str) -> Any:
 
 
 def pairwise(
-    inputs: Sequence[str],
+    inputs: str | os.PathLike[str] | Sequence[str],
     a: str,
     b: str,
     output: str,
@@ -184,7 +193,8 @@ def pairwise(
     summarises the written column (what the user got, without a second pass over the
     inputs).
     """
-    df = read_inputs(inputs, "pairwise reads Parquet files or folders of them")
+    listed = _paths(inputs)
+    df = read_inputs(listed, "pairwise reads Parquet files or folders of them")
     check_columns(df, keep, "--keep column")
     if name in keep:
         raise ValueError(
@@ -193,7 +203,7 @@ def pairwise(
         )
     cos = df.cosim.pairwise(a, b, name=name, **kwargs)
     out = df[list(keep)].assign(**{name: cos}) if keep else cos.to_frame()
-    check_output(output, overwrite, inputs)
+    check_output(output, overwrite, listed)
     spec = check_column(df, a)
 
     def run(progress: bool = False) -> Written:

@@ -13,6 +13,7 @@ import threading
 import time
 from pathlib import Path
 
+import dask
 import dask.dataframe as dd
 import numpy as np
 import pandas as pd
@@ -135,6 +136,22 @@ def test_an_output_inside_an_input_folder_or_holding_the_working_directory_exits
     assert proc.returncode == 2, proc.stdout
     assert "Error: '..' holds the working directory " in proc.stdout
     assert (tmp_path / "old" / "c").is_dir()
+
+
+def test_the_runs_take_one_path_as_they_take_a_list(tmp_path: Path) -> None:
+    """dask_cosim.runs (public) given one path as a string iterated its letters: "/" among
+    them, a listing of the whole filesystem."""
+    from dask_cosim import runs
+
+    a, b = random_pairs(20, 4)
+    pairs = write_pairs(tmp_path / "pairs", a, b, files=2)
+    for one in (str(pairs), pairs):
+        assert len(runs.read_inputs(one, "reads").compute()) == 20
+    with dask.config.set(scheduler="sync"):
+        written = runs.pairwise(str(pairs), "embeds_a", "embeds_b", str(tmp_path / "out"))()
+    assert written.rows == 20
+    got = dask_cosim.read_parquet(tmp_path / "out").compute()["cos"].to_numpy()
+    np.testing.assert_allclose(got, reference(a, b), atol=1e-6)
 
 
 def test_missing_input_and_ragged_rows_exit_2(tmp_path: Path) -> None:
