@@ -123,7 +123,7 @@ CASES = [
         lambda: Result(reference(A, B, null=[0, 1, 2])),
     ),
     Case(
-        "float32 subnormals (1e-40): norm < eps, counts as zero -> 0.0",
+        "float32 subnormals (1e-40): norm < eps, clamped to it -> about 0 (0.0 if both)",
         lambda: frame(
             fixed(with_rows(TINY32, r2=A[2])), fixed(with_rows(TINY32, r1=B[1], r2=B[2]))
         ),
