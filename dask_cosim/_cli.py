@@ -103,6 +103,7 @@ _OPTIONS = {"k": "-k", "threshold": "--threshold", "method": "--method",
             "eps": "--eps", "dtype": "--dtype", "layout": "--layout"}  # fmt: skip
 _SPELLINGS: list[tuple[re.Pattern[str], Any]] = [
     (re.compile(r"\boverwrite=True\b"), "--overwrite"),
+    (re.compile(r"\ballow_pickle=True\b"), "--allow-pickle"),
     (
         re.compile(r"(?<![\w(.,-])(?<!, )(" + "|".join(_OPTIONS) + r")=(?:'([^']*)'|([^\s,;:)]+))"),
         lambda m: f"{_OPTIONS[m[1]]} {m[2] if m[2] is not None else m[3]}",
@@ -116,9 +117,10 @@ _SPELLINGS: list[tuple[re.Pattern[str], Any]] = [
 
 
 def cli_spelling(text: str) -> str:
-    """``text`` (a library message) with ``overwrite=True``, ``method='exact'``,
-    ``n_probe=2``, ``k=3``, ``threshold=0.9``, ``clusters=N`` spelt as the command line's
-    options: ``--overwrite``, ``--method exact``, ``--n-probe 2``, ``-k 3``, ..."""
+    """``text`` (a library message) with ``overwrite=True``, ``allow_pickle=True``,
+    ``method='exact'``, ``n_probe=2``, ``k=3``, ``threshold=0.9``, ``clusters=N`` spelt as
+    the command line's options: ``--overwrite``, ``--allow-pickle``, ``--method exact``,
+    ``--n-probe 2``, ``-k 3``, ..."""
     for pattern, spelling in _SPELLINGS:
         text = pattern.sub(spelling, text)
     return text

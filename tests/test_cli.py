@@ -384,6 +384,8 @@ def test_convert_info_and_pickle_refusal(tmp_path: Path) -> None:
     refused = cli_here("convert", str(tmp_path / "frame.pkl"), "-o", str(tmp_path / "c1"))
     assert refused.returncode == 2 and "--allow-pickle" in refused.stdout
     assert "runs code" in refused.stdout and not (tmp_path / "c1").exists()
+    with pytest.raises(PermissionError, match=r"runs code .*; pass allow_pickle=True if you"):
+        dask_cosim.io.read_pickle(tmp_path / "frame.pkl")  # as Python spells it
     ok = cli_here("convert", str(tmp_path / "frame.pkl"), "-o", str(tmp_path / "c1"),
                   "--allow-pickle")  # fmt: skip
     assert ok.returncode == 0, ok.stdout

@@ -294,7 +294,7 @@ def read_pickle(source: str | Path, allow_pickle: bool = False) -> pd.DataFrame:
         raise PermissionError(
             f"refusing to read {str(source)!r}: unpickling runs code stored in the file, "
             "so a pickle from an untrusted source can take over this machine; pass "
-            "--allow-pickle if you trust it"
+            "allow_pickle=True if you trust it"
         )
     frame = pd.read_pickle(source)
     if not isinstance(frame, pd.DataFrame):
