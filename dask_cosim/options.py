@@ -76,7 +76,7 @@ def eps(value: Any = None) -> float:
     named ``eps`` when given, ``cosim.eps`` when read from the config."""
     value, name = _source(value, "eps", "eps")
     try:
-        number = float(value)
+        number = math.nan if isinstance(value, bool) else float(value)  # True is no bound
     except (TypeError, ValueError):
         number = math.nan
     if not (math.isfinite(number) and number >= 0):

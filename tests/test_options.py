@@ -50,6 +50,7 @@ def test_config_and_arguments() -> None:
         (options.eps, -1, "eps=-1 must be a finite number >= 0"),
         (options.eps, "tiny", "eps='tiny' must be a finite number >= 0"),
         (options.eps, float("nan"), "eps=nan must be a finite number >= 0"),
+        (options.eps, True, "eps=True must be a finite number >= 0"),
         (options.device, "gpu", "device='gpu' is not a device; use 'auto', 'cpu', 'cuda'"),
         (options.device, "cuda:x", "device='cuda:x' is not a device"),
         (options.torch_dtype, "float16", "dtype='float16' is not supported; use 'float32'"),
