@@ -28,10 +28,22 @@ _CHECKED = ("cosim.chunk-bytes", "cosim.search.tile-bytes")
 
 
 def load_defaults() -> None:
-    """Register ``cosim.yaml`` as dask.config defaults (user settings keep priority)."""
+    """Register ``cosim.yaml`` as dask.config defaults (user settings keep priority).
+
+    A size per device kind (:data:`_CHECKED`) may be set as one size for both, as
+    ``dask.config.set`` takes it; set so in a YAML file or the environment (read by dask
+    before this runs), dask's merge of the defaults' map replaced it with theirs,
+    unsaid: it is set again over them."""
     with open(os.path.join(os.path.dirname(__file__), "cosim.yaml")) as f:
         _DEFAULTS.update(yaml.safe_load(f))
+    one_size = {
+        key: value
+        for key in _CHECKED
+        if (value := dask.config.get(key, None)) is not None and not isinstance(value, Mapping)
+    }
     dask.config.update_defaults(_DEFAULTS)
+    if one_size:
+        dask.config.set(one_size)
 
 
 def unknown_keys() -> list[tuple[str, list[str]]]:

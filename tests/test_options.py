@@ -210,6 +210,8 @@ def _schema_keys(schema: dict[str, Any], prefix: str = "") -> set[str]:
     ref = schema.get("$ref")
     if ref is not None:
         schema = _SCHEMA["definitions"][ref.rsplit("/", 1)[1]]
+    # A map or one value for all its keys (bytes-per-device): the map's keys.
+    schema = next((s for s in schema.get("oneOf", ()) if "properties" in s), schema)
     if "properties" not in schema:
         return {prefix.rstrip(".")}
     children = schema["properties"].items()
@@ -225,6 +227,7 @@ def test_cosim_yaml_follows_its_schema() -> None:
     # Every default is described, and every described key has a default.
     assert _config_keys(defaults) == _schema_keys(_SCHEMA)
     assert {"cosim.dtype", "cosim.search.tile-bytes.cuda"} <= _config_keys(defaults)
+    jsonschema.validate({"cosim": {"chunk-bytes": "1MiB"}}, _SCHEMA)  # one size for both
 
 
 def test_the_docs_table_names_every_option() -> None:
@@ -262,16 +265,20 @@ def test_options_from_environment_variables() -> None:
         **os.environ,
         "DASK_COSIM__SEARCH__CLUSTERED__ROUTE_BYTES": "1MiB",
         "DASK_COSIM__PLACEMENT__GPU_FIXED": "2ms",
+        # One size for both device kinds, as dask.config.set takes it: dask's merge of
+        # the defaults replaced it with their map, unsaid.
+        "DASK_COSIM__CHUNK_BYTES": "1MiB",
     }
     code = (
         "from dask_cosim import options; c = options.clustered(); "
-        "print(c.route_bytes, c.block_bytes, options.placement_rates().gpu_fixed)"
+        "print(c.route_bytes, c.block_bytes, options.placement_rates().gpu_fixed, "
+        "*options.chunk_bytes().values())"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False
     )
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == [str(2**20), str(256 * 2**20), "0.002"]
+    assert out.stdout.split() == [str(2**20), str(256 * 2**20), "0.002", *[str(2**20)] * 2]
 
 
 def test_a_misspelt_key_is_named_with_the_closest_once() -> None:
