@@ -224,6 +224,14 @@ CASES = [
         lambda: Result(reference(A, B, null=[2])),
     ),
     Case(
+        # A JSON null read into a Python list: it raised "not a vector of numbers".
+        "null value inside a vector (a list in an object column) -> NaN",
+        lambda: frame(
+            cells([*map(list, A[:2]), [1.0, None, 2.0, 3.0], *map(list, A[3:])]), fixed(B)
+        ),
+        lambda: Result(reference(A, B, null=[2])),
+    ),
+    Case(
         "null cells None / NaN / pd.NA in object columns -> NaN",
         lambda: frame(cells([A[0], None, A[2], np.nan, A[4], A[5]]), cells([*B[:4], pd.NA, B[5]])),
         lambda: Result(reference(A, B, null=[1, 3, 4])),

@@ -249,7 +249,16 @@ def _cell_array(x: Any) -> np.ndarray:
     if isinstance(x, torch.Tensor):
         x = x.detach().cpu()
         return (x.float() if x.dtype == torch.bfloat16 else x).numpy()  # numpy has no bf16
-    return np.asarray(x)
+    arr = np.asarray(x)
+    if arr.dtype == object and arr.ndim == 1 and any(v is None for v in arr):
+        # A null inside a vector (a JSON null read into a list): NaN, as in an Arrow list.
+        numbers = all(v is None or _is_number(v) for v in arr)
+        return np.array([np.nan if v is None else v for v in arr], np.float64) if numbers else arr
+    return arr
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool)
 
 
 def _cell_error(column: str, index: Any, position: Any, cell: Any) -> TypeError:
