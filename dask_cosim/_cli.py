@@ -89,8 +89,13 @@ def one_line_errors(command: F) -> F:
         except _INPUT_ERRORS as err:
             text = err.args[0] if isinstance(err, KeyError) and err.args else str(err)
             raise InputError(cli_spelling(str(text))) from None
+        except BrokenPipeError:
+            # The reader of the output went away (`| head`): nothing more to say to it.
+            # Python's advice: point stdout at devnull so that its flush at exit is quiet.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            sys.exit(1)
         except Exception as err:
-            raise click.ClickException(failure_message(err)) from None
+            raise click.ClickException(cli_spelling(failure_message(err))) from None
 
     return wrapper  # type: ignore[return-value]
 
@@ -108,8 +113,20 @@ _SPELLINGS: list[tuple[re.Pattern[str], Any]] = [
         re.compile(r"(?<![\w(.,-])(?<!, )(" + "|".join(_OPTIONS) + r")=(?:'([^']*)'|([^\s,;:)]+))"),
         lambda m: f"{_OPTIONS[m[1]]} {m[2] if m[2] is not None else m[3]}",
     ),
+    # Columns to carry, as a list: "columns=['id', 'id'] names a column twice".
+    (
+        re.compile(r"(?<![\w(.,-])(columns|right_columns)=\[([^\]]*)\]"),
+        lambda m: " ".join(
+            f"--{m[1].replace('_', '-')} {c}" for c in re.findall(r"'([^']*)'", m[2])
+        ),
+    ),
     # Which argument named a missing column: "on: column 'embs' not found; ...".
-    (re.compile(r"^(on|right_on)(?=: column )"), lambda m: "--" + m[1].replace("_", "-")),
+    (
+        re.compile(r"^(on|right_on|columns|right_columns)(?=: column )"),
+        lambda m: "--" + m[1].replace("_", "-"),
+    ),
+    # "give k (the best matches of each row), threshold (every pair ...), or both".
+    (re.compile(r"^give k \((.*?)\), threshold \("), r"give -k (\1), --threshold ("),
     # Bare names: "n_probe is an option of method='clustered': ... or drop n_probe".
     (re.compile(r"(?<![\w-])n_probe\b"), "--n-probe"),
     (re.compile(r"\bclusters(?= is an option)|(?<=\bdrop )clusters\b"), "--clusters"),

@@ -369,6 +369,8 @@ def topk(
     queries = runs.read_queries(queries_path, query_on, on)
     check_column(df, on, "on")
     runs.check_columns(df, keep, "--keep column")
+    if len(set(keep)) != len(keep):
+        raise InputError(f"--keep {' '.join(keep)} names a column twice; name each once")
     check_topk_columns(keep, f"--keep {' '.join(keep)}", "the output has its own; keep others")
 
     def build() -> Callable[[], Any]:
@@ -385,22 +387,30 @@ def topk(
 @click.argument("right_path")
 @click.option("--on", required=True, help="Embedding column of LEFT (and of RIGHT).")
 @click.option("--right-on", default=None, help="Embedding column of RIGHT (default: --on).")
+@click.option(
+    "--right-columns",
+    multiple=True,
+    help="A column of RIGHT to carry as right_<column> (repeatable; default: --columns).",
+)
 @pairs_options
 def join(
-    left_path: str, right_path: str, on: str, right_on: str | None, k: int | None,
-    threshold: float | None, columns: tuple[str, ...], out: Output, cluster: Cluster,
+    left_path: str, right_path: str, on: str, right_on: str | None,
+    right_columns: tuple[str, ...], k: int | None, threshold: float | None,
+    columns: tuple[str, ...], out: Output, cluster: Cluster,
 ) -> None:  # fmt: skip
     """Similarity join of LEFT and RIGHT (Parquet): for each left row its K best right rows,
     and/or every pair scoring at least --threshold; columns left, right, score (and rank),
-    then left_<c>, right_<c> for each --columns c.  For pairs within one input, use
-    `neighbors` (each pair once, no row with itself).
+    then left_<c> for each --columns c and right_<c> for each --right-columns c (default:
+    --columns).  For pairs within one input, use `neighbors` (each pair once, no row with
+    itself).
     """
     check_local_inputs(left_path, right_path)
     from dask_cosim import runs
 
     left, right = runs.read_inputs([left_path], _READS), runs.read_inputs([right_path], _READS)
     _search(lambda: left.cosim.join(right, on, right_on=right_on, k=k, threshold=threshold,
-                                    columns=list(columns)), out, cluster,
+                                    columns=list(columns),
+                                    right_columns=list(right_columns) or None), out, cluster,
             inputs=[left_path, right_path])  # fmt: skip
 
 

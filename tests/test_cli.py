@@ -13,6 +13,7 @@ import threading
 import time
 from pathlib import Path
 
+import click
 import dask
 import dask.dataframe as dd
 import numpy as np
@@ -481,7 +482,7 @@ def test_failed_computation_exits_1_without_output(tmp_path: Path) -> None:
     proc = cli("pairwise", str(pairs), "-a", "embeds_a", "-b", "embeds_b", "-o",
                str(tmp_path / "out"), "--workers", "1", "--device", "cuda")  # fmt: skip
     assert proc.returncode == 1, proc.stderr
-    assert "Error: the computation failed: RuntimeError: device='cuda'" in proc.stderr
+    assert "Error: the computation failed: RuntimeError: --device cuda but " in proc.stderr
     assert "Traceback" not in proc.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pairs"]  # no output, no staging
 
@@ -521,6 +522,40 @@ def test_library_errors_in_cli_spellings() -> None:
     assert raised.value.message == "'out' appeared while writing; pass --overwrite"
     text = "write it with to_parquet(df, path, layout='list')"  # a Python call stays Python
     assert cli_spelling(text) == text
+    # They named --columns and -k / --threshold as Python does.
+    spelt = {
+        "columns=['id', 'id'] names a column twice": "--columns id --columns id names a column",
+        "right_columns: column 'id' not found; available": "--right-columns: column 'id' not",
+        "Carry a column that does: columns=['id']; or": "Carry a column that does: --columns id;",
+        "give k (the best matches of each row), threshold (every pair scoring at least it), "
+        "or both; e.g. k=10": "give -k (the best matches of each row), --threshold (every pair",
+    }
+    for library, command_line in spelt.items():
+        assert cli_spelling(library).startswith(command_line), cli_spelling(library)
+
+    # A failed computation's message too (it was left as Python spells it).
+    @one_line_errors
+    def failing() -> None:
+        raise RuntimeError("device='cuda' but no GPU is usable; use device='cpu'")
+
+    with pytest.raises(click.ClickException) as failed:
+        failing()
+    assert failed.value.message.endswith("--device cuda but no GPU is usable; use --device cpu")
+
+
+def test_a_reader_that_goes_away_ends_the_command_quietly() -> None:
+    """`dask-cosim info ... | head -1`: the pipe's reader leaves, and printing the rest
+    failed as "the computation failed: BrokenPipeError", exit 1, on stderr."""
+    code = (
+        "import sys; from dask_cosim._cli import one_line_errors\n"
+        "@one_line_errors\n"
+        "def command():\n"
+        "    for i in range(100000): print('line', i)\n"
+        "command()\n"
+    )
+    proc = subprocess.run(f"{sys.executable} -c \"{code}\" | head -1", shell=True,
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert proc.stdout == "line 0\n" and proc.stderr == "", proc.stderr
 
 
 def test_a_vector_column_without_a_vector_is_shown_without_a_length(tmp_path: Path) -> None:

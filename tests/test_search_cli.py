@@ -73,16 +73,19 @@ def test_topk_join_dedup_commands(tmp_path: Path, data: tuple[Path, np.ndarray])
         "emb",
         "--threshold",
         "0.99",
+        "--right-columns",  # a column of the right side alone (the left carries none)
+        "id",
         "-o",
         str(out),
         *common,
     )
     assert proc.returncode == 0, proc.stderr
     got = dask_cosim.read_parquet(out).compute()
-    assert list(got.columns) == ["left", "right", "score"]
+    assert list(got.columns) == ["left", "right", "score", "right_id"]
     # Files that store no index are numbered across the folder: labels are positions.
     want_pairs = sorted(zip(*np.nonzero(s >= 0.99)))
     assert sorted(zip(got["left"], got["right"])) == want_pairs
+    assert got["right_id"].tolist() == got["right"].tolist()
 
     out = tmp_path / "dedup"
     proc = cli("dedup", str(folder), "--on", "emb", "--threshold", "0.99", "-o", str(out), *common)
@@ -114,7 +117,7 @@ def test_topk_join_dedup_commands(tmp_path: Path, data: tuple[Path, np.ndarray])
             "--n-probe is an option of --method clustered: add --method clustered or drop "
             "--n-probe",
         ),
-        (["join", "--on", "emb"], "give k (the best matches of each row), threshold"),
+        (["join", "--on", "emb"], "give -k (the best matches of each row), --threshold"),
         (["join", "--on", "emb", "-k", "0"], "Invalid value for '-k'"),
         (
             ["dedup", "--on", "id", "--threshold", "0.5"],
@@ -144,12 +147,18 @@ def test_topk_keep_named_like_a_result_column_exits_2_before_a_cluster_starts(
         pa.table({"score": [1, 2, 3, 4], "emb": io.encode_vectors(x)}), tmp_path / "in.parquet"
     )
     np.save(tmp_path / "q.npy", x[:1])
-    proc = cli_here("topk", str(tmp_path / "in.parquet"), "--on", "emb", "--queries",
-                    str(tmp_path / "q.npy"), "--keep", "score", "-o", str(tmp_path / "out"))  # fmt: skip
-    assert proc.returncode == 2, proc.stdout
-    assert "--keep score would overwrite the result columns ['score']" in proc.stdout
-    assert "cluster     " not in proc.stdout  # the line describing a cluster started
-    assert not (tmp_path / "out").exists()
+    for keep, message in (
+        (["score"], "--keep score would overwrite the result columns ['score']"),
+        # Found after the cluster started, in the library's spelling ("columns=[...]").
+        (["emb", "emb"], "--keep emb emb names a column twice; name each once"),
+    ):
+        keeps = [a for c in keep for a in ("--keep", c)]
+        proc = cli_here("topk", str(tmp_path / "in.parquet"), "--on", "emb", "--queries",
+                        str(tmp_path / "q.npy"), *keeps, "-o", str(tmp_path / "out"))  # fmt: skip
+        assert proc.returncode == 2, proc.stdout
+        assert message in proc.stdout
+        assert "cluster     " not in proc.stdout  # the line describing a cluster started
+        assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize(
