@@ -125,6 +125,11 @@ _SPELLINGS: list[tuple[re.Pattern[str], Any]] = [
         re.compile(r"^(on|right_on|columns|right_columns)(?=: column )"),
         lambda m: "--" + m[1].replace("_", "-"),
     ),
+    # A config key named as the switch of a choice: the environment variable that sets it.
+    (
+        re.compile(r"\(cosim\.search\.clustered\.exact-when-cheaper\)"),
+        "(DASK_COSIM__SEARCH__CLUSTERED__EXACT_WHEN_CHEAPER=false keeps --method clustered)",
+    ),
     # "give k (the best matches of each row), threshold (every pair ...), or both".
     (re.compile(r"^give k \((.*?)\), threshold \("), r"give -k (\1), --threshold ("),
     # Bare names: "n_probe is an option of method='clustered': ... or drop n_probe".

@@ -529,6 +529,10 @@ def test_library_errors_in_cli_spellings() -> None:
         "Carry a column that does: columns=['id']; or": "Carry a column that does: --columns id;",
         "give k (the best matches of each row), threshold (every pair scoring at least it), "
         "or both; e.g. k=10": "give -k (the best matches of each row), --threshold (every pair",
+        # A config key the command line has no option for: its environment variable.
+        "runs instead: the same pairs (cosim.search.clustered.exact-when-cheaper)": "runs "
+        "instead: the same pairs (DASK_COSIM__SEARCH__CLUSTERED__EXACT_WHEN_CHEAPER=false "
+        "keeps --method clustered)",
     }
     for library, command_line in spelt.items():
         assert cli_spelling(library).startswith(command_line), cli_spelling(library)
