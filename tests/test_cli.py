@@ -461,6 +461,9 @@ def test_info_shows_the_index_as_the_read_names_it(tmp_path: Path, writer: str) 
     pdf.rename_axis("row").to_parquet(tmp_path / "named.parquet")  # a named one: its name
     named = CliRunner().invoke(main, ["info", str(tmp_path / "named.parquet")])
     assert "index       row int64\n" in named.output
+    # A file given twice is read twice: info counted its rows once, its files twice.
+    twice = [str(tmp_path / "named.parquet")] * 2
+    assert io.describe_parquet(twice)["rows"] == len(dask_cosim.read_parquet(twice)) == 12
 
 
 def test_dask_cli_entry_point() -> None:

@@ -37,7 +37,8 @@ def describe_parquet(path: Any) -> dict[str, Any]:
         rows = int(manifest["rows"])
     else:
         opened = {f: _open(f, fs) for f in files}
-        rows = sum(p.metadata.num_rows for p in opened.values())
+        # Per path given: a file given twice is read twice (its footer opened once).
+        rows = sum(opened[f].metadata.num_rows for f in files)
     # The read's own index, not the stored columns: pyarrow stores an unnamed index as
     # "__index_level_0__" (dask as "__null_dask_index__"), and the read names it None.
     index = df._meta.index
