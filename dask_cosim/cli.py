@@ -293,10 +293,10 @@ def _search(
     ``inputs``) and build the result (errors before a cluster starts), then build it
     again on the cluster (a search cuts partitions too few for the cluster's threads
     into ranges of rows: :func:`dask_cosim.search_graph.pieces`), compute and write it;
-    prints rows, time and the output paths.  ``build`` returns the
-    result, or (kept rows, removed rows) with ``removed``; ``rows_of_input``: the
-    result's rows are the input's (dedup), index included; ``on_cluster``: build
-    computes (a clustered search's plan), so it runs on the cluster only."""
+    prints rows, time and the output paths.  ``build`` returns the result, or (kept
+    rows, removed rows) with ``removed``; ``rows_of_input``: the result's rows are the
+    input's (dedup), index included; ``on_cluster``: build computes (a clustered
+    search's plan), so it runs on the cluster only."""
     from dask_cosim import runs
 
     runs.check_output(out.output, out.overwrite, inputs)

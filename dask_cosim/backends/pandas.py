@@ -104,9 +104,9 @@ def _list_chunk_values(
     valid_lengths = lengths if null is None else lengths[~null]
     if len(valid_lengths) == 0:  # every row null; the value type still sets the result's
         return np.zeros((n, 0), dtype=chunk.type.value_type.to_pandas_dtype()), null
-    valid = np.arange(n) if null is None else np.flatnonzero(~null)
     odd = ragged_rows(valid_lengths)
     if odd is not None:
+        valid = np.arange(n) if null is None else np.flatnonzero(~null)
         bad, usual = (int(valid[i]) for i in odd)
         raise errors.ragged(
             column,
@@ -308,6 +308,8 @@ def ragged_rows(lengths: np.ndarray) -> tuple[int, int] | None:
     earliest row's length counts as the common one), or None when all agree.  Against
     the first row alone, one odd row that came first (a partition, or a range of one,
     that starts at it) named every other row as the odd one."""
+    if not len(lengths) or (lengths == lengths[0]).all():  # every read: one comparison
+        return None
     values, first, counts = np.unique(lengths, return_index=True, return_counts=True)
     if len(values) < 2:
         return None
