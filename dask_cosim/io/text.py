@@ -39,6 +39,7 @@ from dask import delayed
 from dask.bytes import read_bytes
 
 from dask_cosim import errors
+from dask_cosim.backends.pandas import ragged_rows
 
 CSV_SUFFIXES = (".csv", ".tsv")
 JSON_SUFFIXES = (".jsonl", ".ndjson", ".json")
@@ -208,24 +209,23 @@ def _split_text(text: pa.Array) -> pa.Array:
 
 def _check_lengths(lists: pa.Array | pa.ChunkedArray, column: str, where: str) -> None:
     """Raise when the rows of ``lists`` (nulls aside) hold vectors of different lengths,
-    naming the file ``where`` and the first row that differs from the first one by its
-    values."""
+    naming the file ``where`` and, by its values, the first row whose length is not the
+    most common one (``backends.pandas.ragged_rows``: one odd first row is that row)."""
     lengths = pc.list_value_length(lists).to_numpy(zero_copy_only=False)
     valid = np.flatnonzero(~np.isnan(lengths.astype(float)))
-    if not len(valid):
+    ragged = ragged_rows(lengths[valid].astype(np.int64))
+    if ragged is None:
         return
-    other = valid[lengths[valid] != lengths[valid[0]]]
-    if len(other):
-        text = json.dumps(lists[int(other[0])].as_py())
-        short = text if len(text) <= 40 else text[:37] + "..."
-        empty = 0 in (lengths[other[0]], lengths[valid[0]])
-        fix = "write null for a row without a vector" if empty else "fix or drop that row"
-        raise ValueError(
-            f"{where!r}: column {column!r} holds {short!r}, a vector of "
-            f"{int(lengths[other[0]])} values, "
-            f"where its first rows hold {int(lengths[valid[0]])}; every row of an embedding "
-            f"column needs the same length: {fix}"
-        )
+    odd, usual = (int(valid[row]) for row in ragged)
+    text = json.dumps(lists[odd].as_py())
+    short = text if len(text) <= 40 else text[:37] + "..."
+    empty = 0 in (lengths[odd], lengths[usual])
+    fix = "write null for a row without a vector" if empty else "fix or drop that row"
+    raise ValueError(
+        f"{where!r}: column {column!r} holds {short!r}, a vector of {int(lengths[odd])} "
+        f"values, where most of its rows hold {int(lengths[usual])}; every row of an "
+        f"embedding column needs the same length: {fix}"
+    )
 
 
 def _first_bad_cell(series: pd.Series, column: str, where: str) -> ValueError:

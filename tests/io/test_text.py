@@ -106,13 +106,17 @@ def test_convert_writes_a_text_file_as_parquet_and_names_its_bad_cells(tmp_path:
         "array.json": ('[{"id": 0, "emb": [1, 2]}]', "array.json' is one JSON array, not JSON "
                        "Lines (one record per line, {...})"),
         "ragged.csv": ('id,emb\n0,"[1, 2, 3]"\n1,\n2,"[1, 2]"\n',
-                       "column 'emb' holds '[1.0, 2.0]', a vector of 2 values, where its first "
-                       "rows hold 3; every row of an embedding column needs the same length"),
+                       "column 'emb' holds '[1.0, 2.0]', a vector of 2 values, where most of "
+                       "its rows hold 3; every row of an embedding column needs the same length"),
+        # One odd first row is the one named, not every row after it.
+        "odd-first.csv": ('id,emb\n0,"[1, 2]"\n1,"[1, 2, 3]"\n2,"[4, 5, 6]"\n',
+                          "column 'emb' holds '[1.0, 2.0]', a vector of 2 values, where most of "
+                          "its rows hold 3"),
         "empty.jsonl": ('{"emb": [1, 2]}\n{"emb": []}\n', "column 'emb' holds '[]', a vector of "
-                        "0 values, where its first rows hold 2; every row of an embedding column "
+                        "0 values, where most of its rows hold 2; every row of an embedding column "
                         "needs the same length: write null for a row without a vector"),
         "ragged.jsonl": ('{"emb": [1, 2]}\n{"emb": null}\n{"emb": [1]}\n',
-                         "column 'emb' holds '[1.0]', a vector of 1 values, where its first "
+                         "column 'emb' holds '[1.0]', a vector of 1 values, where most of its "
                          "rows hold 2"),
         "empty.csv": ("\n", "empty.csv' is empty: no header, no rows"),
         "bad-text.jsonl": ('{"emb": "[1, 2]"}\n{"emb": "[1, x]"}\n',
