@@ -5,6 +5,7 @@ other formats (.npy/.npz arrays, pandas pickles, CSV and JSON Lines) into frames
 from __future__ import annotations
 
 import math
+import numbers
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
@@ -49,16 +50,37 @@ def objects_kept() -> Iterator[None]:
 
 
 def vector_columns(pdf: pd.DataFrame) -> list[str]:
-    """Object columns whose first non-null cell is an array, tensor or list of numbers."""
+    """Object columns whose first non-null cell is an array, tensor or list of numbers
+    (a list of strings, a tuple of mixed values or bytes is not: such columns stay as
+    they are)."""
     found = []
     for column in pdf.columns:
         series = pdf[column]
         if series.dtype != object:
             continue
         first = series.dropna()
-        if len(first) and isinstance(first.iloc[0], (np.ndarray, torch.Tensor, list, tuple)):
+        if len(first) and _is_numbers(first.iloc[0]):
             found.append(column)
     return found
+
+
+def _is_numbers(cell: Any) -> bool:
+    """Whether ``cell`` is an array, tensor or (nested) sequence of real numbers."""
+    if isinstance(cell, torch.Tensor):
+        return not (cell.dtype.is_complex or cell.dtype == torch.bool)
+    if not isinstance(cell, (np.ndarray, list, tuple)):
+        return False
+    try:
+        array = np.asarray(cell)
+    except ValueError:  # a nested sequence of ragged parts
+        return False
+    if array.dtype.kind == "O":  # numbers beside None (a JSON null: that value is NaN)
+        return all(x is None or _is_real(x) for x in array.ravel())
+    return array.dtype.kind in "fiu"
+
+
+def _is_real(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
 
 
 def from_pandas(
@@ -70,11 +92,12 @@ def from_pandas(
     """A dask DataFrame from a pandas one, keeping per-row vectors as vectors.
 
     Object columns holding one numpy array, torch tensor or list of numbers per row (any
-    shape with D elements, e.g. (300, 1)) become Arrow ``fixed_size_list<D>`` columns in
-    one vectorised stack.  Columns of strings become strings as in ``dd.from_pandas``
-    (config ``dataframe.convert-string``); any other object column (empty, all null,
-    scalars) stays object, so that ``df.cosim.pairwise`` can read it or name its bad row;
-    other columns pass through unchanged.
+    shape with D elements, e.g. (300, 1)), as their first non-null cell shows, become
+    Arrow ``fixed_size_list<D>`` columns in one vectorised stack.  Columns of strings
+    become strings as in ``dd.from_pandas`` (config ``dataframe.convert-string``); any
+    other object column (empty, all null, scalars, bytes, lists of strings) stays object,
+    so that ``df.cosim.pairwise`` can read it or name its bad row; other columns pass
+    through unchanged.
 
     Parameters
     ----------
@@ -107,14 +130,14 @@ def from_pandas(
     TypeError
         A vector column holds a non-numeric cell (names the column and row label).
     ValueError
-        Ragged rows (names the column, the row label and both lengths).
+        Ragged rows (names the column, the row label and both lengths, and how to keep
+        a column of lists that are no embeddings).
     """
     if not isinstance(pdf, pd.DataFrame):
         raise TypeError(_not_pandas_message(pdf))
     converted = pdf.copy(deep=False)
     for column in vector_columns(pdf):
-        values, null = backends.stack_object_column(pdf[column].to_numpy(), pdf.index, str(column))
-        converted[column] = pd.Series(vectors_to_arrow(values, null), index=pdf.index)
+        converted[column] = _arrow_vectors(pdf[column], column)
     if npartitions is None and chunksize is None:
         nbytes = int(converted.memory_usage(deep=False, index=True).sum())
         npartitions = max(1, min(len(converted), math.ceil(nbytes / TARGET_PARTITION_BYTES)))
@@ -132,13 +155,31 @@ def from_pandas(
     with _CONVERT_STRING:  # the user's setting, not another thread's moment off
         objects = bool(keep) and pyarrow_strings_enabled()
         if objects:
-            strings = to_pyarrow_string(converted)  # what dask does to the other columns
+            # What dask does to the other columns; the kept ones stand aside meanwhile
+            # (as text, bytes would fail to decode).
+            stand_in = converted.copy(deep=False)
+            for column in keep:
+                stand_in[column] = np.zeros(len(stand_in), dtype=np.int8)
+            strings = to_pyarrow_string(stand_in)
             for column in keep:
                 strings[column] = converted[column].array
             converted = strings
         with objects_kept() if objects else nullcontext():
             ddf = dd.from_pandas(converted, npartitions=npartitions, chunksize=chunksize, sort=sort)
     return _on_workers(ddf)
+
+
+def _arrow_vectors(series: pd.Series, column: Any) -> pd.Series:
+    """An object column of per-row vectors as a ``fixed_size_list`` column."""
+    try:
+        values, null = backends.stack_object_column(series.to_numpy(), series.index, str(column))
+    except ValueError as error:  # ragged rows: perhaps no embeddings at all
+        raise ValueError(
+            f"{error}. If {column!r} holds no embeddings (token ids, say), make it an Arrow "
+            f"list column first, which from_pandas keeps as it is: pdf[{column!r}] = "
+            f"pdf[{column!r}].astype(pd.ArrowDtype(pa.list_(pa.int64())))"
+        ) from None
+    return pd.Series(vectors_to_arrow(values, null), index=series.index)
 
 
 def _not_pandas_message(obj: Any) -> str:

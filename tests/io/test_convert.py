@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pytest
 import torch
 
@@ -62,3 +63,36 @@ def test_from_pandas_errors_name_column_and_row() -> None:
         dask_cosim.from_pandas(words)
     with pytest.raises(TypeError, match=r"from_pandas expects a pandas\.DataFrame, got list"):
         dask_cosim.from_pandas([1, 2])  # type: ignore[arg-type]
+
+
+def test_from_pandas_keeps_columns_that_hold_no_vectors() -> None:
+    """Lists of strings, mixed tuples and bytes stay object (bytes were decoded as text and
+    failed); numbers beside a None are a vector (NaN there); a ragged column of numbers
+    is refused with the way to keep it, which then works."""
+    a, b = random_pairs(4, 3)
+    pdf = pairs_frame(a, b, "object_numpy")
+    extras = {
+        "tags": [["news"], ["sport", "uk"], [], ["tech"]],
+        "pairs": [("p", 1), ("q", 2), ("r", 3), ("s", 4)],
+        "sha": [bytes([i, 0x82, 0xFF]) for i in range(4)],
+    }
+    ddf = dask_cosim.from_pandas(pdf.assign(**extras), npartitions=2)
+    back = ddf.compute()
+    for column, cells in extras.items():
+        assert ddf.dtypes[column] == np.dtype(object), column
+        assert back[column].tolist() == cells, column
+    cos = ddf.cosim.pairwise("embeds_a", "embeds_b").compute()
+    np.testing.assert_allclose(cos.to_numpy(), reference(a, b), atol=1e-6)
+
+    nulls = dask_cosim.from_pandas(pdf.assign(v=[[0.5, None, 1.0]] * 4)).compute()["v"]
+    assert np.isnan(nulls.iloc[0][1]) and nulls.iloc[0][2] == 1.0
+
+    tokens = pdf.assign(ids=[[101, 7592, 102], [101, 102], [101, 2088, 102], [101, 5, 102]])
+    with pytest.raises(
+        ValueError,
+        match=r"row 1 has 2 values but row 0 has 3.*If 'ids' holds "
+        r"no embeddings .*pd\.ArrowDtype\(pa\.list_\(pa\.int64\(\)\)\)",
+    ):
+        dask_cosim.from_pandas(tokens)
+    tokens["ids"] = tokens["ids"].astype(pd.ArrowDtype(pa.list_(pa.int64())))
+    assert dask_cosim.from_pandas(tokens).compute()["ids"].iloc[1] == [101, 102]
