@@ -212,10 +212,12 @@ def _partial(s: Any, edges: np.ndarray) -> pd.Series:
     values = s.to_numpy(dtype=np.float64, na_value=np.nan)
     valid = values[~np.isnan(values)]
     counts = np.histogram(valid, bins=edges)[0] if len(valid) else np.zeros(len(edges) - 1)
+    with np.errstate(invalid="ignore"):  # +inf + -inf: NaN, as pandas makes it quietly
+        total = valid.sum()
     stats = [
         len(values),
         len(values) - len(valid),
-        valid.sum(),
+        total,
         valid.min() if len(valid) else math.inf,
         valid.max() if len(valid) else -math.inf,
     ]
@@ -223,8 +225,10 @@ def _partial(s: Any, edges: np.ndarray) -> pd.Series:
 
 
 def _combine(parts: pd.DataFrame) -> pd.Series:
-    """Partial results, one row each -> one partial result."""
-    out = parts.sum(axis=0)
+    """Partial results, one row each -> one partial result.  A NaN sum (+inf beside -inf
+    in a partition) stays NaN, as pandas' mean of such values is: skipped, it would
+    leave a mean of the other partitions over every partition's rows."""
+    out = parts.sum(axis=0, skipna=False)
     out["min"] = parts["min"].min()
     out["max"] = parts["max"].max()
     return out

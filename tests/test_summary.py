@@ -91,6 +91,18 @@ def test_all_null_and_empty() -> None:
     assert empty.rows == 0 and np.isnan(empty.mean)
 
 
+@pytest.mark.parametrize("npartitions", [None, 1, 2])
+def test_infinities_of_both_signs_make_the_mean_nan_as_pandas(npartitions: int | None) -> None:
+    """+inf beside -inf: pandas' mean is NaN, whatever the partitions (it was 0.0 with
+    both in one partition: that partition's NaN sum was skipped)."""
+    values = pd.Series([np.inf, -np.inf, 0.5, 0.25])
+    series = values if npartitions is None else dd.from_pandas(values, npartitions=npartitions)
+    summary = dask_cosim.summarize(series)
+    with np.errstate(invalid="ignore"):
+        assert np.isnan(values.mean()) and np.isnan(summary.mean), summary.mean
+    assert (summary.rows, summary.nulls, summary.min, summary.max) == (4, 0, -np.inf, np.inf)
+
+
 def test_on_worker_processes(client: Client) -> None:
     a, b = random_pairs(3000, 16)
     pdf = pd.DataFrame({"embeds_a": list(a), "embeds_b": list(b)})
