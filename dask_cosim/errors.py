@@ -203,13 +203,14 @@ _STRINGIFIED = (
 
 
 def string_column(
-    column: str, dtype: Any, sample: Any = None, vectors: Iterable[Any] = ()
+    column: str, dtype: Any, sample: Any = None, vectors: Iterable[Any] = (), lazy: bool = False
 ) -> StringColumnError:
     """Strings where vectors were expected: text (``sample`` a cell that is no vector
     written out: say how to embed it), vectors that dask turned into text (``sample``
     such as '[0.1 0.2 ...]': say how to keep them; where it is JSON, '[0.1, 0.2]', as a
-    CSV file holds vectors, say how to parse it first), or, with no ``sample``, both cases.
-    ``vectors``: the columns of the frame that do hold vectors."""
+    CSV file holds vectors, say how to parse it first, on a dask frame when ``lazy``), or,
+    with no ``sample``, both cases.  ``vectors``: the columns of the frame that do hold
+    vectors."""
     text = None if sample is None else str(sample)
     vectors = list(vectors)
     others = f" The frame's vector columns: {vectors!r}." if vectors else ""
@@ -219,11 +220,17 @@ def string_column(
         if is_json_numbers(text):
             # What a CSV or JSON file of embeddings gives pandas (OpenAI's cookbook files,
             # for one): dask_cosim.from_pandas alone would not help.
+            parse = (
+                f"read the file with dask_cosim.io.read_text(path) (lists read as Arrow "
+                f"lists), or df[{column!r}] = df[{column!r}].map(json.loads, "
+                f"meta=({column!r}, object))"
+                if lazy
+                else f"e.g. pdf[{column!r}] = pdf[{column!r}].map(json.loads)"
+            )
             message += (
                 f"Its cells are lists of numbers written as text, such as {short!r}, as "
-                f"read from a CSV or JSON file: parse them first, e.g. pdf[{column!r}] = "
-                f"pdf[{column!r}].map(json.loads). If they were lists before "
-                "dd.from_pandas: "
+                f"read from a CSV or JSON file: parse them first, {parse}. If they were "
+                "lists before dd.from_pandas: "
             )
         message += _STRINGIFIED
     elif text is not None:

@@ -191,13 +191,15 @@ def column_spec(obj: Any, column: Any) -> VectorSpec:
         spec: VectorSpec = vector_spec(meta[column], column)
     except StringColumnError as err:
         sample = _first_string(obj, column)
-        raise string_column(column, err.dtype, sample, vector_columns(meta)) from None
+        lazy = is_dask_collection(obj)
+        raise string_column(column, err.dtype, sample, vector_columns(meta), lazy) from None
     if spec.dtype is None:
         # An object column could hold anything; pandas before 3.0 keeps text there. Its
         # first cell, where reading it computes nothing, tells now rather than at compute.
         cell = _first_cell(obj, column, cells=1000, compute=False)
         if isinstance(cell, str):
-            raise string_column(column, meta[column].dtype, cell, vector_columns(meta))
+            lazy = is_dask_collection(obj)
+            raise string_column(column, meta[column].dtype, cell, vector_columns(meta), lazy)
     return spec
 
 
