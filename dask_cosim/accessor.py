@@ -86,7 +86,9 @@ class CosimAccessor:
         dtype = options.torch_dtype(dtype)
         name = "cos" if name is None else name
 
-        for column in (a, b):
+        for argument, column in (("a", a), ("b", b)):
+            if not errors.is_label(column):
+                raise errors.not_a_column_name(argument, column)
             if column not in meta.columns:
                 vectors = backends.vector_columns(meta)
                 raise errors.column_not_found(column, meta.columns, vectors=vectors)

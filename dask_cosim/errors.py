@@ -34,6 +34,7 @@ __all__ = [
     "not_vectors",
     "queries_unusable",
     "ragged",
+    "repeated_column",
     "string_column",
 ]
 
@@ -50,6 +51,16 @@ def did_you_mean(name: Any, candidates: Iterable[Any]) -> str:
     by_text = {str(c): c for c in candidates}
     close = difflib.get_close_matches(str(name), list(by_text), n=1)
     return f"; did you mean {by_text[close[0]]!r}?" if close else ""
+
+
+def repeated_column(column: Any, count: int, what: str = "column") -> ValueError:
+    """A column label the frame holds more than once (``pd.concat(axis=1)`` of frames
+    with a column in common): ``frame[column]`` is then a frame, not a column."""
+    return ValueError(
+        f"{what} {column!r} is the name of {count} columns of the frame, so it names no one "
+        f"column: rename or drop the copies first (pandas: "
+        f"df = df.loc[:, ~df.columns.duplicated()] keeps the first)"
+    )
 
 
 def column_not_found(
@@ -78,9 +89,24 @@ def column_not_found(
     return KeyError(f"{what} {column!r} not found{place}{hint or ';'} available: {available!r}")
 
 
+def is_label(value: Any) -> bool:
+    """Whether ``value`` can be a column's name: hashable and not an array, tensor or
+    frame (torch tensors and dask collections hash)."""
+    try:
+        hash(value)
+    except TypeError:
+        return False
+    return getattr(value, "ndim", 0) == 0
+
+
 def not_a_column_name(argument: str, value: Any) -> TypeError:
-    """TypeError("on= must name a column of the frame; got a ndarray")."""
-    return TypeError(f"{argument}= must name a column of the frame; got a {type(value).__name__}")
+    """TypeError("on= must name a column of the frame; got a ndarray"); for a column
+    given itself (a Series, as pandas habit passes it), its name to pass instead."""
+    name = getattr(value, "name", None)
+    hint = f": pass its name, {argument}={name!r}" if name is not None and is_label(name) else ""
+    return TypeError(
+        f"{argument}= must name a column of the frame; got a {type(value).__name__}{hint}"
+    )
 
 
 def arguments_swapped(method: str, first: str, name: str, column: str) -> TypeError:

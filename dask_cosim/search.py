@@ -67,22 +67,12 @@ def check_column(frame: Any, column: Any, argument: str = "on") -> backends.Vect
     the error to show: a KeyError naming ``argument`` with the closest column (else the
     frame's vector columns), or a TypeError saying why the column holds no vectors."""
     meta = sg.meta_of(frame)
-    if not _is_label(column):
+    if not errors.is_label(column):
         raise errors.not_a_column_name(argument, column)
     if column not in meta.columns:
         vectors = backends.vector_columns(meta)
         raise errors.column_not_found(column, meta.columns, f"{argument}: column", vectors=vectors)
     return backends.column_spec(frame, column)
-
-
-def _is_label(value: Any) -> bool:
-    """Whether ``value`` can be a column's name: hashable and not an array, tensor or
-    frame (torch tensors and dask collections hash)."""
-    try:
-        hash(value)
-    except TypeError:
-        return False
-    return getattr(value, "ndim", 0) == 0
 
 
 def _check_dims(spec_a: backends.VectorSpec, what_a: str, dim_b: int | None, what_b: str) -> None:
@@ -125,6 +115,10 @@ def _carried(frame: Any, columns: Hashable | Sequence[Hashable] | None, argument
         raise errors.column_not_found(missing[0], available, f"{argument}: column")
     if len(set(columns)) != len(columns):
         raise ValueError(f"{argument}={columns!r} names a column twice; name each once")
+    for column in columns:
+        count = len(available.get_indexer_for([column]))
+        if count > 1:
+            raise errors.repeated_column(column, count, f"{argument}: column")
     return columns
 
 
@@ -177,7 +171,7 @@ def join(
 ) -> Any:
     """See :meth:`dask_cosim.CosimAccessor.join`."""
     k, threshold = options.k_or_threshold(k, threshold)
-    if isinstance(right, str) and not _is_label(on):
+    if isinstance(right, str) and not errors.is_label(on):
         raise errors.arguments_swapped("join", "right frame", "right", right)
     right_on = on if right_on is None else right_on
     # dask's test for a frame: a dask Series has an attribute "columns" too.
@@ -411,7 +405,7 @@ def topk(
 ) -> Any:
     """See :meth:`dask_cosim.CosimAccessor.topk`."""
     k_value = options.search_k(k, required=True)
-    if isinstance(queries, str) and not _is_label(on):
+    if isinstance(queries, str) and not errors.is_label(on):
         raise errors.arguments_swapped("topk", "queries", "queries", queries)
     spec = check_column(df, on)
     columns = _carried(df, columns, "columns")

@@ -148,6 +148,14 @@ def test_errors_at_graph_build_time(lazy: bool) -> None:
         acc.pairwise("embeds_a", "embeds_b", device="tpu")
     with pytest.raises(ValueError, match="dtype='float16' is not supported"):
         acc.pairwise("embeds_a", "embeds_b", dtype="float16")
+    # The columns themselves (a pandas habit) are told to be given by name.
+    with pytest.raises(
+        TypeError,
+        match=r"^a= must name a column of the frame; got a Series: pass its name, a='embeds_a'$",
+    ):
+        acc.pairwise(frame["embeds_a"], "embeds_b")
+    with pytest.raises(TypeError, match=r"^b= must name a column of the frame; got a list$"):
+        acc.pairwise("embeds_a", ["embeds_b"])
 
 
 def test_dd_from_pandas_string_trap_is_explained() -> None:

@@ -120,6 +120,24 @@ def test_the_column_given_in_the_wrong_place_is_named() -> None:
             df.cosim.topk(queries, torch.from_numpy(queries))
 
 
+def test_a_name_two_columns_share_is_refused_naming_it() -> None:
+    """pd.concat(axis=1) of frames with a column in common: the shared name picks a frame,
+    not a column (it was "No dispatch for DataFrame"); from_pandas refuses it too."""
+    pdf = frame(vectors(4)).assign(other=list(vectors(4)), id=np.arange(4))
+    both = pd.concat([pdf, pdf[["other", "id"]]], axis=1)
+    repeated = r"column '{}' is the name of 2 columns of the frame, so it names no one column"
+    with pytest.raises(ValueError, match=repeated.format("other")):
+        both.cosim.pairwise("emb", "other")
+    with pytest.raises(ValueError, match=repeated.format("other")):
+        both.cosim.dedup("other", threshold=0.9)
+    with pytest.raises(ValueError, match="^columns: " + repeated.format("id")):
+        both.cosim.topk(vectors(1), "emb", k=1, columns=["id"])
+    with pytest.raises(ValueError, match=repeated.format("other")):
+        dask_cosim.from_pandas(both)
+    # Columns that are not used may share a name.
+    assert len(both.cosim.topk(vectors(1), "emb", k=2)) == 2
+
+
 def test_a_join_with_vectors_or_a_series_on_the_right_says_how_to_make_a_frame() -> None:
     """join's right side is a frame: an array of vectors or a Series (pandas or dask) is a
     TypeError that says how to make one (and, for vectors, names topk), not pandas'

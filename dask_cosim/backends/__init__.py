@@ -49,7 +49,7 @@ from dask import is_dask_collection
 from dask.base import tokenize
 from dask.utils import Dispatch
 
-from dask_cosim.errors import ACCEPTED, StringColumnError, string_column
+from dask_cosim.errors import ACCEPTED, StringColumnError, repeated_column, string_column
 
 __all__ = [
     "ACCEPTED",
@@ -187,6 +187,9 @@ def column_spec(obj: Any, column: Any) -> VectorSpec:
     except that a column of strings raises saying what they hold, text or vectors written
     as text: for that, and only then, the first rows of the first partitions are read."""
     meta = obj._meta if is_dask_collection(obj) else obj
+    count = len(meta.columns.get_indexer_for([column]))
+    if count > 1:
+        raise repeated_column(column, count)
     try:
         spec: VectorSpec = vector_spec(meta[column], column)
     except StringColumnError as err:

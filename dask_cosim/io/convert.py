@@ -131,10 +131,13 @@ def from_pandas(
         A vector column holds a non-numeric cell (names the column and row label).
     ValueError
         Ragged rows (names the column, the row label and both lengths, and how to keep
-        a column of lists that are no embeddings).
+        a column of lists that are no embeddings); a name two columns share.
     """
     if not isinstance(pdf, pd.DataFrame):
         raise TypeError(_not_pandas_message(pdf))
+    repeated = pdf.columns[pdf.columns.duplicated()]
+    if len(repeated):  # each column is converted by its name
+        raise errors.repeated_column(repeated[0], int((pdf.columns == repeated[0]).sum()))
     converted = pdf.copy(deep=False)
     for column in vector_columns(pdf):
         converted[column] = _arrow_vectors(pdf[column], column)
