@@ -237,6 +237,18 @@ CASES = [
         lambda: Result(reference(A, B, null=[1, 3, 4])),
     ),
     Case(
+        # pandas counts NaT and numpy's NaN scalars as missing; NaT raised "not a vector".
+        "null cells NaT / np.float32 NaN in object columns -> NaN",
+        lambda: frame(cells([A[0], pd.NaT, *A[2:]]), cells([*B[:4], np.float32("nan"), B[5]])),
+        lambda: Result(reference(A, B, null=[1, 4])),
+    ),
+    Case(
+        # torch has no such type: it raised its own TypeError naming no column or row.
+        "numpy longdouble arrays -> read as float64",
+        lambda: frame(cells([r.astype(np.longdouble) for r in A64]), cells(list(B64))),
+        lambda: Result(reference(A64, B64), np.float64, atol=1e-12),
+    ),
+    Case(
         "every row of a null -> all NaN",
         lambda: frame(cells([None] * N), fixed(B)),
         lambda: Result(np.full(N, np.nan)),

@@ -149,7 +149,13 @@ def _float_values(values: pa.Array) -> np.ndarray:
 
 
 def _is_null_cell(x: Any) -> bool:
-    return x is None or x is pd.NA or (isinstance(x, float) and math.isnan(x))
+    """None, NA, NaT or a NaN scalar (numpy's too): a row without a vector."""
+    return (
+        x is None
+        or x is pd.NA
+        or x is pd.NaT
+        or (isinstance(x, (float, np.floating)) and math.isnan(x))
+    )
 
 
 def stack_object_column(
@@ -158,10 +164,11 @@ def stack_object_column(
     """An object column of per-row vectors -> ((N, D) array or tensor, null mask or None).
 
     Cells may be numpy arrays, torch tensors or sequences of numbers, of any shape with D
-    elements (a (300, 1) tensor is a 300-vector); None/NaN cells are null rows. Ragged rows
-    and cells that are not vectors of real numbers (strings, scalars, bool or complex
-    values) raise, naming the column and the row label. One vectorised stack
-    for the whole column: torch tensors stay torch (no numpy round trip), all else numpy.
+    elements (a (300, 1) tensor is a 300-vector); None/NA/NaT/NaN cells are null rows;
+    longdouble values are read as float64.  Ragged rows and cells that are not vectors of
+    real numbers (strings, scalars, bool or complex values) raise, naming the column and
+    the row label.  One vectorised stack for the whole column: torch tensors stay torch
+    (no numpy round trip), all else numpy.
     """
     n = len(values)
     null_list = [_is_null_cell(x) for x in values]
@@ -178,6 +185,8 @@ def stack_object_column(
     dense = _stack_uniform(cells)
     if dense is None:
         dense = _stack_checked(cells, positions, index, column)
+    if isinstance(dense, np.ndarray) and dense.dtype.kind == "f" and dense.dtype.itemsize > 8:
+        dense = dense.astype(np.float64)  # numpy's longdouble: torch has no such type
     if null is None:
         return dense, None
     # Null rows become zero rows (masked out of the result later).
