@@ -129,7 +129,7 @@ def summarize(
     Raises
     ------
     TypeError
-        ``series`` is not a Series of numbers.
+        ``series`` is not a Series of real numbers (bool and complex are not).
     ValueError
         ``bins`` or ``range`` do not describe increasing, finite edges.
 
@@ -146,11 +146,15 @@ def summarize(
             f"summarize() takes a Series of numbers, got {type(series).__name__}; for a "
             "column of a frame, pass df[column]"
         )
-    if not pd.api.types.is_numeric_dtype(meta.dtype) or pd.api.types.is_bool_dtype(meta.dtype):
-        raise TypeError(
-            f"summarize() takes a Series of numbers; {getattr(meta, 'name', None)!r} has "
-            f"dtype {meta.dtype}"
-        )
+    dtype = meta.dtype
+    if (
+        not pd.api.types.is_numeric_dtype(dtype)
+        or pd.api.types.is_bool_dtype(dtype)
+        or pd.api.types.is_complex_dtype(dtype)  # its real part alone would be summarised
+    ):
+        name = getattr(meta, "name", None)
+        which = "the Series" if name is None else f"Series {name!r}"
+        raise TypeError(f"summarize() takes a Series of real numbers; {which} has dtype {dtype}")
     if dask.is_dask_collection(series):
         totals = series.reduction(
             _partial,

@@ -133,8 +133,13 @@ def test_bad_arguments(kwargs: dict, error: type, message: str) -> None:
 
 
 def test_not_numbers() -> None:
-    with pytest.raises(TypeError, match=r"'name' has dtype (string|object)"):
+    with pytest.raises(TypeError, match=r"Series 'name' has dtype (string|object)"):
         dask_cosim.summarize(dd.from_pandas(pd.DataFrame({"name": ["x"]}), npartitions=1)["name"])
+    # Unnamed, not "None"; complex values, not their real part alone.
+    with pytest.raises(TypeError, match=r"real numbers; the Series has dtype bool$"):
+        dask_cosim.summarize(pd.Series([True, False]))
+    with pytest.raises(TypeError, match=r"real numbers; the Series has dtype complex128$"):
+        dask_cosim.summarize(pd.Series([1 + 2j, 3j]))
     with pytest.raises(
         TypeError, match="got DataFrame; for a column of a frame, pass df\\[column\\]"
     ):
