@@ -131,9 +131,10 @@ class CosimAccessor:
 
         Adds three columns beside ``on``: ``{on}.cosim.inv`` and ``{on}.cosim.norm``
         (float64: each row's range factor and norm) and ``{on}.cosim.unit`` (its rows
-        divided by their norms, float32 lists, where the rows are not already of norm 1:
-        null otherwise, so vectors written normalised, as most embedding models write
-        them, take no more memory).  ``topk``, ``join``, ``neighbors`` and ``dedup`` then
+        divided by their norms, float32 lists; null in every row of a partition whose
+        rows are all of norm 1 already, so vectors written normalised, as most embedding
+        models write them, take no more memory; null too for float16/bfloat16 rows and
+        on GPUs, where a search redoes them).  ``topk``, ``join``, ``neighbors`` and ``dedup`` then
         read these instead of normalising, with the same results.  The columns follow the
         rows through filters, repartitions and Parquet; prepare again after changing the
         vectors of ``on`` (a search would otherwise trust norms of the old ones).  Lazy

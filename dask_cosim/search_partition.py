@@ -393,7 +393,7 @@ def pair_threshold(
     Returns the pairs as a frame (float64 scores with ``exact_scores``, else float32 ones
     away from the threshold), or with ``positions`` only the sorted positions in ``r``
     (``q`` when ``r`` is None) of the right rows: those dedup drops.  With ``precision``
-    "exact" on CUDA every reported score is the float64 one.  ``budget``: the pairs the
+    "exact" every reported score is the float64 one, on any device.  ``budget``: the pairs the
     task may hold, past which it raises :class:`~dask_cosim.errors.ResultTooLargeError`.
     """
     other = q if r is None else r
