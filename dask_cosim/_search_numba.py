@@ -300,8 +300,18 @@ def _rescore(xq, inv_q, scale_q, i, xr, inv_r, scale_r, j, out):  # type: ignore
         s = 0.0
         for c in range(d):
             s += (np.float64(a[c]) * fa) * (np.float64(b[c]) * fb)
-        s *= scale_q[i[t]] * scale_r[j[t]]
-        out[t] = min(1.0, max(-1.0, s))
+        out[t] = _scaled(s, scale_q[i[t]], scale_r[j[t]])
+
+
+@numba.njit(nogil=True, cache=True, fastmath=_EXACT, boundscheck=False)
+def _scaled(s, scale_a, scale_b):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """``s`` times both rows' scales, clamped to [-1, 1]: a function of its own, without
+    "reassoc", so that the product is ``s * (scale_a * scale_b)`` in every caller.  Under
+    the float32 rescore's "reassoc" it was ``(s * scale_a) * scale_b``, and cos(a, b)
+    could differ from cos(b, a) in the last bit: a self-join at a threshold equal to
+    that score kept one of the two pairs.  (The sum before it is symmetric already: for
+    float32 rows each term is an exact float64 product, the same either way.)"""
+    return min(1.0, max(-1.0, s * (scale_a * scale_b)))
 
 
 @numba.njit(nogil=True, cache=True, fastmath=_FASTMATH, boundscheck=False)

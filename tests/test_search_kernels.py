@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
+import dask_cosim  # noqa: F401  (the .cosim accessor)
 from dask_cosim import search_kernels as sk
 from tests.helpers import brute
 
@@ -126,6 +128,22 @@ def test_same_excludes_the_row_itself_and_both_reduces_columns() -> None:
     assert b is not None
     check_topk(a, s[:60, 60:], 5)
     check_topk(b, s[60:, :60], 5)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_rescore_is_symmetric_to_the_last_bit(dtype: type) -> None:
+    """cos(a, b) and cos(b, a) are the same float64 number: float32 rows scored 35% of
+    their pairs one bit apart (the scaling was reassociated), so a self-join at a
+    threshold equal to such a score kept (a, b) and dropped (b, a)."""
+    x = np.random.default_rng(0).standard_normal((300, 17)).astype(dtype)
+    p = prep(x)
+    i, j = (torch.from_numpy(t) for t in np.triu_indices(len(x), 1))
+    assert torch.equal(sk.rescore(p, i, p, j), sk.rescore(p, j, p, i))
+
+    pdf = pd.DataFrame({"emb": list(np.array([[0, 0, 7], [1, 1, 1]], dtype=dtype))})
+    scores = pdf.cosim.join(pdf, "emb", threshold=-1.0).set_index(["left", "right"])["score"]
+    pairs = pdf.cosim.join(pdf, "emb", threshold=float(scores[(0, 1)]))
+    assert sorted(zip(pairs["left"], pairs["right"])) == [(0, 0), (0, 1), (1, 0), (1, 1)]
 
 
 @pytest.mark.parametrize("tile_bytes", [4, 512, 1 << 20])
