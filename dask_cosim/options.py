@@ -322,8 +322,9 @@ def search_threshold(value: Any, *, required: bool = False) -> float | None:
     if value is None and not required:
         return None
     try:
-        # True would read as 1.0: a flag in the threshold's place, most likely.
-        number = math.nan if isinstance(value, bool) else float(value)
+        # True would read as 1.0: a flag in the threshold's place, most likely; text is
+        # refused as k refuses it (float("0.5") would take it).
+        number = math.nan if isinstance(value, (bool, str, bytes)) else float(value)
     except (TypeError, ValueError):
         number = math.nan
     if not -1.0 <= number <= 1.0:

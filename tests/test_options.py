@@ -65,6 +65,8 @@ def test_config_and_arguments() -> None:
         (options.search_threshold, 1.5, "threshold=1.5 must be a number in [-1, 1]"),
         (options.search_threshold, "high", "threshold='high' must be a number in [-1, 1]"),
         (options.search_threshold, True, "threshold=True must be a number in [-1, 1]"),
+        (options.search_threshold, "0.5", "threshold='0.5' must be a number in [-1, 1]"),
+        (options.search_threshold, b"1", "threshold=b'1' must be a number in [-1, 1]"),
         (options.search_precision, "half", "cosim.search.precision='half'; use 'exact'"),
         (options.search_max_blocks, 0, "cosim.search.max-blocks=0 must be an integer >= 1"),
         (lambda v: options.positive_int("workers", v, "workers=2"), 0, "workers=0 must be a"),
