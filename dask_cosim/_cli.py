@@ -130,8 +130,16 @@ _SPELLINGS: list[tuple[re.Pattern[str], Any]] = [
         re.compile(r"\(cosim\.search\.clustered\.exact-when-cheaper\)"),
         "(DASK_COSIM__SEARCH__CLUSTERED__EXACT_WHEN_CHEAPER=false keeps --method clustered)",
     ),
+    # Any other config key: its environment variable ("set a larger
+    # cosim.search.max-result-bytes" -> DASK_COSIM__SEARCH__MAX_RESULT_BYTES).
+    (
+        re.compile(r"(?<![\w.])cosim\.([a-z][a-z.-]*[a-z])"),
+        lambda m: "DASK_COSIM__" + m[1].upper().replace(".", "__").replace("-", "_"),
+    ),
     # "give k (the best matches of each row), threshold (every pair ...), or both".
     (re.compile(r"^give k \((.*?)\), threshold \("), r"give -k (\1), --threshold ("),
+    # "give k= to keep each row's k best matches" (a search's result budget).
+    (re.compile(r"\bgive k= to\b"), "give -k to"),
     # Bare names: "n_probe is an option of method='clustered': ... or drop n_probe".
     (re.compile(r"(?<![\w-])n_probe\b"), "--n-probe"),
     (re.compile(r"\bclusters(?= is an option)|(?<=\bdrop )clusters\b"), "--clusters"),

@@ -375,6 +375,11 @@ def self_pair_topk(
     return _topk_frame(a, b, res_a, threshold), _topk_frame(b, a, res_b, threshold)
 
 
+def _named(side: Side) -> str:
+    """ "partition 2", or "partition 2 of the right frame" in a join (for errors)."""
+    return f"partition {side.partition}" + (f" of the {side.frame} frame" if side.frame else "")
+
+
 def pair_threshold(
     q: Side,
     r: Side | None,
@@ -401,9 +406,7 @@ def pair_threshold(
     if sides is None:
         return np.zeros(0, dtype=np.int64) if positions else _empty_pairs(q, other)
     qp, rp = sides
-    where = f"the task of partition {q.partition} " + (
-        "with itself" if r is None else f"with partition {other.partition} of the other side"
-    )
+    where = f"the task of {_named(q)} " + ("with itself" if r is None else f"with {_named(other)}")
     with collecting(budget, where) as limit:
         i, j, s = sk.threshold_pairs(
             qp,

@@ -536,6 +536,14 @@ def test_library_errors_in_cli_spellings() -> None:
         "runs instead: the same pairs (cosim.search.clustered.exact-when-cheaper)": "runs "
         "instead: the same pairs (DASK_COSIM__SEARCH__CLUSTERED__EXACT_WHEN_CHEAPER=false "
         "keeps --method clustered)",
+        # A search past its result budget (it gave the Python argument and config key).
+        "raise the threshold, give k= to keep each row's k best matches, or set a larger "
+        "cosim.search.max-result-bytes where": "raise the threshold, give -k to keep each "
+        "row's k best matches, or set a larger DASK_COSIM__SEARCH__MAX_RESULT_BYTES where",
+        "(cosim.search.max-result-bytes=1024)": "(DASK_COSIM__SEARCH__MAX_RESULT_BYTES=1024)",
+        # Column names and functions that hold "cosim." are no config keys.
+        "column 'emb.cosim.unit' of dask_cosim.read_parquet": "column 'emb.cosim.unit' of "
+        "dask_cosim.read_parquet",
     }
     for library, command_line in spelt.items():
         assert cli_spelling(library).startswith(command_line), cli_spelling(library)
