@@ -370,7 +370,7 @@ def groups(df: Any, on: str, threshold: float, *, name: str = "group") -> Any:
     # One task holds every edge: the components need the whole graph.
     check = build.checked(edges, budget, "the merge of every pair, which groups needs in one task")
     all_edges = build.tree(edges, sd.concat_edges, opts.split_every, check)
-    found = build(sd.components, nout=n)(rows, all_edges)
+    found = build.shared(build(sd.components, nout=n)(rows, all_edges))
     lengths = [build(len)(f) for f in frames] if len(frames) > n else None
     outs = []
     for j, (a, b) in enumerate(sg.block_bounds(len(frames), opts.max_blocks)):
