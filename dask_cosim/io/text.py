@@ -153,11 +153,42 @@ def _json_frame(block: bytes, schema: pa.Schema, as_text: list[str], where: str)
             else schema.empty_table()
         )
     except pa.ArrowInvalid as error:
-        raise _first_bad_line(block, schema, error, where) from None
+        table = _mixed_block(block, schema, as_text)
+        if table is None:
+            raise _first_bad_line(block, schema, error, where) from None
+        as_text = []  # parsed already
     for column in _vector_fields(schema):
         _check_lengths(table.column(column), column, where)
     df = table.to_pandas(types_mapper=pd.ArrowDtype)
     return _parse_columns(df, as_text, where) if as_text else df
+
+
+def _mixed_block(block: bytes, schema: pa.Schema, as_text: list[str]) -> pa.Table | None:
+    """The block read line by line, for vector columns that hold lists in some rows and
+    their JSON text in others (pyarrow's reader takes one kind a column): every vector
+    cell as a list, the ``as_text`` columns ``list<double>`` as well.  None where the
+    block fails for another reason (:func:`_first_bad_line` then names it)."""
+    vectors = {*_vector_fields(schema), *as_text}
+    records = []
+    for line in block.splitlines():
+        try:
+            record = json.loads(line) if line.strip() else None
+        except ValueError:
+            return None
+        if record is None:
+            continue
+        if not isinstance(record, dict):
+            return None
+        for column in vectors & record.keys():
+            cell = record[column]
+            if isinstance(cell, str) and errors.is_json_numbers(cell, flat=True):
+                record[column] = json.loads(cell)
+        records.append(record)
+    fields = [pa.field(f.name, VECTOR_TYPE) if f.name in as_text else f for f in schema]
+    try:
+        return pa.Table.from_pylist(records, schema=pa.schema(fields))
+    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        return None
 
 
 def _first_bad_line(block: bytes, schema: pa.Schema, error: Exception, where: str) -> ValueError:

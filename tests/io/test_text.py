@@ -139,6 +139,20 @@ def test_convert_writes_a_text_file_as_parquet_and_names_its_bad_cells(tmp_path:
     got = dask_cosim.read_parquet(out).compute()["emb"]
     assert got.isna().tolist() == [False, True] and list(got.iloc[0]) == [1.0, 2.0]
 
+    # Both kinds in one column, either first (pyarrow's reader takes one kind a column:
+    # "changed from string to array", or the text named as no list of numbers).
+    for name, rows in {
+        "lists-first.jsonl": '{"emb": [1, 2], "id": 1}\n{"emb": "[3, 4]", "id": 2}\n{"id": 3}\n',
+        "text-first.jsonl": '{"emb": "[1, 2]", "id": 1}\n{"emb": [3, 4], "id": 2}\n{"id": 3}\n',
+    }.items():
+        (tmp_path / name).write_text(rows)
+        out = tmp_path / f"{name}-out"
+        done = runner.invoke(main, ["convert", str(tmp_path / name), "-o", str(out)])
+        assert done.exit_code == 0, (name, done.output)
+        got = dask_cosim.read_parquet(out).compute()
+        assert got["id"].tolist() == [1, 2, 3] and got["emb"].isna().tolist() == [0, 0, 1]
+        assert [list(v) for v in got["emb"].iloc[:2]] == [[1.0, 2.0], [3.0, 4.0]], name
+
 
 @pytest.mark.parametrize("suffix", [".csv", ".jsonl"])
 def test_topk_queries_from_a_text_file_are_named_by_position(
