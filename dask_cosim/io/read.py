@@ -99,7 +99,7 @@ def _read_files(
     filters: Any,
     backend: str,
 ) -> dd.DataFrame:
-    schema = _read_schema(files[0], fs)
+    schema = _known_types(_read_schema(files[0], fs), files[1:], fs)
     columns, filters = _field_names(columns), _named_filters(filters)
     dictionaries = keys.dictionaries if keys is not None else {}
     if columns is not None:
@@ -153,6 +153,32 @@ def _read_files(
         label="cosim-read-parquet",
         enforce_metadata=False,
     )
+
+
+# Files past the first whose footers are read for the type of a column that the first
+# file holds no value of (Arrow null), at most.
+NULL_TYPE_LOOKAHEAD = 16
+
+
+def _known_types(schema: pa.Schema, files: list[str], fs: pafs.FileSystem) -> pa.Schema:
+    """``schema`` (the read's first file's) with each column of Arrow type null (no value
+    in that file: what pyarrow writes for an empty or all-None object column) given the
+    type of the first of the next :data:`NULL_TYPE_LOOKAHEAD` ``files`` that has values
+    in it, as pyarrow's datasets unify null with the other files' type.  Taken from the
+    first file alone, the type made every later file with values there fail its cast."""
+    nulls = [f.name for f in schema if pa.types.is_null(f.type)]
+    found: dict[str, pa.Field] = {}
+    for file in files[:NULL_TYPE_LOOKAHEAD] if nulls else []:
+        other = _read_schema(file, fs)
+        for name in nulls:
+            i = other.get_field_index(name)
+            if name not in found and i >= 0 and not pa.types.is_null(other.field(i).type):
+                found[name] = other.field(i)
+        if len(found) == len(nulls):
+            break
+    if not found:
+        return schema
+    return pa.schema([found.get(f.name, f) for f in schema], metadata=schema.metadata)
 
 
 def _read_schema(file: str, fs: pafs.FileSystem) -> pa.Schema:
@@ -302,7 +328,9 @@ def _read_piece(
             table = pq.ParquetFile(file, **where).read_row_groups(
                 row_groups, columns=stored, use_pandas_metadata=True
             )
-    if first_file is not None and file != first_file[0]:
+    # The first file itself where a column of no value there has a later file's type.
+    typed = file != first_file[0] if first_file is not None else False
+    if first_file is not None and (typed or any(pa.types.is_null(t) for t in table.schema.types)):
         table = _as_first(restore_vectors(table), stored, file, *first_file)
     if values is not None:
         table = hive.add_keys(table, keys, values, read)
@@ -334,13 +362,16 @@ def _as_first(
     wanted += [table.schema.field(n) for n in index]
     if list(table.schema) == wanted:
         return table
-    columns = []
+    columns, fields = [], []
     for field in wanted:
         if field.name not in table.column_names:
             columns.append(pa.nulls(len(table), field.type))
+            fields.append(field)
             continue
         column = table.column(field.name)
-        if column.type != field.type:
+        if pa.types.is_null(field.type):  # no file looked at had a value there: as it is
+            field = table.schema.field(field.name)
+        elif column.type != field.type:
             try:
                 column = column.cast(field.type)
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
@@ -351,7 +382,8 @@ def _as_first(
                     "or a glob), or rewrite this one with the first file's types"
                 ) from None
         columns.append(column)
-    return pa.table(columns, schema=pa.schema(wanted, metadata=table.schema.metadata))
+        fields.append(field)
+    return pa.table(columns, schema=pa.schema(fields, metadata=table.schema.metadata))
 
 
 def _field_names(columns: list[Any] | None) -> list[str] | None:

@@ -18,6 +18,7 @@ import pytest
 
 import dask_cosim
 from dask_cosim import io
+from dask_cosim.io import read
 from tests.helpers import no_computes, pairs_frame, random_pairs, reference, spy_on_reads
 
 
@@ -540,3 +541,37 @@ def test_files_of_a_folder_are_read_with_the_first_files_types(tmp_path: Path) -
     for columns in (None, ["x"]):
         got = dask_cosim.read_parquet(tmp_path / "index", columns=columns).compute()
         assert got.index.tolist() == [10, 11, 0, 1] and got["x"].tolist() == [1, 2, 3, 4]
+
+
+def test_a_column_the_first_file_holds_no_value_of_takes_a_later_files_type(
+    tmp_path: Path,
+) -> None:
+    """A column of no value in the first file (Arrow null: what pyarrow writes for an
+    empty or all-None object column, an empty frame's vectors) takes the type of the
+    first later file with values, as pyarrow's datasets unify them; it made every later
+    file with values fail ("holds string, but the first file ... has null").  Past the
+    files looked at, a file's values are read as they are."""
+    (tmp_path / "notes").mkdir()
+    pq.write_table(pa.table({"note": pa.nulls(2), "x": [1, 2]}), tmp_path / "notes" / "a.parquet")
+    pq.write_table(pa.table({"note": ["u", None], "x": [3, 4]}), tmp_path / "notes" / "b.parquet")
+    got = dask_cosim.read_parquet(tmp_path / "notes").compute()
+    assert got["note"].tolist()[2] == "u" and got["x"].tolist() == [1, 2, 3, 4]
+
+    (tmp_path / "vectors").mkdir()  # the first file an empty frame's
+    fixed = pa.list_(pa.float32(), 3)
+    empty = {"emb": pa.nulls(0), "id": pa.array([], pa.int64())}
+    pq.write_table(pa.table(empty), tmp_path / "vectors" / "a.parquet")
+    rows = {"emb": pa.array([[1, 2, 3], [1, 2, 3.5]], fixed), "id": [1, 2]}
+    pq.write_table(pa.table(rows), tmp_path / "vectors" / "b.parquet")
+    df = dask_cosim.read_parquet(tmp_path / "vectors")
+    assert df.dtypes["emb"] == pd.ArrowDtype(fixed)
+    pairs = df.cosim.neighbors("emb", threshold=0.9, columns=["id"]).compute()
+    assert pairs[["left_id", "right_id"]].values.tolist() == [[1, 2]]
+
+    (tmp_path / "late").mkdir()
+    for i in range(read.NULL_TYPE_LOOKAHEAD + 1):
+        pq.write_table(
+            pa.table({"note": pa.nulls(1), "x": [i]}), tmp_path / "late" / f"{i:02}.parquet"
+        )
+    pq.write_table(pa.table({"note": ["late"], "x": [99]}), tmp_path / "late" / "99.parquet")
+    assert dask_cosim.read_parquet(tmp_path / "late").compute()["note"].tolist()[-1] == "late"
