@@ -59,13 +59,16 @@ def parquet_files(path: Any) -> Found | None:
     if not paths or not all(isinstance(p, (str, os.PathLike)) for p in paths):
         return None
     texts = [os.fspath(p) for p in paths]
-    if any(c in t for t in texts for c in "*?["):
+    # A path that exists is that path, whatever its name holds ("run[1]" is no pattern
+    # for "run1"): as pandas and pyarrow read it, and as to_parquet wrote it.
+    patterns = [t for t in texts if any(c in t for c in "*?[") and not os.path.exists(t)]
+    if patterns:
         if any("://" in t for t in texts):
             return None
-        matches = (
-            m for t in texts for m in glob.glob(t, recursive=True) if not _skipped_name(t, m)
+        texts = sorted(
+            (m for t in texts for m in (_matches(t) if t in patterns else [t])),
+            key=natural_sort_key,
         )
-        texts = sorted(matches, key=natural_sort_key)
         if not texts:
             raise FileNotFoundError(f"no files match {path!r}")
     fs, first = filesystem(texts[0])
@@ -88,7 +91,7 @@ def parquet_files(path: Any) -> Found | None:
             # A folder among several paths: its files, in its own order (its manifest's
             # divisions apply to it alone: the read has none).
             found = _folder_files(fs, where)
-            if found.keys is not None:
+            if found.keys is not None and found.keys.dictionaries:
                 raise ValueError(
                     f"{text!r} is a hive-partitioned folder (key=value/ subfolders), which is "
                     "read on its own: read it alone, or give its files"
@@ -100,6 +103,25 @@ def parquet_files(path: Any) -> Found | None:
     if missing:
         raise FileNotFoundError(f"not found: {missing!r}")
     return Found(fs, files, sizes, None)
+
+
+def _matches(pattern: str) -> list[str]:
+    """What the glob ``pattern`` reads: its matches but names readers of a folder skip
+    (:func:`_skipped_name`); with ``**``, which matches every folder on the way (the
+    first of them the folder before it), the files alone: each folder read whole as
+    well read every file twice."""
+    found = [m for m in glob.glob(pattern, recursive=True) if not _skipped_name(pattern, m)]
+    if "**" not in os.path.normpath(pattern).split(os.sep):
+        return found
+    folders = [m for m in found if os.path.isdir(m)]
+    keyed = [m for m in folders if "=" in os.path.basename(os.path.normpath(m))]
+    if keyed:  # its files alone would lose the keys its folder names hold
+        raise ValueError(
+            f"{pattern!r} reaches {keyed[0]!r}, a folder of a hive-partitioned folder "
+            "(key=value/ subfolders): read the partitioned folder itself, whose keys "
+            "become columns"
+        )
+    return [m for m in found if m not in folders]
 
 
 def _skipped_name(pattern: str, match: str) -> bool:

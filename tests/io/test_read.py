@@ -128,6 +128,26 @@ def test_a_recursive_glob_reads_every_level(tmp_path: Path) -> None:
     assert sorted(got["id"]) == [0, 0, 1, 1, 2, 2]
     got = dask_cosim.read_parquet(str(root / "a" / "**" / "x.parquet")).compute()
     assert sorted(got["id"]) == [1, 1, 2, 2]
+    # A trailing ** matches the folders on the way too, the first the one before it:
+    # their files once, not once more as folders read whole (every row was read twice).
+    got = dask_cosim.read_parquet(str(root / "a" / "**")).compute()
+    assert sorted(got["id"]) == [1, 1, 2, 2]
+    # Through a hive folder's key=value/ folders, whose files alone would lose the keys.
+    pd.DataFrame({"g": ["x", "y"], "v": [1, 2]}).to_parquet(tmp_path / "hive", partition_cols=["g"])
+    with pytest.raises(ValueError, match=r"g=x', a folder of a hive-partitioned folder"):
+        dask_cosim.read_parquet(str(tmp_path / "**"))
+
+
+def test_a_path_that_exists_is_no_glob(tmp_path: Path) -> None:
+    """A folder named "run[1]" or "day?" is that folder, as pandas reads it and as
+    to_parquet wrote it; as a glob it read the sibling "run1", or "day2" beside it."""
+    for name, decoy in (("run[1]", "run1"), ("day?", "day2")):
+        for folder, start in ((name, 0), (decoy, 100)):
+            rows = pd.DataFrame({"x": np.arange(start, start + 3)})
+            dask_cosim.to_parquet(rows.assign(emb=list(np.ones((3, 2), "f4"))), tmp_path / folder)
+        assert dask_cosim.read_parquet(str(tmp_path / name)).compute()["x"].tolist() == [0, 1, 2]
+        got = dask_cosim.read_parquet([str(tmp_path / name), str(tmp_path / decoy)]).compute()
+        assert got["x"].tolist() == [0, 1, 2, 100, 101, 102], name
 
 
 def test_several_folders_are_read_one_after_the_other(tmp_path: Path) -> None:
@@ -145,6 +165,11 @@ def test_several_folders_are_read_one_after_the_other(tmp_path: Path) -> None:
     pd.testing.assert_frame_equal(got.compute(), pdf, check_index_type=False)
     with pytest.raises(FileNotFoundError, match=r"not found: \['.*nowhere'\]"):
         dask_cosim.read_parquet([tmp_path / "ours", str(tmp_path / "nowhere")])
+    # A folder of plain subfolders (no key=value/ names) is no hive folder: its files.
+    (tmp_path / "nested" / "2024").mkdir(parents=True)
+    pdf.iloc[:5].to_parquet(tmp_path / "nested" / "2024" / "x.parquet")
+    got = dask_cosim.read_parquet([tmp_path / "nested", tmp_path / "last.parquet"]).compute()
+    assert got["id"].tolist() == [*pdf["id"].iloc[:5], *pdf["id"].iloc[20:]]
 
 
 def test_read_parquet_hive_folders_and_missing_paths(tmp_path: Path) -> None:
