@@ -79,27 +79,56 @@ def sized_files(written: pd.DataFrame, files: FileWriter) -> pd.DataFrame:
     """``written`` (one row of :data:`~dask_cosim.io.manifest.WRITTEN_META` per file that
     ``files`` wrote) after each file with rows that stores a vector column without D while
     another file stores it with one is rewritten with that D and dtype (its nulls so
-    stored).  ValueError naming the column and the file where such a file holds vectors
-    of no values rather than nulls: D 0 cannot join the other files' D."""
+    stored), and each that stores another column with no type (Arrow null: an object
+    column all None there) while another file stores a type, with that type (read from
+    that file's footer).  ValueError naming the column and the file where such a file
+    holds vectors of no values rather than nulls: D 0 cannot join the other files' D."""
     specs = [json.loads(spec) for spec in written["vectors"]]
+    untyped = [set(json.loads(names)) for names in written["untyped"]]
     known: dict[str, tuple[int, str]] = {}
     for spec in specs:
         for column, (dim, dtype) in spec.items():
             if dim:
                 known.setdefault(column, (dim, dtype))
-    for file, rows, spec in zip(written["file"], written["rows"], specs):
+    types = _stored_types(files, written, untyped)
+    for file, rows, spec, nulls in zip(written["file"], written["rows"], specs, untyped):
         missing = {c: known[c] for c, (dim, _) in spec.items() if not dim and c in known}
-        if rows and missing:
-            _rewrite(files, file, missing)
+        typed = {c: types[c] for c in nulls if c in types}
+        if rows and (missing or typed):
+            _rewrite(files, file, missing, typed)
             spec.update(missing)
     return written.assign(vectors=[json.dumps(spec) for spec in specs])
 
 
-def _rewrite(files: FileWriter, file: str, sizes: dict[str, tuple[int, str]]) -> None:
+def _stored_types(
+    files: FileWriter, written: pd.DataFrame, untyped: list[set[str]]
+) -> dict[str, pa.DataType]:
+    """The type the first file with rows that stores each of the ``untyped`` columns
+    with one gives it (one footer read per column at most)."""
+    types: dict[str, pa.DataType] = {}
+    for column in set().union(*untyped):
+        for file, rows, nulls in zip(written["file"], written["rows"], untyped):
+            if rows and column not in nulls:
+                schema = pq.read_schema(f"{files.staging}/{file}", filesystem=files.fs)
+                types[column] = schema.field(column).type
+                break
+    return types
+
+
+def _rewrite(
+    files: FileWriter,
+    file: str,
+    sizes: dict[str, tuple[int, str]],
+    types: dict[str, pa.DataType] | None = None,
+) -> None:
     """The file ``file`` of ``files`` written again, each column of ``sizes`` stored as
-    nulls of its (D, dtype) in their layout."""
+    nulls of its (D, dtype) in their layout, each of ``types`` as nulls of its type."""
     with files.fs.open_input_file(f"{files.staging}/{file}") as source:
         table = pq.ParquetFile(source).read()
+    for column, kind in (types or {}).items():
+        i = table.schema.get_field_index(column)
+        field = table.schema.field(i).with_type(kind)
+        table = table.set_column(i, field, pa.nulls(table.num_rows, kind))
     for column, (dim, dtype) in sizes.items():
         i = table.schema.get_field_index(column)
         if table.column(i).null_count != table.num_rows:

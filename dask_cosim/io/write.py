@@ -301,6 +301,7 @@ def _write_partition(
     # files of the folder an overwrite replaced finds them gone, rather than reading the
     # new folder's files of the same name mixed with the old ones it had read.
     name = f"part.{number:05d}.{staging.rsplit('-', 1)[-1]}.parquet"
+    index_stored = write_index is not False  # a default index left out is its positions
     if write_index is None:
         write_index = not _default_index(df.index)
     if _writes_on_gpu(df, files.fs, files.compression):
@@ -315,10 +316,14 @@ def _write_partition(
                 codec=str(files.compression or "none"),
                 row_group_rows=files.row_group_rows,
             )
-            return written_row(name, df, stored)
+            return written_row(name, df, stored, index_stored=index_stored)
     table = frame_to_table(df, layout=layout, vectors=vectors, preserve_index=write_index)
     files.write(table, name)
-    return written_row(name, df, stored_vectors(table.schema, vectors))
+    # An object column with no value here (all None) has no type to store: Arrow null,
+    # given the type other files store once all are written (vector_dims.sized_files).
+    untyped = [f.name for f in table.schema if pa.types.is_null(f.type) and f.name not in vectors]
+    stored = stored_vectors(table.schema, vectors)
+    return written_row(name, df, stored, untyped, index_stored)
 
 
 def _writes_on_gpu(df: Any, fs: pafs.FileSystem, compression: Any) -> bool:

@@ -392,9 +392,13 @@ def test_a_stored_index_is_read_as_stored(tmp_path: Path) -> None:
     assert got.divisions == (10, 20)
     pd.testing.assert_index_equal(got.compute().index, pd.RangeIndex(10, 22, 2, name="r"))
     # Our folders written without an index are numbered too.
-    dask_cosim.to_parquet(dd.from_pandas(pdf, npartitions=3), tmp_path / "ours", write_index=False)
+    labelled = dd.from_pandas(pdf.set_index(pd.Index(np.arange(100, 106), name="k")), 3)
+    manifest = dask_cosim.to_parquet(labelled, tmp_path / "ours", write_index=False)
     ours = dask_cosim.read_parquet(tmp_path / "ours")
     assert ours.known_divisions and ours.compute().index.tolist() == list(range(6))
+    # Its manifest records no range of the labels left out (it gave 100-105).
+    assert [f["index"] for f in manifest["files"]] == [None] * 3
+    assert manifest["divisions"] is None
 
 
 def test_an_index_dask_stored_unnamed_comes_back_unnamed(tmp_path: Path) -> None:

@@ -237,3 +237,32 @@ def test_arrow_columns_pandas_cannot_read_back_are_read_by_every_reader(tmp_path
         arrow = ("meta", "tags", "pairs", "raw", "code")
         assert all(isinstance(got[c].dtype, pd.ArrowDtype) for c in arrow), got.dtypes
         np.testing.assert_array_equal(np.stack(got["emb"].iloc[:2].to_numpy()), [[0.5, 1], [2, 3]])
+
+
+def test_a_partition_with_no_value_in_an_object_column_is_stored_with_its_type(
+    tmp_path: Path,
+) -> None:
+    """An object column (bytes, decimals, booleans beside None) with no value in one
+    partition: pyarrow gives that file the type null, and pandas and pyarrow datasets
+    then refused the folder ("Unsupported cast from binary to null"); the file is written
+    again with the type the other files store, so every file has one schema."""
+    import decimal
+
+    import pyarrow.dataset as ds
+    import pyarrow.parquet as pq
+
+    pdf = pd.DataFrame(
+        {
+            "blob": pd.Series([None, None, None, b"a", b"b", b"c"], dtype=object),
+            "price": pd.Series([None] * 3 + [decimal.Decimal("1.5")] * 3, dtype=object),
+            "emb": vectors_to_arrow(np.ones((6, 2), "f4")),
+        }
+    )
+    folder = tmp_path / "out"
+    dask_cosim.to_parquet(dask_cosim.from_pandas(pdf, npartitions=2, sort=False), folder)
+    schemas = {str(pq.read_schema(f).remove_metadata()) for f in folder.glob("*.parquet")}
+    assert len(schemas) == 1, schemas
+    for got in (pd.read_parquet(folder), ds.dataset(folder).to_table().to_pandas()):
+        assert got["blob"].tolist() == [None] * 3 + [b"a", b"b", b"c"]
+        assert got["price"].tolist()[3] == decimal.Decimal("1.5")
+    assert dask_cosim.read_parquet(folder).compute()["blob"].tolist()[3:] == [b"a", b"b", b"c"]
