@@ -118,7 +118,7 @@ class Builder:
                 "which has closed: they are gone with it (dask_cosim.from_pandas under a "
                 "client scatters them); build the frame again under the client that computes"
             )
-        held = self(held_where_it_is)(*[self(held_where_it_is)(f) for f in futures])
+        held = self(held_where_it_is)(*[self(held_where_it_is)(dask.delayed(f)) for f in futures])
         return [self(_with)(part, held) for part in parts]
 
     def cut(self, parts: list[Any], pieces: int) -> list[Any]:

@@ -5,6 +5,7 @@ cache the work)."""
 from __future__ import annotations
 
 import gc
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -218,3 +219,29 @@ def test_a_search_holds_the_partitions_from_pandas_scattered(client: Any) -> Non
         pd.testing.assert_frame_equal(
             got.reset_index(drop=True), want.reset_index(drop=True), obj=name
         )
+
+
+def test_a_search_releases_the_partitions_with_the_frame(tmp_path: Path) -> None:
+    """Once the frame and its results are dropped, its scattered partitions go: the
+    tasks that hold them named the futures themselves, which the messages an in-process
+    scheduler logs (distributed.admin.low-level-log-length, 1,000) kept alive, and with
+    them the partitions, for about 1,000 more messages."""
+    from distributed import Client, LocalCluster
+
+    pdf = _frame(1, n=60, d=4)
+    with LocalCluster(n_workers=1, processes=False, dashboard_address=None) as cluster:
+        with Client(cluster) as client:
+            for search in (
+                lambda df: df.cosim.neighbors("emb", threshold=0.2).compute(),
+                lambda df: df.cosim.dedup("emb", 0.2).compute(),
+                lambda df: dask_cosim.to_parquet(df, tmp_path / "out", compute=False).compute(),
+            ):
+                df = dask_cosim.from_pandas(pdf, npartitions=3)
+                assert len(client.futures) == 3
+                search(df)
+                del df
+                gc.collect()
+                deadline = time.monotonic() + 5
+                while client.futures and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                assert not client.futures, list(client.futures)
