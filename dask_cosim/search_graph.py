@@ -118,6 +118,16 @@ class Builder:
                 "which has closed: they are gone with it (dask_cosim.from_pandas under a "
                 "client scatters them); build the frame again under the client that computes"
             )
+        active = active_client()
+        where = {f.client.scheduler.address for f in futures}
+        if active is not None and active.scheduler.address not in where:
+            raise RuntimeError(
+                f"this frame's partitions were scattered to the workers of "
+                f"{futures[0].client!r}, but {active!r} computes now, whose workers do not "
+                "hold them (dask_cosim.from_pandas under a client scatters them); compute "
+                "under the frame's client (with client.as_current(): ...), or build the "
+                "frame again under this one"
+            )
         held = self(held_where_it_is)(*[self(held_where_it_is)(dask.delayed(f)) for f in futures])
         return [self(_with)(part, held) for part in parts]
 

@@ -196,6 +196,17 @@ def test_a_search_of_partitions_a_closed_client_scattered_says_so() -> None:
                                r"which has closed: .* build the frame again"):  # fmt: skip
                 search()
 
+    # Under another client while its own is open: refused too ("lost dependencies" at
+    # compute, naming a task of ours); under its own again, it runs.
+    with LocalCluster(**options) as cluster, Client(cluster) as first:
+        df = dask_cosim.from_pandas(pdf, npartitions=2)
+        with LocalCluster(**options) as other, Client(other) as second:
+            with pytest.raises(RuntimeError, match=r"scattered to the workers of .* but "
+                               rf"{second!r} computes now, whose workers do not hold them"):  # fmt: skip
+                df.cosim.dedup("emb", 0.2)
+            with first.as_current():
+                assert len(df.cosim.dedup("emb", 0.2).compute()) <= len(pdf)
+
 
 def test_a_search_holds_the_partitions_from_pandas_scattered(client: Any) -> None:
     """``dask_cosim.from_pandas`` under a client scatters the partitions, which live as
