@@ -432,7 +432,20 @@ def topk(
     ]
     merged = build.tree(pieces, _combine(k_value), opts.split_every)
     result = build(sr.finish_topk)(merged, sg.meta_of(df), columns, score_dtype)
-    return result.compute() if build.lazy else result
+    if not build.lazy:
+        return result
+    try:
+        return result.compute()
+    except RuntimeError as err:  # dask's: an asynchronous Client cannot compute here
+        if "asynchronous Client" not in str(err):
+            raise
+        raise RuntimeError(
+            "topk computes its result when called, which an asynchronous Client cannot "
+            "do (dask.compute is synchronous); a join of the queries is the same search, "
+            f"lazy: await client.compute(queries.cosim.join(df, {on!r}, k={k_value})), "
+            f"queries a pandas frame holding them in column {on!r} (its columns 'left', "
+            "'right', 'score' and 'rank' are topk's 'query', 'match', 'score' and 'rank')"
+        ) from None
 
 
 def _topk_queries(queries: Any, on: str) -> Any:

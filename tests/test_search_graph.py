@@ -256,3 +256,30 @@ def test_a_search_releases_the_partitions_with_the_frame(tmp_path: Path) -> None
                 while client.futures and time.monotonic() < deadline:
                     time.sleep(0.05)
                 assert not client.futures, list(client.futures)
+
+
+def test_topk_under_an_asynchronous_client_says_how_to_await_the_search() -> None:
+    """topk computes when called, which an asynchronous Client cannot do: dask's own
+    "Attempting to use an asynchronous Client in a synchronous context" is told the
+    lazy join of the queries that it can await, which gives topk's answer."""
+    import asyncio
+
+    from distributed import Client, LocalCluster
+
+    pdf = _frame(1, n=30, d=4)
+    queries = pdf.iloc[:2][["emb"]].reset_index(drop=True)
+
+    async def run() -> pd.DataFrame:
+        options = {"n_workers": 1, "processes": False, "dashboard_address": None}
+        async with LocalCluster(asynchronous=True, **options) as cluster:
+            async with Client(cluster, asynchronous=True) as client:
+                df = dask_cosim.from_pandas(pdf, npartitions=2)
+                with pytest.raises(RuntimeError, match=r"await client\.compute\(queries\.cosim"
+                                   r"\.join\(df, 'emb', k=3\)\)"):  # fmt: skip
+                    df.cosim.topk(queries["emb"], "emb", k=3)
+                return await client.compute(queries.cosim.join(df, "emb", k=3))
+
+    joined = asyncio.run(run())
+    want = pdf.cosim.topk(queries["emb"], "emb", k=3)
+    assert joined["right"].tolist() == want["match"].tolist()
+    np.testing.assert_array_equal(joined["score"].to_numpy(), want["score"].to_numpy())
