@@ -96,7 +96,9 @@ def test_clustered_options(key: str, value: Any, message: str) -> None:
 
 def test_search_arguments() -> None:
     assert options.search_k(None) is None and options.search_k(np.int64(3)) == 3
-    assert options.search_threshold(None) is None and options.search_threshold(np.float32(0.5)) == 0.5
+    assert (
+        options.search_threshold(None) is None and options.search_threshold(np.float32(0.5)) == 0.5
+    )
     with pytest.raises(ValueError, match="topk needs k"):
         options.search_k(None, required=True)
     with pytest.raises(ValueError, match="threshold=None must be a number"):

@@ -107,21 +107,23 @@ def parquet_files(path: Any) -> Found | None:
 
 def _matches(pattern: str) -> list[str]:
     """What the glob ``pattern`` reads: its matches but names readers of a folder skip
-    (:func:`_skipped_name`); with ``**``, which matches every folder on the way (the
-    first of them the folder before it), the files alone: each folder read whole as
-    well read every file twice."""
+    (:func:`_skipped_name`), and but those inside a folder it matched, which is read
+    whole (every file under it, as a folder given alone): ``**`` matches every folder
+    on the way, the first of them the folder before it, and those folders read whole
+    besides their files read every file twice."""
     found = [m for m in glob.glob(pattern, recursive=True) if not _skipped_name(pattern, m)]
-    if "**" not in os.path.normpath(pattern).split(os.sep):
-        return found
-    folders = [m for m in found if os.path.isdir(m)]
-    keyed = [m for m in folders if "=" in os.path.basename(os.path.normpath(m))]
-    if keyed:  # its files alone would lose the keys its folder names hold
+    folders = [os.path.normpath(m) for m in found if os.path.isdir(m)]
+    keyed = [m for m in folders if "=" in os.path.basename(m)]
+    if keyed and "**" in os.path.normpath(pattern).split(os.sep):
+        # Its files alone would lose the keys its folder names hold.
         raise ValueError(
             f"{pattern!r} reaches {keyed[0]!r}, a folder of a hive-partitioned folder "
             "(key=value/ subfolders): read the partitioned folder itself, whose keys "
             "become columns"
         )
-    return [m for m in found if m not in folders]
+    return [
+        m for m in found if not any(os.path.normpath(m).startswith(f + os.sep) for f in folders)
+    ]
 
 
 def _skipped_name(pattern: str, match: str) -> bool:

@@ -128,9 +128,12 @@ def test_a_recursive_glob_reads_every_level(tmp_path: Path) -> None:
     assert sorted(got["id"]) == [0, 0, 1, 1, 2, 2]
     got = dask_cosim.read_parquet(str(root / "a" / "**" / "x.parquet")).compute()
     assert sorted(got["id"]) == [1, 1, 2, 2]
-    # A trailing ** matches the folders on the way too, the first the one before it:
-    # their files once, not once more as folders read whole (every row was read twice).
+    # A trailing ** matches the folders on the way too, the first the one before it: each
+    # file once (every row was read twice: as a file, and in its folder read whole).
     got = dask_cosim.read_parquet(str(root / "a" / "**")).compute()
+    assert sorted(got["id"]) == [1, 1, 2, 2]
+    # Folders the pattern matches are read whole, once (b is inside a).
+    got = dask_cosim.read_parquet(str(root / "**" / "[ab]")).compute()
     assert sorted(got["id"]) == [1, 1, 2, 2]
     # Through a hive folder's key=value/ folders, whose files alone would lose the keys.
     pd.DataFrame({"g": ["x", "y"], "v": [1, 2]}).to_parquet(tmp_path / "hive", partition_cols=["g"])
