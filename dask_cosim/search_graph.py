@@ -119,8 +119,8 @@ class Builder:
                 "client scatters them); build the frame again under the client that computes"
             )
         active = active_client()
-        where = {f.client.scheduler.address for f in futures}
-        if active is not None and active.scheduler.address not in where:
+        owners = {id(f.client): f.client for f in futures}.values()
+        if active is not None and not any(_same_scheduler(active, c) for c in owners):
             raise RuntimeError(
                 f"this frame's partitions were scattered to the workers of "
                 f"{futures[0].client!r}, but {active!r} computes now, whose workers do not "
@@ -283,6 +283,17 @@ def holds_data(df: Any) -> bool:
     column projection of it is then a second copy of that data in the graph, where one of
     a Parquet read is a narrower read."""
     return bool(backends.in_memory_sources(df))
+
+
+def _same_scheduler(a: Any, b: Any) -> bool:
+    """Whether the clients ``a`` and ``b`` talk to one scheduler: by its address, else
+    (one scheduler reached as 127.0.0.1 and as localhost) by the id it reports."""
+    if a is b or a.scheduler.address == b.scheduler.address:
+        return True
+    try:
+        return bool(a.scheduler_info()["id"] == b.scheduler_info()["id"])
+    except Exception:  # a scheduler that does not answer is none to compute on
+        return False
 
 
 def _rows_of(part: Any, k: int, pieces: int) -> Any:

@@ -206,6 +206,13 @@ def test_a_search_of_partitions_a_closed_client_scattered_says_so() -> None:
                 df.cosim.dedup("emb", 0.2)
             with first.as_current():
                 assert len(df.cosim.dedup("emb", 0.2).compute()) <= len(pdf)
+    # Another client of the same scheduler, reached by another name, computes it.
+    local = {"protocol": "tcp://", "host": "127.0.0.1", **options}
+    with LocalCluster(**local) as cluster, Client(cluster):
+        df = dask_cosim.from_pandas(pdf, npartitions=2)
+        port = cluster.scheduler_address.rsplit(":", 1)[1]
+        with Client(f"tcp://localhost:{port}"):
+            assert len(df.cosim.neighbors("emb", k=2).compute()) == 2 * len(pdf)
 
 
 def test_a_search_holds_the_partitions_from_pandas_scattered(client: Any) -> None:
