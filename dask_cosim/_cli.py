@@ -130,12 +130,6 @@ _SPELLINGS: list[tuple[re.Pattern[str], Any]] = [
         re.compile(r"\(cosim\.search\.clustered\.exact-when-cheaper\)"),
         "(DASK_COSIM__SEARCH__CLUSTERED__EXACT_WHEN_CHEAPER=false keeps --method clustered)",
     ),
-    # Any other config key: its environment variable ("set a larger
-    # cosim.search.max-result-bytes" -> DASK_COSIM__SEARCH__MAX_RESULT_BYTES).
-    (
-        re.compile(r"(?<![\w.])cosim\.([a-z][a-z.-]*[a-z])"),
-        lambda m: "DASK_COSIM__" + m[1].upper().replace(".", "__").replace("-", "_"),
-    ),
     # "give k (the best matches of each row), threshold (every pair ...), or both".
     (re.compile(r"^give k \((.*?)\), threshold \("), r"give -k (\1), --threshold ("),
     # "give k= to keep each row's k best matches" (a search's result budget).
@@ -153,7 +147,27 @@ def cli_spelling(text: str) -> str:
     ``--n-probe 2``, ``-k 3``, ..."""
     for pattern, spelling in _SPELLINGS:
         text = pattern.sub(spelling, text)
+    # The config keys, as their environment variables ("set a larger
+    # cosim.search.max-result-bytes": DASK_COSIM__SEARCH__MAX_RESULT_BYTES); only the
+    # keys there are, not a path or column name that holds "cosim.", nor quoted text.
+    import dask.config  # loaded already where a message names a key (the library is)
+
+    keys = sorted(_config_keys("cosim", dask.config.get("cosim", {}))[1:], key=len, reverse=True)
+    if keys:
+        named = re.compile(r"(?<![\w.'/])(" + "|".join(map(re.escape, keys)) + r")(?![\w.'-])")
+        text = named.sub(
+            lambda m: "DASK_" + m[1].upper().replace(".", "__").replace("-", "_"), text
+        )
     return text
+
+
+def _config_keys(prefix: str, tree: Any) -> list[str]:
+    """``prefix`` and the dotted keys below it in the config ``tree``."""
+    found = [prefix]
+    if isinstance(tree, dict):
+        for key, value in tree.items():
+            found += _config_keys(f"{prefix}.{key}", value)
+    return found
 
 
 def check_local_inputs(*paths: str) -> None:

@@ -541,9 +541,13 @@ def test_library_errors_in_cli_spellings() -> None:
         "cosim.search.max-result-bytes where": "raise the threshold, give -k to keep each "
         "row's k best matches, or set a larger DASK_COSIM__SEARCH__MAX_RESULT_BYTES where",
         "(cosim.search.max-result-bytes=1024)": "(DASK_COSIM__SEARCH__MAX_RESULT_BYTES=1024)",
-        # Column names and functions that hold "cosim." are no config keys.
+        # Column names, paths and functions that hold "cosim." are no config keys, nor
+        # is a quoted name that is one.
         "column 'emb.cosim.unit' of dask_cosim.read_parquet": "column 'emb.cosim.unit' of "
         "dask_cosim.read_parquet",
+        "'data/cosim.missing.parquet' not found": "'data/cosim.missing.parquet' not found",
+        "column 'cosim.vec' not found": "column 'cosim.vec' not found",
+        "column 'cosim.eps' not found": "column 'cosim.eps' not found",
     }
     for library, command_line in spelt.items():
         assert cli_spelling(library).startswith(command_line), cli_spelling(library)
