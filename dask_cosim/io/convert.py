@@ -130,8 +130,9 @@ def from_pandas(
     TypeError
         A vector column holds a non-numeric cell (names the column and row label).
     ValueError
-        Ragged rows (names the column, the row label and both lengths, and how to keep
-        a column of lists that are no embeddings); a name two columns share.
+        Ragged rows (names the column, the row label and both lengths, and, for rows of
+        integers, how to keep a column of lists that are no embeddings); a name two
+        columns share.
     """
     if not isinstance(pdf, pd.DataFrame):
         raise TypeError(_not_pandas_message(pdf))
@@ -176,7 +177,10 @@ def _arrow_vectors(series: pd.Series, column: Any) -> pd.Series:
     """An object column of per-row vectors as a ``fixed_size_list`` column."""
     try:
         values, null = backends.stack_object_column(series.to_numpy(), series.index, str(column))
-    except ValueError as error:  # ragged rows: perhaps no embeddings at all
+    except ValueError as error:  # ragged rows: of integers and none empty, token ids perhaps
+        cells = [np.asarray(x) for x in series.dropna()]
+        if not all(c.dtype.kind in "iu" and c.size for c in cells):
+            raise
         raise ValueError(
             f"{error}. If {column!r} holds no embeddings (token ids, say), make it an Arrow "
             f"list column first, which from_pandas keeps as it is: pdf[{column!r}] = "

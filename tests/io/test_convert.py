@@ -94,5 +94,11 @@ def test_from_pandas_keeps_columns_that_hold_no_vectors() -> None:
         r"no embeddings .*pd\.ArrowDtype\(pa\.list_\(pa\.int64\(\)\)\)",
     ):
         dask_cosim.from_pandas(tokens)
+    # Floats with an empty row: an embedding with a placeholder, told to store null, not
+    # to cast to integers (which would make its values 0).
+    empty = pdf.assign(v=[[0.5, 1.5], [0.5, 1.5], [], [1.0, 2.0]])
+    with pytest.raises(ValueError, match=r"store null") as raised:
+        dask_cosim.from_pandas(empty)
+    assert "no embeddings" not in str(raised.value)
     tokens["ids"] = tokens["ids"].astype(pd.ArrowDtype(pa.list_(pa.int64())))
     assert dask_cosim.from_pandas(tokens).compute()["ids"].iloc[1] == [101, 102]
