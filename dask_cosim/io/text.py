@@ -156,7 +156,9 @@ def _json_frame(block: bytes, schema: pa.Schema, as_text: list[str], where: str)
         table = _mixed_block(block, schema, as_text)
         if table is None:
             raise _first_bad_line(block, schema, error, where) from None
-        as_text = []  # parsed already
+        for column in as_text:  # parsed already: checked as the list columns are
+            _check_lengths(table.column(column), column, where)
+        as_text = []
     for column in _vector_fields(schema):
         _check_lengths(table.column(column), column, where)
     df = table.to_pandas(types_mapper=pd.ArrowDtype)

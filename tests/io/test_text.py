@@ -152,6 +152,13 @@ def test_convert_writes_a_text_file_as_parquet_and_names_its_bad_cells(tmp_path:
         got = dask_cosim.read_parquet(out).compute()
         assert got["id"].tolist() == [1, 2, 3] and got["emb"].isna().tolist() == [0, 0, 1]
         assert [list(v) for v in got["emb"].iloc[:2]] == [[1.0, 2.0], [3.0, 4.0]], name
+    # A ragged row among them is named with its file, as in a column of one kind.
+    (tmp_path / "mixed-ragged.jsonl").write_text(
+        '{"emb": "[1, 2]"}\n{"emb": [3, 4]}\n{"emb": "[5]"}\n'
+    )
+    out = tmp_path / "mixed-ragged-out"
+    done = runner.invoke(main, ["convert", str(tmp_path / "mixed-ragged.jsonl"), "-o", str(out)])
+    assert done.exit_code == 2 and "mixed-ragged.jsonl': column 'emb' holds '[5.0]'" in done.output
 
 
 @pytest.mark.parametrize("suffix", [".csv", ".jsonl"])
