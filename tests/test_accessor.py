@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -169,6 +170,22 @@ def test_dd_from_pandas_string_trap_is_explained() -> None:
         match=r"column 'embeds_a' holds strings .*convert-string.*dask_cosim.from_pandas\(pdf\)",
     ):
         ddf.cosim.pairwise("embeds_a", "embeds_b")
+    # Filtered, the column is still the text in memory behind it, and named so.
+    with pytest.raises(TypeError, match=r"column 'embeds_a' holds strings .*convert-string"):
+        ddf[ddf["id"] >= 0].cosim.pairwise("embeds_a", "embeds_b")
+
+
+def test_a_column_parsed_from_text_is_not_judged_by_the_text() -> None:
+    """Vectors as JSON text in a dd.from_pandas frame, parsed as the error advises
+    (map(json.loads) with its meta): the check of the first cell read the text in
+    memory behind the frame, not the parsed column, and raised the same error again."""
+    a, b = random_pairs(4, 3)
+    pdf = pd.DataFrame({c: [json.dumps(r.tolist()) for r in x] for c, x in (("a", a), ("b", b))})
+    ddf = dd.from_pandas(pdf, npartitions=2)
+    for c in "ab":
+        ddf[c] = ddf[c].map(json.loads, meta=(c, object))
+    cos = ddf.cosim.pairwise("a", "b").compute()
+    np.testing.assert_allclose(cos.to_numpy(), reference(a, b), atol=1e-6)
 
 
 def test_ragged_rows_fail_at_compute_naming_the_row() -> None:

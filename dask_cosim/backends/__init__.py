@@ -241,12 +241,29 @@ def _first_cell(
     return None
 
 
+# Expressions whose column is the column of their frame, rows aside.
+_PASSING = {
+    "Projection", "Filter", "Head", "Tail", "Partitions", "Repartition",
+    "RepartitionToFewer", "RepartitionToMore", "ArrowStringConversion",
+}  # fmt: skip
+
+
 def _pandas_source(obj: Any, column: Any) -> Any:
-    """``column`` of the frame a ``dd.from_pandas`` collection holds in memory, or None."""
-    for expr in in_memory_sources(obj):
-        data = getattr(expr.frame, "_data", expr.frame)
-        if column in getattr(data, "columns", ()):
-            return data[column]
+    """``column`` of the frame a ``dd.from_pandas`` collection holds in memory, where the
+    collection's column is that one (selected, filtered, not computed anew: a column
+    that ``df[c] = df[c].map(json.loads, ...)`` made is not the text it was made of),
+    or None."""
+    expr = getattr(obj, "expr", None)
+    while expr is not None:
+        kinds = {c.__name__ for c in type(expr).__mro__}
+        if "FromPandas" in kinds:
+            data = getattr(expr.frame, "_data", expr.frame)
+            return data[column] if column in getattr(data, "columns", ()) else None
+        if "Assign" in kinds and column in getattr(expr, "keys", ()):
+            return None
+        if not kinds & (_PASSING | {"Assign"}):
+            return None
+        expr = getattr(expr, "frame", None)
     return None
 
 
