@@ -126,7 +126,12 @@ def main(
             shutil.rmtree(tmp, ignore_errors=True)
         return dict(results)
 
-    name = f"scaling-{output.name or f'cpu{os.cpu_count()}'}"
+    # Other sizes than the defaults name their own file: they must not replace the default
+    # run's, which the docs quote.
+    defaults = {p.name: p.default for p in click.get_current_context().command.params}
+    given = {"row_sizes": row_sizes, "dim": dim, "dims": dims, "dim_rows": dim_rows}
+    custom = any(value != defaults[key] for key, value in given.items())
+    name = f"scaling-{output.name or f'cpu{os.cpu_count()}' + '-custom' * custom}"
     harness.execute_benchmark(harness.Config(output, name, run, report))
 
 

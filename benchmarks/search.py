@@ -229,7 +229,8 @@ def main(quick: bool, output: harness.Output) -> None:
         for key, case in CASES.items():
             case.report(record[key])
 
-    name = output.name or f"search-cpu{os.cpu_count()}"
+    # A quick run names its own file: it must not replace the full run's, which the docs quote.
+    name = output.name or f"search-cpu{os.cpu_count()}{'-quick' if quick else ''}"
     harness.execute_benchmark(harness.Config(output, name, run, report))
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -115,10 +116,12 @@ def test_layouts_benchmark_runs() -> None:
 def test_scaling_benchmark_runs(tmp_path: Path) -> None:
     out = run_script(
         "scaling", "--rows", "2000,4000", "--dim", "8", "--dims", "4,8", "--dim-rows",
-        "2000", "--repeat", "1", "--name", "smoke", "--out", str(tmp_path),
+        "2000", "--repeat", "1", "--out", str(tmp_path),
     )  # fmt: skip
     assert "ns per pair per 100 dims" in out
-    assert json.loads((tmp_path / "scaling-smoke.json").read_text())["rows"][0]["rows"] == 2000
+    # Sizes of its own, a file of its own (not the default run's, which the docs quote).
+    written = tmp_path / f"scaling-cpu{os.cpu_count()}-custom.json"
+    assert json.loads(written.read_text())["rows"][0]["rows"] == 2000
 
 
 def test_search_gpu_benchmark_smoke(tmp_path: Path) -> None:
