@@ -87,11 +87,7 @@ class CosimAccessor:
         name = "cos" if name is None else name
 
         for argument, column in (("a", a), ("b", b)):
-            if not errors.is_label(column):
-                raise errors.not_a_column_name(argument, column)
-            if column not in meta.columns:
-                vectors = backends.vector_columns(meta)
-                raise errors.column_not_found(column, meta.columns, vectors=vectors)
+            backends.check_column_name(meta, column, argument)
         spec_a = backends.column_spec(obj, a)
         spec_b = backends.column_spec(obj, b)
         if spec_a.dim is not None and spec_b.dim is not None and spec_a.dim != spec_b.dim:

@@ -66,12 +66,7 @@ def check_column(frame: Any, column: Any, argument: str = "on") -> backends.Vect
     only for a column of strings, to tell text from vectors written as text) holds, or
     the error to show: a KeyError naming ``argument`` with the closest column (else the
     frame's vector columns), or a TypeError saying why the column holds no vectors."""
-    meta = sg.meta_of(frame)
-    if not errors.is_label(column):
-        raise errors.not_a_column_name(argument, column)
-    if column not in meta.columns:
-        vectors = backends.vector_columns(meta)
-        raise errors.column_not_found(column, meta.columns, f"{argument}: column", vectors=vectors)
+    backends.check_column_name(sg.meta_of(frame), column, argument, f"{argument}: column")
     return backends.column_spec(frame, column)
 
 

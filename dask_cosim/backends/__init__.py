@@ -49,7 +49,15 @@ from dask import is_dask_collection
 from dask.base import tokenize
 from dask.utils import Dispatch
 
-from dask_cosim.errors import ACCEPTED, StringColumnError, repeated_column, string_column
+from dask_cosim.errors import (
+    ACCEPTED,
+    StringColumnError,
+    column_not_found,
+    is_label,
+    not_a_column_name,
+    repeated_column,
+    string_column,
+)
 
 __all__ = [
     "ACCEPTED",
@@ -59,6 +67,7 @@ __all__ = [
     "arrow_dtype_parses",
     "arrow_vector_types",
     "boolean_mask",
+    "check_column_name",
     "column_spec",
     "concat_frames",
     "data_token",
@@ -180,6 +189,17 @@ class _Writable:
         interface["data"] = (interface["data"][0], False)  # (address, read-only)
         self.__array_interface__ = interface
         self.array = array
+
+
+def check_column_name(meta: Any, column: Any, argument: str, what: str = "column") -> None:
+    """Raise when ``column``, given as ``argument``, names no column of the frame
+    ``meta``: a TypeError for what is no label at all (an array, a Series: its name to
+    pass instead), a KeyError (named ``what``) with the closest column, else the frame's
+    vector columns."""
+    if not is_label(column):
+        raise not_a_column_name(argument, column)
+    if column not in meta.columns:
+        raise column_not_found(column, meta.columns, what, vectors=vector_columns(meta))
 
 
 def column_spec(obj: Any, column: Any) -> VectorSpec:
