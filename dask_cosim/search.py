@@ -111,9 +111,7 @@ def _carried(frame: Any, columns: Hashable | Sequence[Hashable] | None, argument
     if len(set(columns)) != len(columns):
         raise ValueError(f"{argument}={columns!r} names a column twice; name each once")
     for column in columns:
-        count = len(available.get_indexer_for([column]))
-        if count > 1:
-            raise errors.repeated_column(column, count, f"{argument}: column")
+        backends.check_named_once(available, column, f"{argument}: column")
     return columns
 
 

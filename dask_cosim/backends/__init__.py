@@ -68,6 +68,7 @@ __all__ = [
     "arrow_vector_types",
     "boolean_mask",
     "check_column_name",
+    "check_named_once",
     "column_spec",
     "concat_frames",
     "data_token",
@@ -202,14 +203,20 @@ def check_column_name(meta: Any, column: Any, argument: str, what: str = "column
         raise column_not_found(column, meta.columns, what, vectors=vector_columns(meta))
 
 
+def check_named_once(columns: Any, column: Any, what: str = "column") -> None:
+    """Raise when the labels ``columns`` hold ``column`` more than once (named ``what``):
+    ``frame[column]`` is then a frame, not a column."""
+    count = len(columns.get_indexer_for([column]))
+    if count > 1:
+        raise repeated_column(column, count, what)
+
+
 def column_spec(obj: Any, column: Any) -> VectorSpec:
     """:func:`vector_spec` of ``obj[column]`` (a dask, pandas or cudf frame: its metadata),
     except that a column of strings raises saying what they hold, text or vectors written
     as text: for that, and only then, the first rows of the first partitions are read."""
     meta = obj._meta if is_dask_collection(obj) else obj
-    count = len(meta.columns.get_indexer_for([column]))
-    if count > 1:
-        raise repeated_column(column, count)
+    check_named_once(meta.columns, column)
     try:
         spec: VectorSpec = vector_spec(meta[column], column)
     except StringColumnError as err:

@@ -136,9 +136,8 @@ def from_pandas(
     """
     if not isinstance(pdf, pd.DataFrame):
         raise TypeError(_not_pandas_message(pdf))
-    repeated = pdf.columns[pdf.columns.duplicated()]
-    if len(repeated):  # each column is converted by its name
-        raise errors.repeated_column(repeated[0], int((pdf.columns == repeated[0]).sum()))
+    for column in pdf.columns[pdf.columns.duplicated()][:1]:  # each is converted by its name
+        backends.check_named_once(pdf.columns, column)
     converted = pdf.copy(deep=False)
     for column in vector_columns(pdf):
         converted[column] = _arrow_vectors(pdf[column], column)
