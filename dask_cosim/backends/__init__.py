@@ -215,20 +215,19 @@ def column_spec(obj: Any, column: Any) -> VectorSpec:
     """:func:`vector_spec` of ``obj[column]`` (a dask, pandas or cudf frame: its metadata),
     except that a column of strings raises saying what they hold, text or vectors written
     as text: for that, and only then, the first rows of the first partitions are read."""
-    meta = obj._meta if is_dask_collection(obj) else obj
+    lazy = is_dask_collection(obj)
+    meta = obj._meta if lazy else obj
     check_named_once(meta.columns, column)
     try:
         spec: VectorSpec = vector_spec(meta[column], column)
     except StringColumnError as err:
         sample = _first_string(obj, column)
-        lazy = is_dask_collection(obj)
         raise string_column(column, err.dtype, sample, vector_columns(meta), lazy) from None
     if spec.dtype is None:
         # An object column could hold anything; pandas before 3.0 keeps text there. Its
         # first cell, where reading it computes nothing, tells now rather than at compute.
         cell = _first_cell(obj, column, cells=1000, compute=False)
         if isinstance(cell, str):
-            lazy = is_dask_collection(obj)
             raise string_column(column, meta[column].dtype, cell, vector_columns(meta), lazy)
     return spec
 
