@@ -328,9 +328,10 @@ def _read_piece(
             table = pq.ParquetFile(file, **where).read_row_groups(
                 row_groups, columns=stored, use_pandas_metadata=True
             )
-    # The first file itself where a column of no value there has a later file's type.
-    typed = file != first_file[0] if first_file is not None else False
-    if first_file is not None and (typed or any(pa.types.is_null(t) for t in table.schema.types)):
+    # The first file too where a column of no value there takes a later file's type.
+    if first_file is not None and (
+        file != first_file[0] or any(pa.types.is_null(t) for t in table.schema.types)
+    ):
         table = _as_first(restore_vectors(table), stored, file, *first_file)
     if values is not None:
         table = hive.add_keys(table, keys, values, read)
