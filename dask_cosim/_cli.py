@@ -152,7 +152,7 @@ def cli_spelling(text: str) -> str:
     # keys there are, not a path or column name that holds "cosim.", nor quoted text.
     import dask.config  # loaded already where a message names a key (the library is)
 
-    keys = sorted(_config_keys("cosim", dask.config.get("cosim", {}))[1:], key=len, reverse=True)
+    keys = sorted(_config_keys("cosim", dask.config.get("cosim", {})), key=len, reverse=True)
     if keys:
         named = re.compile(r"(?<![\w.'/])(" + "|".join(map(re.escape, keys)) + r")(?![\w.'-])")
         text = named.sub(
@@ -162,11 +162,11 @@ def cli_spelling(text: str) -> str:
 
 
 def _config_keys(prefix: str, tree: Any) -> list[str]:
-    """``prefix`` and the dotted keys below it in the config ``tree``."""
-    found = [prefix]
+    """The dotted keys below ``prefix`` in the config ``tree``."""
+    found: list[str] = []
     if isinstance(tree, dict):
         for key, value in tree.items():
-            found += _config_keys(f"{prefix}.{key}", value)
+            found += [f"{prefix}.{key}", *_config_keys(f"{prefix}.{key}", value)]
     return found
 
 
