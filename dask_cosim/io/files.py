@@ -112,7 +112,8 @@ def _matches(pattern: str) -> list[str]:
     on the way, the first of them the folder before it, and those folders read whole
     besides their files read every file twice."""
     found = [m for m in glob.glob(pattern, recursive=True) if not _skipped_name(pattern, m)]
-    folders = [os.path.normpath(m) for m in found if os.path.isdir(m)]
+    normal = [os.path.normpath(m) for m in found]
+    folders = [n for m, n in zip(found, normal) if os.path.isdir(m)]
     keyed = [m for m in folders if "=" in os.path.basename(m)]
     if keyed and "**" in os.path.normpath(pattern).split(os.sep):
         # Its files alone would lose the keys its folder names hold.
@@ -121,9 +122,7 @@ def _matches(pattern: str) -> list[str]:
             "(key=value/ subfolders): read the partitioned folder itself, whose keys "
             "become columns"
         )
-    return [
-        m for m in found if not any(os.path.normpath(m).startswith(f + os.sep) for f in folders)
-    ]
+    return [m for m, n in zip(found, normal) if not any(n.startswith(f + os.sep) for f in folders)]
 
 
 def _skipped_name(pattern: str, match: str) -> bool:
