@@ -51,6 +51,8 @@ __all__ = [
 
 def arrow_value_spec(column: str, dtype: pd.ArrowDtype) -> VectorSpec:
     t = dtype.pyarrow_dtype
+    if pa.types.is_null(t):  # no value at all (read from a file that had none): null rows
+        return VectorSpec(None, None)
     if pa.types.is_string(t) or pa.types.is_large_string(t):
         raise errors.string_column(column, dtype)
     if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t):
@@ -280,6 +282,8 @@ def _cell_error(column: str, index: Any, position: Any, cell: Any) -> TypeError:
 @to_vectors.register(pd.Series)
 def _pandas_to_vectors(s: pd.Series, column: str) -> Vectors:
     n = len(s)
+    if isinstance(s.dtype, pd.ArrowDtype) and pa.types.is_null(s.dtype.pyarrow_dtype):
+        s = s.astype(object)  # None in every row: as an object column of null rows
     if isinstance(s.dtype, pd.ArrowDtype):
         spec = arrow_value_spec(column, s.dtype)  # same checks as at graph time
         chunked = pa.array(s.array)
@@ -456,9 +460,10 @@ def _as_written(table: pa.Table) -> Any:
 
 def _objects(t: pa.DataType) -> bool:
     """Whether pyarrow converts ``t`` into Python objects (booleans only beside a null,
-    which the schema does not tell), bytes and nested types aside."""
+    which the schema does not tell; null into None), bytes and nested types aside."""
     return (
-        pa.types.is_boolean(t)
+        pa.types.is_null(t)
+        or pa.types.is_boolean(t)
         or pa.types.is_date(t)
         or pa.types.is_time(t)
         or pa.types.is_decimal(t)

@@ -607,3 +607,26 @@ def test_a_column_the_first_file_holds_no_value_of_takes_a_later_files_type(
         )
     pq.write_table(pa.table({"note": ["late"], "x": [99]}), tmp_path / "late" / "99.parquet")
     assert dask_cosim.read_parquet(tmp_path / "late").compute()["note"].tolist()[-1] == "late"
+
+
+def test_a_column_no_file_holds_a_value_of_reads_as_null_rows(tmp_path: Path) -> None:
+    """A column of Arrow null in every file (an empty frame's vectors, written alone; a
+    column of None) reads as Arrow-backed null, as pyarrow gives the other types it would
+    make Python objects of, and the accessor takes it as null rows, as it takes such a
+    column of :func:`dask_cosim.from_pandas`.  dask's ``convert-string`` made text of it:
+    its empty frame failed "column 'emb' holds strings", and its rows gave 'None'."""
+    fixed = np.ones(3, np.float32)
+    pdf = pd.DataFrame({"emb": [fixed] * 4, "other": [fixed] * 4, "note": [None] * 4})
+    dask_cosim.to_parquet(dask_cosim.from_pandas(pdf.iloc[:0], npartitions=1), tmp_path / "e")
+    empty = dask_cosim.read_parquet(tmp_path / "e")
+    assert (empty.dtypes == pd.ArrowDtype(pa.null())).all()
+    assert empty.cosim.pairwise("emb", "other").compute().empty
+    assert empty.cosim.neighbors("emb", threshold=0.5).compute().empty
+
+    dask_cosim.to_parquet(dask_cosim.from_pandas(pdf, npartitions=2), tmp_path / "n")
+    df = dask_cosim.read_parquet(tmp_path / "n")
+    got = df.compute()
+    assert df.dtypes["note"] == got.dtypes["note"] == pd.ArrowDtype(pa.null())
+    assert got["note"].isna().all()
+    assert df.cosim.pairwise("emb", "note").compute().isna().all()
+    assert df.cosim.join(df, "note", k=2).compute().empty
