@@ -46,6 +46,18 @@ ACCEPTED = (
 )
 
 
+# Characters of a cell's text that a message quotes, at most.
+CELL_TEXT_CHARS = 40
+
+
+def shortened(text: str) -> str:
+    """``text`` as a message quotes a cell: whole up to :data:`CELL_TEXT_CHARS`
+    characters, else its start and "..." in that many."""
+    if len(text) <= CELL_TEXT_CHARS:
+        return text
+    return text[: CELL_TEXT_CHARS - 3] + "..."
+
+
 def did_you_mean(name: Any, candidates: Iterable[Any]) -> str:
     """ "; did you mean 'embeds_b'?" for the closest of ``candidates``, or ""."""
     by_text = {str(c): c for c in candidates}
@@ -240,7 +252,7 @@ def string_column(
     text = None if sample is None else str(sample)
     vectors = list(vectors)
     others = f" The frame's vector columns: {vectors!r}." if vectors else ""
-    short = None if text is None else text if len(text) <= 40 else text[:37] + "..."
+    short = None if text is None else shortened(text)
     if text is not None and _VECTOR_TEXT.match(text):
         message = f"column {column!r} holds strings ({dtype}), not vectors. "
         if is_json_numbers(text):
@@ -321,11 +333,10 @@ def nested_lists(column: str, dtype: Any, flatten: str) -> TypeError:
 
 def cell_not_vector(column: str, row: Any, cell: Any) -> TypeError:
     """One cell of an object column that is not a vector of real numbers."""
-    text = repr(cell)
-    short = text if len(text) <= 40 else text[:37] + "..."
     return TypeError(
-        f"column {column!r}: row {row!r} holds {type(cell).__name__} {short}, not a vector "
-        "of numbers; expected one numpy array, torch tensor or list of numbers per row"
+        f"column {column!r}: row {row!r} holds {type(cell).__name__} {shortened(repr(cell))}, "
+        "not a vector of numbers; expected one numpy array, torch tensor or list of numbers "
+        "per row"
     )
 
 

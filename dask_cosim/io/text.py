@@ -250,8 +250,7 @@ def _check_lengths(lists: pa.Array | pa.ChunkedArray, column: str, where: str) -
     if ragged is None:
         return
     odd, usual = (int(valid[row]) for row in ragged)
-    text = json.dumps(lists[odd].as_py())
-    short = text if len(text) <= 40 else text[:37] + "..."
+    short = errors.shortened(json.dumps(lists[odd].as_py()))
     empty = 0 in (lengths[odd], lengths[usual])
     fix = "write null for a row without a vector" if empty else "fix or drop that row"
     raise ValueError(
@@ -271,8 +270,7 @@ def _first_bad_cell(series: pd.Series, column: str, where: str) -> ValueError:
 
 
 def _bad_cell(column: str, text: str, where: str) -> ValueError:
-    short = text if len(text) <= 40 else text[:37] + "..."
     return ValueError(
-        f"{where!r}: column {column!r} holds {short!r}, not a list of numbers such as "
-        '"[0.1, 0.2, 0.3]": fix or drop that row'
+        f"{where!r}: column {column!r} holds {errors.shortened(text)!r}, not a list of "
+        'numbers such as "[0.1, 0.2, 0.3]": fix or drop that row'
     )
