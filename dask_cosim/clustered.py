@@ -50,6 +50,7 @@ from dask_cosim import clustered_results as cr
 from dask_cosim import search_graph as sg
 from dask_cosim import search_partition as sp
 from dask_cosim.clustered_plan import Plan, plan
+from dask_cosim.io.convert import objects_kept
 from dask_cosim.search_budget import Budget
 
 __all__ = ["Plan", "dedup", "neighbors", "plan"]
@@ -331,6 +332,25 @@ def _exact_instead(run: Any, *args: Any, **kwargs: Any) -> Any:
         return run(*args, **kwargs)
 
 
+def _standalone(result: Any) -> Any:
+    """``result`` (a dask frame) as a frame of its own tasks (dask's ``from_delayed``),
+    as the exact method's results are.  dask lines up a frame and a series made from it
+    (``r[r["left_id"] % 3 == 0]``) partition by partition only when both come from one
+    source; this result's graph holds several (the input read for the rows routed and
+    for the columns carried, the shuffles), and dask lined such a filter up by index
+    instead, an index numbered from 0 in each partition: the rows came back in another
+    order under other labels, or it failed "indices are out-of-bounds"."""
+    if not dask.is_dask_collection(result):
+        return result
+    # The partitions' dtypes as computed: dask's string conversion would turn an object
+    # column carried (vectors of a frame built without it) into text.
+    with objects_kept():
+        return dd.from_delayed(
+            result.to_delayed(), meta=result._meta, divisions=result.divisions,
+            verify_meta=False,
+        )  # fmt: skip
+
+
 def _unsorted(result: Any) -> Any:
     """``result`` without the divisions of the keys it was gathered by (dask frames)."""
     return result.clear_divisions() if dask.is_dask_collection(result) else result
@@ -363,7 +383,7 @@ def neighbors(
     p, budget = _planned("neighbors", df, on, threshold, options)
     if p.exact_instead:
         return _exact_instead(search.neighbors, df, on, threshold=threshold, columns=columns)
-    return _search(df, on, p, cols, budget)
+    return _standalone(_search(df, on, p, cols, budget))
 
 
 def dedup(
@@ -385,4 +405,5 @@ def dedup(
         return _exact_instead(
             search.dedup, df, on, threshold, return_removed=return_removed, columns=columns
         )
-    return _dedup(df, on, p, return_removed, cols, budget)
+    result = _dedup(df, on, p, return_removed, cols, budget)
+    return tuple(map(_standalone, result)) if return_removed else _standalone(result)

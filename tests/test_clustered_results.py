@@ -139,6 +139,27 @@ def test_generated_embeddings_every_partition_count() -> None:
             assert_same(lazy.compute(), want, exact_scores=False)
 
 
+def test_results_filter_by_their_own_columns() -> None:
+    """A result filtered by one of its columns (``r[r["left_id"] > 900]``) keeps the
+    rows the computed result's filter keeps, as the exact method's does.  The results
+    with carried columns came from several sources (the input read twice, the
+    shuffles): dask lined such a filter up by index, numbered from 0 in each partition,
+    and the rows came back in another order under other labels, or the filter failed
+    "indices are out-of-bounds"."""
+    pdf, _ = make_embeddings(1500, 32, directions=30, duplicates=0.1, seed=5)
+    df = dask_cosim.from_pandas(pdf, npartitions=3)
+    pairs = clustered.neighbors(df, "emb", threshold=0.9, clusters=8, columns=["id"])
+    kept, removed = clustered.dedup(df, "emb", 0.9, clusters=8, return_removed=True, columns=["id"])
+    with dask.config.set(scheduler="sync"):
+        for result, column in [(pairs, "left_id"), (pairs, "score"), (removed, "left_id"),
+                               (kept, "id")]:  # fmt: skip
+            whole = result.compute()
+            threshold = np.quantile(whole[column], 0.6)
+            got = result[result[column] > threshold].compute()
+            want = whole[whole[column] > threshold]
+            assert len(want) > 5 and got.equals(want), (column, len(got), len(want))
+
+
 # --------------------------------------------------------------------------- recall
 
 
