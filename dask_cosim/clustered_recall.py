@@ -15,8 +15,9 @@ every higher threshold::
     neighbors_recall(truth, pairs).recall
 
 Rows are matched by their index labels, so the sampled rows' labels must name one row
-each (``df.reset_index()`` first when labels repeat, as in Parquet folders read with
-each file's index starting at 0).
+each; where they repeat (a dask frame's ``reset_index`` numbers each partition from 0),
+a column that names each row does instead (``id_column``), carried into the run's
+result (``columns=[id_column]``: its ``left_<id>`` and ``right_<id>``).
 """
 
 from __future__ import annotations
@@ -69,14 +70,17 @@ class Recall:
 
 @dataclass
 class Truth:
-    """Sampled rows (``labels``, frame-order ``keys``) and their exact matches among all
-    rows at ``threshold`` or above: ``matches`` has "_s" (the sampled row's position),
-    "_key", "label" and "score" (float64) of the match."""
+    """Sampled rows of ``column`` (``labels``: index labels, or the values of
+    ``id_column``; frame-order ``keys``) and their exact matches among all rows at
+    ``threshold`` or above: ``matches`` has "_s" (the sampled row's position), "_key",
+    "label" and "score" (float64) of the match."""
 
     threshold: float
     labels: pd.Index
     keys: np.ndarray
     matches: pd.DataFrame
+    column: str
+    id_column: Any
 
     def at(self, threshold: float | None) -> pd.DataFrame:
         if threshold is None or threshold == self.threshold:
@@ -90,22 +94,34 @@ class Truth:
 
 
 def sample_truth(
-    df: Any, on: str, threshold: float, *, sample_rows: int = 10_000, seed: int = 0
+    df: Any,
+    on: str,
+    threshold: float,
+    *,
+    sample_rows: int = 10_000,
+    seed: int = 0,
+    id_column: Any = None,
 ) -> Truth:
     """``sample_rows`` random rows of ``df`` and their exact matches among all rows
-    (computes now, on the active scheduler)."""
+    (computes now, on the active scheduler).  Rows are named by their index labels, or
+    by the values of ``id_column`` (carry it into the run measured: ``columns=[...]``);
+    either must name each sampled row once."""
     meta = df._meta if dask.is_dask_collection(df) else df
     if on not in meta.columns:
         vectors = backends.vector_columns(meta)
         raise errors.column_not_found(on, meta.columns, "on: column", vectors=vectors)
+    if id_column is not None and id_column not in meta.columns:
+        raise errors.column_not_found(id_column, meta.columns, "id_column: column")
     if isinstance(sample_rows, bool) or not isinstance(sample_rows, int) or sample_rows < 1:
         raise ValueError(f"sample_rows={sample_rows!r} must be an integer >= 1, e.g. 10_000")
-    threshold = float(threshold)
+    checked = options.search_threshold(threshold, required=True)
+    assert checked is not None  # (required)
+    threshold = checked
     eps = options.eps()
     device = options.device()
     tile = options.search_tile_bytes()["cuda" if device.startswith("cuda") else "cpu"]
     lazy = dask.is_dask_collection(df)
-    column = df[[on]]
+    column = df[[on] if id_column is None else [on, id_column]]
     # The lengths of an empty projection: a Parquet read reads the index alone for them.
     lens = df[[]].map_partitions(len).compute().to_numpy() if lazy else np.array([len(df)])
     n = int(lens.sum())
@@ -117,7 +133,7 @@ def sample_truth(
     taken = [
         call(take_rows)(
             p, on, picked[(picked >= starts[i]) & (picked < starts[i + 1])] - starts[i],
-            partition_info={"number": i},
+            id_column, partition_info={"number": i},
         )
         for i, p in enumerate(parts)
     ]  # fmt: skip
@@ -131,6 +147,7 @@ def sample_truth(
             eps=eps,
             tile_bytes=tile,
             device=device,
+            id_column=id_column,
             partition_info={"number": i},
         )
         for i, p in enumerate(parts)
@@ -139,40 +156,92 @@ def sample_truth(
         sample, matches = dask.compute(sample, matches)
     hits = sum(h for _, h in matches)
     if len(sample.labels.unique()) != len(sample.labels) or hits != len(sample.labels):
-        raise ValueError(
-            f"the {len(sample.labels)} sampled rows' index labels name {hits} rows; recall "
-            "matches rows by label, so labels must be unique: df.reset_index() first"
-        )
+        raise _labels_repeat(len(sample.labels), hits, id_column, lazy)
     found = pd.concat([m for m, _ in matches], ignore_index=True)
-    return Truth(threshold, sample.labels, sample.keys, found)
+    return Truth(threshold, sample.labels, sample.keys, found, on, id_column)
+
+
+def _labels_repeat(sampled: int, hits: int, id_column: Any, lazy: bool) -> ValueError:
+    if id_column is not None:
+        return ValueError(
+            f"the {sampled} sampled rows' values of id_column={id_column!r} name {hits} "
+            "rows; recall matches rows by them, so they must be unique"
+        )
+    # A dask frame's reset_index numbers each partition from 0: its labels repeat still.
+    fix = (
+        "give a column that names each row, sample_truth(..., id_column='id'), and carry "
+        "it in the run (columns=['id']); dask_cosim.read_parquet numbers a folder's rows "
+        "across its files"
+        if lazy
+        else "df.reset_index() first, or give a column that names each row, "
+        "sample_truth(..., id_column='id'), and carry it in the run (columns=['id'])"
+    )
+    return ValueError(
+        f"the {sampled} sampled rows' index labels name {hits} rows; recall matches rows "
+        f"by label, so labels must be unique: {fix}"
+    )
+
+
+def _named(result: Any, truth: Truth, names: list[Any], what: str) -> None:
+    """Raises unless ``result`` (``what``: a run's result, for the error) holds the
+    columns ``names`` that name its rows as ``truth`` does."""
+    columns = list((result._meta if dask.is_dask_collection(result) else result).columns)
+    missing = [n for n in names if n not in columns]
+    if missing:
+        carried = truth.id_column is not None
+        carry = f"; run it with columns=[{truth.id_column!r}]" if carried else ""
+        raise ValueError(
+            f"{what} lacks the column {missing[0]!r} that names rows as the truth does "
+            f"(columns: {columns!r}){carry}"
+        )
 
 
 def neighbors_recall(truth: Truth, pairs: Any, threshold: float | None = None) -> Recall:
     """Recall of ``pairs`` (a ``neighbors(threshold=...)`` result, lazy or computed) on
     the truth's sampled rows, at ``threshold`` (default: the truth's)."""
+    ids = truth.id_column
+    left, right = ("left", "right") if ids is None else (f"left_{ids}", f"right_{ids}")
+    _named(pairs, truth, [left, right], "pairs (a neighbors result)")
     exact = truth.at(threshold)
     s = exact["_s"].to_numpy()
     first = (truth.keys[s] < exact["_key"].to_numpy()).tolist()
     mine, theirs = truth.labels[s].tolist(), exact["label"].tolist()
     expected = {(a, b) if f else (b, a) for a, b, f in zip(mine, theirs, first, strict=True)}
     wanted = list(truth.labels)
-    touching = pairs[pairs["left"].isin(wanted) | pairs["right"].isin(wanted)]
+    touching = pairs[pairs[left].isin(wanted) | pairs[right].isin(wanted)]
     got = touching.compute() if dask.is_dask_collection(touching) else touching
-    reported = set(zip(got["left"].tolist(), got["right"].tolist(), strict=True))
+    reported = set(zip(got[left].tolist(), got[right].tolist(), strict=True))
     found = len(expected & reported)
     return Recall(len(wanted), len(expected), found, len(reported - expected))
 
 
 def dedup_recall(truth: Truth, kept: Any, threshold: float | None = None) -> Recall:
-    """Recall of ``kept`` (a ``dedup`` result, lazy or computed) on the truth's sampled
-    rows, at ``threshold`` (default: the truth's): the sampled rows exact dedup drops
-    (they have an earlier match), and how many of them ``kept`` lacks."""
+    """Recall of ``kept`` (a ``dedup`` result, lazy or computed; with
+    ``return_removed=True``, the pair it returns or its kept frame) on the truth's
+    sampled rows, at ``threshold`` (default: the truth's): the sampled rows exact dedup
+    drops (they have an earlier match), and how many of them ``kept`` lacks."""
+    if isinstance(kept, tuple) and len(kept) == 2:
+        kept = kept[0]  # dedup(..., return_removed=True): (kept, removed)
+    meta = kept._meta if dask.is_dask_collection(kept) else kept
+    if not hasattr(meta, "columns") or truth.column not in meta.columns:
+        raise ValueError(
+            f"kept must be the frame dedup keeps, which holds the column {truth.column!r}; "
+            f"got {type(kept).__name__}"
+            + (f" of columns {list(meta.columns)!r}" if hasattr(meta, "columns") else "")
+            + " (for a neighbors result, use neighbors_recall)"
+        )
+    if truth.id_column is not None:
+        _named(kept, truth, [truth.id_column], "kept")
     exact = truth.at(threshold)
     s = exact["_s"].to_numpy()
     earlier = exact["_key"].to_numpy() < truth.keys[s]
     must_drop = set(truth.labels[np.unique(s[earlier])])
     wanted = list(truth.labels)
-    if dask.is_dask_collection(kept):
+    if truth.id_column is not None:
+        ids = kept[truth.id_column]
+        still = ids[ids.isin(wanted)]
+        still = still.compute() if dask.is_dask_collection(still) else still
+    elif dask.is_dask_collection(kept):
         still = kept.map_partitions(
             lambda part: part.index[part.index.isin(wanted)].to_series(),
             meta=pd.Series([], dtype=kept._meta.index.dtype),
@@ -199,18 +268,30 @@ class Sample:
 
 
 def take_rows(
-    df: Any, column: str, positions: np.ndarray, partition_info: dict[str, Any] | None = None
+    df: Any,
+    column: str,
+    positions: np.ndarray,
+    id_column: Any = None,
+    partition_info: dict[str, Any] | None = None,
 ) -> Sample:
-    """The rows of one partition at ``positions``."""
+    """The rows of one partition at ``positions``, named by their index labels or by
+    ``id_column``'s values."""
     part = cp.partition_number(partition_info)
     rows = np.asarray(positions, dtype=np.int64)
     v = backends.to_vectors(df[column], column)
     x = (v.blocks[0] if len(v.blocks) == 1 else torch.cat(v.blocks)).cpu()
     null = torch.zeros(len(x), dtype=torch.bool) if v.null is None else torch.as_tensor(v.null)
     picked = torch.from_numpy(rows)
-    return Sample(
-        x[picked], null.cpu()[picked], cp.row_keys(part, len(df))[rows], cp.labels(df)[rows]
-    )
+    names = _row_names(df, id_column)
+    return Sample(x[picked], null.cpu()[picked], cp.row_keys(part, len(df))[rows], names[rows])
+
+
+def _row_names(df: Any, id_column: Any) -> pd.Index:
+    """A partition's index labels, or its ``id_column``'s values, as a pandas Index."""
+    if id_column is None:
+        return cp.labels(df)
+    values = df[id_column]
+    return pd.Index(values.to_pandas() if hasattr(values, "to_pandas") else values)
 
 
 def join_samples(*parts: Sample, eps: float) -> Sample:
@@ -231,13 +312,15 @@ def sample_matches(
     eps: float,
     tile_bytes: int,
     device: str = "cpu",
+    id_column: Any = None,
     partition_info: dict[str, Any] | None = None,
 ) -> tuple[pd.DataFrame, int]:
     """Exact matches of the sampled rows among one partition's rows ("_s": the sampled
     row's position in the sample, "_key", "label" and "score": the match's), decided as
     the all-pairs search decides them (float64, the earlier row first); and how many of
-    the partition's rows carry a sampled row's label.  Computed on ``device`` (the
-    ``cosim.device`` option: "auto" follows the partition)."""
+    the partition's rows carry a sampled row's label (index label, or ``id_column``'s
+    value).  Computed on ``device`` (the ``cosim.device`` option: "auto" follows the
+    partition)."""
     assert sample.prep is not None
     part = cp.partition_number(partition_info)
     prep = cp.prepared_rows(df, column, eps, device)
@@ -254,7 +337,7 @@ def sample_matches(
     score[~first] = sk.rescore(prep, j[~first], mine, i[~first])
     keep = ((score >= threshold) & (ki != kj)).cpu().numpy()
     i, kj, j, score = (t.cpu() for t in (i, kj, j, score))
-    labels = cp.labels(df)
+    labels = _row_names(df, id_column)
     found = pd.DataFrame(
         {
             "_s": i.numpy()[keep],

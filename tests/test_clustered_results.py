@@ -210,9 +210,30 @@ def test_recall_of_the_exact_mode_is_one_and_labels_must_be_unique() -> None:
         assert rec.expected > 5 and rec.recall == 1.0 and rec.extra == 0
         with pytest.raises(ValueError, match=r"below the truth's 0\.9"):
             clustered_recall.dedup_recall(truth, kept, 0.8)
+        # Labels that repeat: a dask frame's reset_index numbers each partition from 0,
+        # so the error gives a column that names each row instead, which then serves.
         repeated = to_dask(pdf.set_index(pdf["id"] % 500), 3)
-        with pytest.raises(ValueError, match=r"labels must be unique: df\.reset_index"):
+        with pytest.raises(ValueError, match=r"labels must be unique: give a column .*id_col"):
             clustered_recall.sample_truth(repeated, "emb", 0.9, sample_rows=400)
+        with pytest.raises(ValueError, match="labels must be unique"):
+            clustered_recall.sample_truth(repeated.reset_index(drop=True), "emb", 0.9)
+        by_id = clustered_recall.sample_truth(repeated, "emb", 0.9, sample_rows=400, id_column="id")
+        assert by_id.labels.tolist() == truth.labels.tolist()  # ddf: labels are the ids
+        pairs = clustered.neighbors(repeated, "emb", threshold=0.9, clusters=8, columns=["id"])
+        rec = clustered_recall.neighbors_recall(by_id, pairs)
+        assert rec.expected > 10 and rec.recall == 1.0 and rec.extra == 0
+        unnamed = clustered.neighbors(repeated, "emb", threshold=0.9, clusters=8)
+        with pytest.raises(ValueError, match=r"lacks the column 'left_id'.*columns=\['id'\]"):
+            clustered_recall.neighbors_recall(by_id, unnamed)
+        kept, removed = clustered.dedup(repeated, "emb", 0.9, clusters=8, return_removed=True)
+        rec = clustered_recall.dedup_recall(by_id, (kept, removed))  # as dedup returns them
+        assert rec.expected > 5 and rec.recall == 1.0 and rec.extra == 0
+        with pytest.raises(ValueError, match=r"kept must be the frame dedup keeps.*neighbors_r"):
+            clustered_recall.dedup_recall(by_id, pairs)
+        with pytest.raises(ValueError, match=r"threshold=1\.5 must be a number in \[-1, 1\]"):
+            clustered_recall.sample_truth(ddf, "emb", 1.5)
+        with pytest.raises(KeyError, match="idx"):
+            clustered_recall.sample_truth(ddf, "emb", 0.9, id_column="idx")
 
 
 # --------------------------------------------------------------------------- errors, edges
