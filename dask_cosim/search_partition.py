@@ -398,8 +398,9 @@ def pair_threshold(
     Returns the pairs as a frame (float64 scores with ``exact_scores``, else float32 ones
     away from the threshold), or with ``positions`` only the sorted positions in ``r``
     (``q`` when ``r`` is None) of the right rows: those dedup drops.  With ``precision``
-    "exact" every reported score is the float64 one, on any device.  ``budget``: the pairs the
-    task may hold, past which it raises :class:`~dask_cosim.errors.ResultTooLargeError`.
+    "exact" every reported score is the float64 one, on any device ("fast" too, but on
+    CUDA).  ``budget``: the pairs the task may hold, past which it raises
+    :class:`~dask_cosim.errors.ResultTooLargeError`.
     """
     other = q if r is None else r
     sides = _aligned(q, other)
@@ -415,7 +416,8 @@ def pair_threshold(
             tile_bytes=_tile_bytes(tile_bytes, rp.unit.device),
             mode="upper" if r is None else None,
             # Positions need only the pair set; a float16 pass's score is none to report.
-            exact_scores=(exact_scores or precision == "exact") and not positions,
+            # ("fast" runs exact off CUDA: its low-precision pass is CUDA's alone.)
+            exact_scores=(exact_scores or precision != "fp32") and not positions,
             precision=precision,
             limit=limit,
         )

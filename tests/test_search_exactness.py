@@ -275,6 +275,24 @@ def test_threshold_searches_equal_float64(
         check_dedup(computed(kept), computed(removed), c, t)
 
 
+@pytest.mark.parametrize("name", KERNELS)
+def test_fast_on_a_cpu_is_exact(name: str) -> None:
+    """On a CPU "fast" gives what "exact" gives, scores too: its low-precision pass runs
+    on CUDA only.  Its threshold searches reported the float32 tile scores ("fp32"'s),
+    1.0 as 0.99999988 for a row with itself."""
+    x = np.random.default_rng(6).standard_normal((300, 7)).astype(np.float32)
+    df = split_frame(search_frame(np.concatenate([x, x[:20]])), [150, 170])
+    results = {}
+    for precision in ("exact", "fast"):
+        with kernel(name), dask.config.set({"cosim.search.precision": precision}):
+            results[precision] = [
+                computed(df.cosim.neighbors("emb", threshold=0.5, columns="id")),
+                computed(df.cosim.join(df, "emb", threshold=0.5)),
+            ]
+    for exact, fast in zip(results["exact"], results["fast"], strict=True):
+        assert len(exact) > 1000 and exact.equals(fast)
+
+
 @PROPERTY
 @ANY_SEARCH
 def test_ranked_searches_equal_float64(
