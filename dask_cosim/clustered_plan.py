@@ -47,6 +47,11 @@ logger = logging.getLogger("dask_cosim.clustered")
 PROBE_SAMPLE = 20_000
 # The exact mode warns when it expects each row to be copied to more blocks than this.
 EXACT_COPIES_WARNING = 8
+# The fewest rows a block holds, whatever the block bytes say: a cluster of m rows in
+# blocks of b is searched in about (m / b)^2 / 2 pairs of blocks, each its copies of the
+# rows, so blocks of a few rows (block-bytes of a few KiB) made the routing shuffle more
+# partitions than rows (4,000 rows of 32 values at 4 KiB: 22,668 partitions).
+MIN_BLOCK_ROWS = 32
 # What one copy of a row through the routing shuffle costs, in pair scores of the
 # blocks' search: both grow with D.  Measured on 2 CPU cores, 50,000-100,000 x 384 rows,
 # the shuffle in memory: 830-1,320 (docs/clustered.md, "When it runs exact all-pairs").
@@ -280,7 +285,8 @@ def plan(
     seed : int, default 0
         Seed of the sample and of k-means' seeding.
     block_bytes : int, optional
-        About the most bytes of rows one block holds (bigger clusters are split); default
+        About the most bytes of rows one block holds (bigger clusters are split), but
+        never fewer than :data:`MIN_BLOCK_ROWS` rows; default
         ``cosim.search.clustered.block-bytes``.
     """
     threshold = _check(df, on, threshold, n_probe, clusters)
@@ -376,7 +382,7 @@ def _layout(
     itemsize = getattr(torch, stats.dtype).itemsize
     # A row in a block: its Arrow copy, its raw rows and float32 unit rows after prepare.
     row_bytes = stats.dim * (2 * itemsize + 4) + 64
-    rows_per_block = max(1, block_bytes // row_bytes)
+    rows_per_block = max(MIN_BLOCK_ROWS, block_bytes // row_bytes)
     members = np.maximum(1, -(-stats.counts // rows_per_block))
     probe_chunks = np.maximum(1, np.ceil(probes / rows_per_block)).astype(np.int64)
     blocks = cp.blocks_of(members, probe_chunks)

@@ -15,7 +15,7 @@ import pandas as pd
 import psutil
 import pytest
 
-from dask_cosim import clustered
+from dask_cosim import clustered, clustered_plan
 from dask_cosim._cli import cli_spelling
 from dask_cosim.datasets import make_embeddings
 from tests.clustered_data import adversarial, frame
@@ -133,3 +133,18 @@ def test_a_plan_the_shuffle_has_no_room_for_is_refused_before_it_runs(
         want = ddf.compute().cosim.neighbors("emb", threshold=0.9)
         got = clustered.neighbors(ddf, "emb", threshold=0.9, clusters=4).compute()
     assert_same(got, want, exact_scores=True)
+
+
+def test_blocks_hold_a_few_dozen_rows_whatever_the_block_bytes() -> None:
+    """Blocks of a few rows (block-bytes of a few KiB) made the routing shuffle more
+    partitions than rows (4,000 rows of 32 values at 4 KiB: 22,668): a block holds
+    ``MIN_BLOCK_ROWS`` rows at least, and a 1-byte setting plans as that many rows' worth."""
+    pdf, _ = make_embeddings(4000, 32, directions=300, seed=5)
+    ddf = to_dask(pdf, 3)
+    row_bytes = 32 * (2 * 4 + 4) + 64  # a float32 row in a block (clustered_plan)
+    floor = clustered_plan.plan(
+        ddf, "emb", 0.95, block_bytes=clustered_plan.MIN_BLOCK_ROWS * row_bytes
+    )
+    tiny = clustered_plan.plan(ddf, "emb", 0.95, block_bytes=1)
+    assert tiny.partitions == floor.partitions < 4000
+    assert (tiny.layout.members == floor.layout.members).all()
