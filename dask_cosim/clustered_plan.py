@@ -271,7 +271,7 @@ def plan(
     threshold : float
         In (0, 1].
     clusters : int, optional
-        k of k-means; default about sqrt(rows).
+        k of k-means; default about sqrt(rows); at most the rows.
     n_probe : int, optional
         None (provable: every pair is found, recall 1) or the most clusters each row
         probes beyond its own (faster when the skip rule rules out few clusters; recall
@@ -301,7 +301,8 @@ def plan(
     low = False if options.search_precision() == "fp32" else None
     chunk = options.search_tile_bytes()["cpu"]
     rows = _rows(df)
-    k = clusters or default_clusters(rows)
+    # More clusters than rows: k-means seeds one a row (and the sample would be them all).
+    k = min(clusters or default_clusters(rows), max(rows, 1))
     want = sample_rows or max(config.min_sample, config.sample_per_cluster * k)
     fraction = min(1.0, want / max(rows, 1))
 

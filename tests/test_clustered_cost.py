@@ -148,3 +148,13 @@ def test_blocks_hold_a_few_dozen_rows_whatever_the_block_bytes() -> None:
     tiny = clustered_plan.plan(ddf, "emb", 0.95, block_bytes=1)
     assert tiny.partitions == floor.partitions < 4000
     assert (tiny.layout.members == floor.layout.members).all()
+
+
+def test_more_clusters_than_rows_plan_one_a_row(caplog: pytest.LogCaptureFixture) -> None:
+    """``clusters`` above the rows is taken as the rows (k-means seeds one a row): the
+    log said "200000 clusters" of 400 rows, and the sample was sized for them."""
+    pdf, _ = make_embeddings(400, 16, directions=20, seed=5)
+    with caplog.at_level("INFO", logger="dask_cosim"):
+        p = clustered_plan.plan(to_dask(pdf, 2), "emb", 0.9, clusters=200_000)
+    assert p.n_clusters <= 400
+    assert "of 400 rows, 400 clusters" in caplog.text
