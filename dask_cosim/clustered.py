@@ -366,9 +366,10 @@ def neighbors(
     all-pairs): columns ``left``, ``right`` (index labels), ``score``, then
     ``left_<c>``, ``right_<c>`` for each of ``columns`` (taken from the rows' own
     partitions: rows are named by frame position, never by label); each unordered pair
-    once, the earlier row (frame order) on the left; one partition per input partition,
-    sorted by left row then right row.  Scores are the float64 ones (cast to the result
-    dtype).  Other arguments as :func:`plan` takes them (``clusters``, ``n_probe``, ...).
+    once, the earlier row (frame order) on the left; one partition per input partition
+    (where exact all-pairs runs instead, its partitions), sorted by left row then right
+    row.  Scores are the float64 ones (cast to the result dtype).  Other arguments as
+    :func:`plan` takes them (``clusters``, ``n_probe``, ...).
     Where the plan expects exact all-pairs to cost no more, that runs instead, with a
     warning (``cosim.search.clustered.exact-when-cheaper``); a plan whose routed rows the
     shuffle has no room for is refused with ValueError, before anything runs.
