@@ -50,18 +50,29 @@ def objects_kept() -> Iterator[None]:
 
 
 def vector_columns(pdf: pd.DataFrame) -> list[str]:
-    """Object columns whose first non-null cell is an array, tensor or list of numbers
-    (a list of strings, a tuple of mixed values or bytes is not: such columns stay as
-    they are)."""
+    """Object columns whose first non-null cell that holds values (the first non-null
+    one where none does) is an array, tensor or list of numbers (a list of strings, a
+    tuple of mixed values or bytes is not: such columns stay as they are).  An empty
+    list tells nothing: ``[]`` first made a column of lists of strings vectors."""
     found = []
     for column in pdf.columns:
         series = pdf[column]
         if series.dtype != object:
             continue
-        first = series.dropna()
-        if len(first) and _is_numbers(first.iloc[0]):
+        cells = series.dropna()
+        first = next((c for c in cells if not _empty(c)), cells.iloc[0] if len(cells) else None)
+        if first is not None and _is_numbers(first):
             found.append(column)
     return found
+
+
+def _empty(cell: Any) -> bool:
+    """Whether ``cell`` is an array, tensor or sequence of no values."""
+    if isinstance(cell, torch.Tensor):
+        return cell.numel() == 0
+    if isinstance(cell, np.ndarray):
+        return cell.size == 0
+    return isinstance(cell, (list, tuple)) and len(cell) == 0
 
 
 def _is_numbers(cell: Any) -> bool:
