@@ -17,14 +17,15 @@ __all__ = ["WRITTEN_META", "write_manifest", "written_row"]
 
 # One row per partition written: file name, rows, JSON of the index range (index_range:
 # [min, max] of a sorted index, encoded or not, or null), JSON {column: [D, dtype]}, JSON
-# of the other columns stored with no type (Arrow null: no value in that partition).
+# {column: Arrow type as text} of the other columns whose type pyarrow took from the
+# partition's values (object columns: "null" where the partition holds no value).
 WRITTEN_META = pd.DataFrame(
     {
         "file": pd.Series([], dtype=object),
         "rows": pd.Series([], dtype="int64"),
         "index": pd.Series([], dtype=object),
         "vectors": pd.Series([], dtype=object),
-        "untyped": pd.Series([], dtype=object),
+        "inferred": pd.Series([], dtype=object),
     }
 )
 
@@ -33,20 +34,21 @@ def written_row(
     name: str,
     df: Any,
     stored: dict[str, Any],
-    untyped: list[str] | None = None,
+    inferred: dict[str, str] | None = None,
     index_stored: bool = True,
 ) -> pd.DataFrame:
     """The row of :data:`WRITTEN_META` for the file ``name`` holding ``df``, whose vector
-    columns are stored as ``stored`` ({column: [D, dtype]}) and whose ``untyped`` columns
-    as Arrow null; the index's range null where ``to_parquet(write_index=False)`` left a
-    labelled index out (the file's rows are then numbered by their positions)."""
+    columns are stored as ``stored`` ({column: [D, dtype]}) and its object columns with
+    the ``inferred`` Arrow types ({column: type as text}); the index's range null where
+    ``to_parquet(write_index=False)`` left a labelled index out (the file's rows are then
+    numbered by their positions)."""
     return pd.DataFrame(
         {
             "file": [name],
             "rows": [len(df)],
             "index": [json.dumps(index_range(df.index) if index_stored else None)],
             "vectors": [json.dumps(stored)],
-            "untyped": [json.dumps(untyped or [])],
+            "inferred": [json.dumps(inferred or {})],
         }
     )
 

@@ -10,8 +10,12 @@ the folder's other files store (its nulls in that field; its other columns, row 
 and metadata as they were), so every file has one schema: each reader of a folder
 (pandas, dask, pyarrow datasets, DuckDB, ours) takes one file's schema.  Where no file
 knows D, the files stay as written: the column reads back as the variable list of nulls
-it was.  Only files of null vectors are rewritten, one by one, in the task that writes the
-manifest; files of no rows are deleted there anyway.
+it was.  So for the other object columns, whose type pyarrow takes from each partition's
+values (decimal128(2, 1) of 1.5 and decimal128(3, 1) of 10.5, int64 of ints and double
+of floats, a list of nulls of empty lists): the files whose type is not the one all
+unify to (pyarrow's permissive promotion) are rewritten with their values cast to it.
+Only those files are rewritten, one by one, in the task that writes the manifest; files
+of no rows are deleted there anyway.
 """
 
 from __future__ import annotations
@@ -81,21 +85,28 @@ def sized_files(written: pd.DataFrame, files: FileWriter) -> pd.DataFrame:
     another file stores it with one is rewritten with that D and dtype (its nulls so
     stored), and each that stores another column with no type (Arrow null: an object
     column all None there) while another file stores a type, with that type (read from
-    that file's footer).  ValueError naming the column and the file where such a file
-    holds vectors of no values rather than nulls: D 0 cannot join the other files' D."""
+    that file's footer), and each that stores an object column with another type than
+    the one the files' types unify to, with that one (:func:`_unified_types`).
+    ValueError naming the column and the file where such a file holds vectors of no
+    values rather than nulls: D 0 cannot join the other files' D."""
     specs = [json.loads(spec) for spec in written["vectors"]]
-    untyped = [set(json.loads(names)) for names in written["untyped"]]
+    inferred = [json.loads(types) for types in written["inferred"]]
+    untyped = [{c for c, t in types.items() if t == "null"} for types in inferred]
     known: dict[str, tuple[int, str]] = {}
     for spec in specs:
         for column, (dim, dtype) in spec.items():
             if dim:
                 known.setdefault(column, (dim, dtype))
-    types = _stored_types(files, written, untyped)
-    for file, rows, spec, nulls in zip(written["file"], written["rows"], specs, untyped):
+    unified = _unified_types(files, written, inferred)
+    types = {**_stored_types(files, written, untyped), **unified}
+    for file, rows, spec, nulls, kinds in zip(
+        written["file"], written["rows"], specs, untyped, inferred, strict=True
+    ):
         missing = {c: known[c] for c, (dim, _) in spec.items() if not dim and c in known}
         typed = {c: types[c] for c in nulls if c in types}
-        if rows and (missing or typed):
-            _rewrite(files, file, missing, typed)
+        cast = {c: t for c, t in unified.items() if kinds.get(c, "null") not in ("null", str(t))}
+        if rows and (missing or typed or cast):
+            _rewrite(files, file, missing, typed, cast)
             spec.update(missing)
     return written.assign(vectors=[json.dumps(spec) for spec in specs])
 
@@ -115,20 +126,61 @@ def _stored_types(
     return types
 
 
+def _unified_types(
+    files: FileWriter, written: pd.DataFrame, inferred: list[dict[str, str]]
+) -> dict[str, pa.DataType]:
+    """{column: the type its files' types unify to} for each object column that the
+    files with rows store with more than one type (Arrow null aside), from one footer
+    per type; ValueError naming two files where the types do not unify (int64 and
+    string: the column holds numbers in one partition, text in another)."""
+    firsts: dict[str, dict[str, str]] = {}  # column -> {type: the first file of it}
+    for file, rows, kinds in zip(written["file"], written["rows"], inferred, strict=True):
+        for column, kind in kinds.items():
+            if rows and kind != "null":
+                firsts.setdefault(column, {}).setdefault(kind, file)
+    unified = {}
+    for column, first in firsts.items():
+        if len(first) < 2:
+            continue
+        fields = {
+            file: pq.read_schema(f"{files.staging}/{file}", filesystem=files.fs).field(column)
+            for file in first.values()
+        }
+        try:
+            schema = pa.unify_schemas(
+                [pa.schema([f]) for f in fields.values()], promote_options="permissive"
+            )
+        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+            (a, fa), (b, fb) = list(fields.items())[:2]
+            raise ValueError(
+                f"column {column!r} holds {fa.type} in {a} and {fb.type} in {b}: pyarrow "
+                "takes an object column's type from each partition's values; give the "
+                f"column one type before writing (e.g. df[{column!r}].astype(...))"
+            ) from None
+        unified[column] = schema.field(column).type
+    return unified
+
+
 def _rewrite(
     files: FileWriter,
     file: str,
     sizes: dict[str, tuple[int, str]],
     types: dict[str, pa.DataType] | None = None,
+    cast: dict[str, pa.DataType] | None = None,
 ) -> None:
     """The file ``file`` of ``files`` written again, each column of ``sizes`` stored as
-    nulls of its (D, dtype) in their layout, each of ``types`` as nulls of its type."""
+    nulls of its (D, dtype) in their layout, each of ``types`` as nulls of its type, each
+    of ``cast`` with its values cast to its type."""
     with files.fs.open_input_file(f"{files.staging}/{file}") as source:
         table = pq.ParquetFile(source).read()
     for column, kind in (types or {}).items():
         i = table.schema.get_field_index(column)
         field = table.schema.field(i).with_type(kind)
         table = table.set_column(i, field, pa.nulls(table.num_rows, kind))
+    for column, kind in (cast or {}).items():
+        i = table.schema.get_field_index(column)
+        field = table.schema.field(i).with_type(kind)
+        table = table.set_column(i, field, table.column(i).cast(kind))
     for column, (dim, dtype) in sizes.items():
         i = table.schema.get_field_index(column)
         if table.column(i).null_count != table.num_rows:

@@ -319,11 +319,17 @@ def _write_partition(
             return written_row(name, df, stored, index_stored=index_stored)
     table = frame_to_table(df, layout=layout, vectors=vectors, preserve_index=write_index)
     files.write(table, name)
-    # An object column with no value here (all None) has no type to store: Arrow null,
-    # given the type other files store once all are written (vector_dims.sized_files).
-    untyped = [f.name for f in table.schema if pa.types.is_null(f.type) and f.name not in vectors]
+    # An object column's type is what pyarrow makes of this partition's values (Arrow
+    # null where it holds none, decimal128(2, 1) of 1.5, int64 of ints): made one across
+    # the files once all are written (vector_dims.sized_files).
+    objects = {str(c) for c in df.columns if df[c].dtype == object} - set(vectors)
+    inferred = {
+        f.name: str(f.type)
+        for f in table.schema
+        if f.name in objects or (pa.types.is_null(f.type) and f.name not in vectors)
+    }
     stored = stored_vectors(table.schema, vectors)
-    return written_row(name, df, stored, untyped, index_stored)
+    return written_row(name, df, stored, inferred, index_stored)
 
 
 def _writes_on_gpu(df: Any, fs: pafs.FileSystem, compression: Any) -> bool:

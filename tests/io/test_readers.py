@@ -266,3 +266,45 @@ def test_a_partition_with_no_value_in_an_object_column_is_stored_with_its_type(
         assert got["blob"].tolist() == [None] * 3 + [b"a", b"b", b"c"]
         assert got["price"].tolist()[3] == decimal.Decimal("1.5")
     assert dask_cosim.read_parquet(folder).compute()["blob"].tolist()[3:] == [b"a", b"b", b"c"]
+
+
+def test_an_object_column_of_other_types_in_other_partitions_is_stored_with_one(
+    tmp_path: Path,
+) -> None:
+    """pyarrow takes an object column's type from each partition's values: decimals of
+    two precisions, ints beside floats, empty lists beside lists of strings gave files
+    of two schemas, which pandas, pyarrow datasets and our reader refused ("Decimal value
+    does not fit in precision 2").  The files are written with the type the files' types
+    unify to; types that do not unify (numbers and text) fail the write, naming both."""
+    import decimal
+
+    import pyarrow.dataset as ds
+    import pyarrow.parquet as pq
+
+    prices = [decimal.Decimal(x) for x in ("1.5", "2.5", "10.5", "20.5")]
+    pdf = pd.DataFrame(
+        {
+            "price": pd.Series(prices, dtype=object),
+            "count": pd.Series([1, 2, 3.5, 4.5], dtype=object),
+            "tags": pd.Series([[], [], ["a"], ["b", "c"]], dtype=object),
+            "emb": vectors_to_arrow(np.ones((4, 2), "f4")),
+        }
+    )
+    pdf.loc[:1, "count"] = pd.Series([1, 2], dtype=object)  # ints in the first partition
+    for layout in ("binary", "list"):
+        folder = tmp_path / layout
+        df = dask_cosim.from_pandas(pdf, npartitions=2, sort=False)
+        dask_cosim.to_parquet(df, folder, layout=layout)
+        schemas = {str(pq.read_schema(f).remove_metadata()) for f in folder.glob("*.parquet")}
+        assert len(schemas) == 1, schemas
+        readers = [pd.read_parquet(folder), ds.dataset(folder).to_table().to_pandas()]
+        for got in [*readers, dask_cosim.read_parquet(folder).compute()]:
+            assert got["price"].tolist() == prices
+            assert got["count"].tolist() == [1.0, 2.0, 3.5, 4.5]
+            assert [list(t) for t in got["tags"]] == [[], [], ["a"], ["b", "c"]]
+
+    mixed = pdf.assign(count=pd.Series([1, 2, "three", "four"], dtype=object))
+    with pytest.raises(ValueError, match=r"column 'count' holds int64 in part\.00000.* and "
+                       r"string in part\.00001.*give the column one type"):  # fmt: skip
+        dask_cosim.to_parquet(dask_cosim.from_pandas(mixed, 2, sort=False), tmp_path / "m")
+    assert not (tmp_path / "m").exists()
