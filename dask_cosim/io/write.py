@@ -4,6 +4,7 @@ or cudf's GPU writer in :mod:`.cudf_parquet` for cudf partitions bound for local
 from __future__ import annotations
 
 import inspect
+import itertools
 import json
 import os
 import re
@@ -28,6 +29,7 @@ from dask_cosim.io.files import (
     discard,
     exists,
     filesystem,
+    location,
     new_staging,
 )
 from dask_cosim.io.layouts import (
@@ -167,8 +169,11 @@ def to_parquet_together(
     the work they share is done once, and commit them together: every folder is complete
     before the first rename, the renames run back to back, and a failure of the
     computation or of any rename leaves every ``path`` as it was (see
-    :func:`~dask_cosim.io.files.commit`), with no staging folder.  Returns the manifests.
+    :func:`~dask_cosim.io.files.commit`), with no staging folder.  Each ``path`` is a
+    folder of its own (not another's, nor inside it: ValueError before any work).
+    Returns the manifests.
     """
+    _check_apart([path for _, path, _ in writes])
     # (manifest, staging, frame): each frame held until computed, since one that
     # from_pandas scattered to a client's workers holds the futures of its partitions.
     staged: list[tuple[Any, Staging, Any]] = []
@@ -182,6 +187,20 @@ def to_parquet_together(
         discard([s for _, s, _ in staged])
         raise
     return list(done)
+
+
+def _check_apart(paths: Sequence[str | os.PathLike[str]]) -> None:
+    """ValueError where two of ``paths`` are one folder (in any spelling:
+    :func:`~dask_cosim.io.files.location`) or one is inside the other: renamed into
+    place one after the other, one write would replace the other, or land in it."""
+    places = [location(os.fspath(p)) for p in paths]
+    for (a, here), (b, there) in itertools.combinations(zip(paths, places, strict=True), 2):
+        if here == there or there.startswith(here + "/") or here.startswith(there + "/"):
+            how = "the same folder as" if here == there else "a folder inside, or holding,"
+            raise ValueError(
+                f"to_parquet_together: {os.fspath(b)!r} is {how} {os.fspath(a)!r}; give "
+                "each write a folder of its own"
+            )
 
 
 # to_parquet's own defaults, for the options a write of to_parquet_together leaves out.

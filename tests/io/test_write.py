@@ -283,3 +283,19 @@ def test_overwrite_refuses_the_folder_it_runs_in(
             dask_cosim.to_parquet(pairs_frame(a, b, "list"), path, overwrite=True)
     assert sorted(p.name for p in out.iterdir()) == before  # no staging folder left
     assert sorted(p.name for p in tmp_path.iterdir()) == ["p"]
+
+
+def test_frames_written_together_each_get_a_folder_of_their_own(tmp_path: Path) -> None:
+    """Two writes to one folder (in any spelling), or one inside the other, are refused
+    before any work: renamed into place one after the other, the second replaced the
+    first (with overwrite=True), failed "appeared while writing; pass overwrite=True", or
+    left the outer folder behind."""
+    df = dask_cosim.from_pandas(pd.DataFrame({"emb": [[1.0, 2.0]] * 6, "x": range(6)}), 2)
+    for second in ("a", str(tmp_path / "a" / "."), "a/inner"):
+        with pytest.raises(ValueError, match="give each write a folder of its own"):
+            io.to_parquet_together(
+                [(df, tmp_path / "a", {"overwrite": True}), (df, tmp_path / second, {})]
+            )
+    assert list(tmp_path.iterdir()) == []
+    io.to_parquet_together([(df, tmp_path / "a", {}), (df, tmp_path / "ab", {})])
+    assert len(dask_cosim.read_parquet(tmp_path / "ab").compute()) == 6
