@@ -58,7 +58,7 @@ def parquet_files(path: Any) -> Found | None:
     paths = list(path) if isinstance(path, (list, tuple)) else [path]
     if not paths or not all(isinstance(p, (str, os.PathLike)) for p in paths):
         return None
-    texts = [os.fspath(p) for p in paths]
+    texts = [_home_expanded(os.fspath(p)) for p in paths]
     # A path that exists is that path, whatever its name holds ("run[1]" is no pattern
     # for "run1"): as pandas and pyarrow read it, and as to_parquet wrote it.
     patterns = [t for t in texts if any(c in t for c in "*?[") and not os.path.exists(t)]
@@ -280,7 +280,7 @@ def filesystem(path: Any) -> tuple[pafs.FileSystem, str]:
     """pyarrow's own filesystem for ``path`` (local, or any URL pyarrow or fsspec knows)."""
     text = os.fspath(path)
     if "://" not in text:
-        return pafs.LocalFileSystem(), os.path.abspath(text)
+        return pafs.LocalFileSystem(), os.path.abspath(_home_expanded(text))
     if text[:17].lower() == "file://localhost/":
         # RFC 8089: the local host by name.  pyarrow refuses it, and fsspec would take
         # "localhost/..." for a path relative to the working directory.
@@ -294,6 +294,13 @@ def filesystem(path: Any) -> tuple[pafs.FileSystem, str]:
 
         fs, inner = fsspec.core.url_to_fs(text)
         return pafs.PyFileSystem(pafs.FSSpecHandler(fs)), inner
+
+
+def _home_expanded(text: str) -> str:
+    """A local path with a leading ``~`` (or ``~user``) as the home folder it names, as
+    pandas and dask read and write it: a folder named "~" in the working directory
+    otherwise.  URLs as they are."""
+    return text if "://" in text else os.path.expanduser(text)
 
 
 def location(path: str) -> str:

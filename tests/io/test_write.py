@@ -299,3 +299,18 @@ def test_frames_written_together_each_get_a_folder_of_their_own(tmp_path: Path) 
     assert list(tmp_path.iterdir()) == []
     io.to_parquet_together([(df, tmp_path / "a", {}), (df, tmp_path / "ab", {})])
     assert len(dask_cosim.read_parquet(tmp_path / "ab").compute()) == 6
+
+
+def test_a_path_from_the_home_folder(tmp_path: Path, monkeypatch: Any) -> None:
+    """``~`` names the home folder, as pandas and dask take it: to_parquet made a folder
+    named "~" in the working directory, and read_parquet found nothing there."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    (tmp_path / "home").mkdir()
+    (tmp_path / "work").mkdir()
+    monkeypatch.chdir(tmp_path / "work")
+    df = dask_cosim.from_pandas(pd.DataFrame({"emb": [[1.0, 2.0]] * 4, "x": range(4)}), 2)
+    dask_cosim.to_parquet(df, "~/out")
+    assert list((tmp_path / "work").iterdir()) == []
+    assert (tmp_path / "home" / "out").is_dir()
+    for path in ("~/out", "~/out/*.parquet", ["~/out"]):
+        assert dask_cosim.read_parquet(path).compute()["x"].tolist() == [0, 1, 2, 3]
