@@ -90,6 +90,7 @@ def to_parquet(
     overwrite: bool = False,
     compute: bool = True,
     progress: bool = False,
+    **dask_options: Any,
 ) -> Any:
     """Write a frame to a folder of Parquet files, one per partition, atomically.
 
@@ -138,12 +139,17 @@ def to_parquet(
     progress : bool, default False
         Show a progress bar while writing: distributed's with an active Client, else
         dask's local ``dask.diagnostics.ProgressBar`` (on stdout).
+    **dask_options
+        None is taken: the keywords of dask's ``DataFrame.to_parquet`` that this writer
+        has not (``partition_on``, ``append``, ``storage_options``, ...) are refused with
+        TypeError, naming what does their work here.
 
     Returns
     -------
     dict
         The manifest (with ``compute=False``: a Delayed that returns it).
     """
+    _check_options(dask_options, "to_parquet")
     options: dict[str, Any] = {
         "layout": layout,
         "vectors": vectors,
@@ -179,6 +185,7 @@ def to_parquet_together(
     staged: list[tuple[Any, Staging, Any]] = []
     try:
         for df, path, options in writes:
+            _check_options(options, "to_parquet_together", allowed=_WRITE_DEFAULTS)
             staged.append(_stage(df, path, **{**_WRITE_DEFAULTS, **options}))
         manifests, stagings = [m for m, _, _ in staged], [s for _, s, _ in staged]
         done = compute_with_progress(*manifests) if progress else dask.compute(*manifests)
@@ -201,6 +208,50 @@ def _check_apart(paths: Sequence[str | os.PathLike[str]]) -> None:
                 f"to_parquet_together: {os.fspath(b)!r} is {how} {os.fspath(a)!r}; give "
                 "each write a folder of its own"
             )
+
+
+# What does the work of dask's to_parquet keywords that this writer has not.
+_DASK_OPTIONS = {
+    "partition_on": "dask's own df.to_parquet(path, partition_on=[...]) writes key=value "
+    "folders (vectors as Arrow lists), which dask_cosim.read_parquet reads back; or write "
+    "each group to a folder of its own",
+    "append": "write the new rows to a folder of their own and read both: "
+    "dask_cosim.read_parquet([old, new])",
+    "storage_options": "give a URL pyarrow or fsspec knows; its filesystem takes its "
+    "credentials from the environment or its own configuration",
+    "name_function": "files are named part.NNNNN.<write>.parquet (the <write> part differs "
+    "from write to write, so that a reader of a replaced folder does not mix two writes)",
+    "schema": "the types are the frame's: cast columns first (df.astype({...}))",
+    "write_metadata_file": "no _metadata file is written: the manifest _dask_cosim.json "
+    "records each file's rows and index range",
+    "custom_metadata": "the files hold pandas' metadata and ours",
+    "ignore_divisions": "divisions are recorded whatever they are",
+    "engine": "pyarrow writes every file",
+    "compute_kwargs": "compute=False returns a dask.delayed, to compute as you choose",
+}
+
+
+def _check_options(options: Any, caller: str, allowed: Any = ()) -> None:
+    """TypeError for a write's ``options`` (a dict) not in ``allowed``: dask's to_parquet
+    keywords named with :data:`_DASK_OPTIONS`' alternative, others with the ones taken."""
+    if not isinstance(options, dict):
+        raise TypeError(
+            f"{caller}: each write's options must be a dict of to_parquet's keywords, "
+            f"e.g. {{'overwrite': True}}; got {type(options).__name__}"
+        )
+    for name in options:
+        if name in allowed:
+            continue
+        if name in _DASK_OPTIONS:
+            raise TypeError(
+                f"{caller} does not take {name!r} (dask's DataFrame.to_parquet does): "
+                f"{_DASK_OPTIONS[name]}"
+            )
+        taken = sorted(allowed or _WRITE_DEFAULTS)
+        raise TypeError(
+            f"{caller} got an unexpected keyword {name!r}; it takes {taken!r}"
+            + errors.did_you_mean(name, taken)
+        )
 
 
 # to_parquet's own defaults, for the options a write of to_parquet_together leaves out.

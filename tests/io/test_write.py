@@ -314,3 +314,24 @@ def test_a_path_from_the_home_folder(tmp_path: Path, monkeypatch: Any) -> None:
     assert (tmp_path / "home" / "out").is_dir()
     for path in ("~/out", "~/out/*.parquet", ["~/out"]):
         assert dask_cosim.read_parquet(path).compute()["x"].tolist() == [0, 1, 2, 3]
+
+
+def test_dask_keywords_are_refused_naming_what_does_their_work(tmp_path: Path) -> None:
+    """The keywords of dask's to_parquet that this writer has not are refused naming what
+    does their work here (they failed as Python's bare "unexpected keyword argument", and
+    to_parquet_together's named a private function); what is refused writes nothing."""
+    df = dask_cosim.from_pandas(pd.DataFrame({"emb": [[1.0, 2.0]] * 4, "key": list("aabb")}), 2)
+    out = tmp_path / "out"
+    with pytest.raises(TypeError, match=r"'partition_on' \(dask's.*partition_on=\[\.\.\.\]"):
+        dask_cosim.to_parquet(df, out, partition_on=["key"])
+    with pytest.raises(TypeError, match=r"'append'.*read_parquet\(\[old, new\]\)"):
+        dask_cosim.to_parquet(df, out, append=True)
+    with pytest.raises(TypeError, match=r"'overwite'; it takes .*did you mean 'overwrite'"):
+        dask_cosim.to_parquet(df, out, overwite=True)
+    with pytest.raises(TypeError, match=r"to_parquet_together got an unexpected keyword 'compute'"):
+        io.to_parquet_together([(df, out, {"compute": False})])
+    with pytest.raises(TypeError, match=r"to_parquet_together does not take 'storage_options'"):
+        io.to_parquet_together([(df, out, {"storage_options": {}})])
+    with pytest.raises(TypeError, match="options must be a dict"):
+        io.to_parquet_together([(df, out, None)])  # type: ignore[list-item]
+    assert list(tmp_path.iterdir()) == []
