@@ -49,8 +49,8 @@ PROBE_SAMPLE = 20_000
 EXACT_COPIES_WARNING = 8
 # The fewest rows a block holds, whatever the block bytes say: a cluster of m rows in
 # blocks of b is searched in about (m / b)^2 / 2 pairs of blocks, each with copies of
-# its two blocks' rows, so blocks of a few rows (block-bytes of a few KiB) made the routing shuffle more
-# partitions than rows (4,000 rows of 32 values at 4 KiB: 22,668 partitions).
+# its two blocks' rows, so blocks of a few rows (block-bytes of a few KiB) made the
+# routing shuffle more partitions than rows (4,000 rows of 32 values at 4 KiB: 22,668).
 MIN_BLOCK_ROWS = 32
 # What one copy of a row through the routing shuffle costs, in pair scores of the
 # blocks' search: both grow with D.  Measured on 2 CPU cores, 50,000-100,000 x 384 rows,
