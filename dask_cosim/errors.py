@@ -173,7 +173,11 @@ def dims_differ(what_a: str, dim_a: int, what_b: str, dim_b: int, row: Any = Non
     )
 
 
-def ragged(column: str, label: Any, length: int, first_label: Any, dim: int) -> ValueError:
+class RaggedError(ValueError):
+    """Rows of one vector column with vectors of different lengths."""
+
+
+def ragged(column: str, label: Any, length: int, first_label: Any, dim: int) -> RaggedError:
     """Two rows of one column with vectors of different lengths; where one is empty (a
     placeholder for a missing vector, often), say to make it null instead."""
     empty = label if length == 0 else first_label if dim == 0 else None
@@ -183,7 +187,7 @@ def ragged(column: str, label: Any, length: int, first_label: Any, dim: int) -> 
         else f"; for a row without a vector, store null (None), not an empty one: row "
         f"{empty!r} then scores null"
     )
-    return ValueError(
+    return RaggedError(
         f"column {column!r}: row {label!r} has {length} values but row {first_label!r} "
         f"has {dim}; every row of an embedding column needs the same length{hint}"
     )

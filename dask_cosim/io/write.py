@@ -68,7 +68,14 @@ def frame_to_table(
     positions = {c: i for i, c in enumerate(df.columns)}
     # In column order, so each lands where it was (index columns stay last).
     for column in sorted(vectors, key=positions.__getitem__):
-        field, array = encode_column(df[column], str(column), layout)
+        try:
+            field, array = encode_column(df[column], str(column), layout)
+        except errors.RaggedError as error:
+            # Every list column by default: token ids, say, are lists of other lengths.
+            raise errors.RaggedError(
+                f"{error}. If {column!r} holds no embeddings, name the columns that do: "
+                f"vectors=[...] (the others are written as they are)"
+            ) from None
         fields.insert(positions[column], field)
         arrays.insert(positions[column], array)
     # From arrays, not add_column: a table of the index alone may have no columns, and

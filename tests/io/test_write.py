@@ -335,3 +335,18 @@ def test_dask_keywords_are_refused_naming_what_does_their_work(tmp_path: Path) -
     with pytest.raises(TypeError, match="options must be a dict"):
         io.to_parquet_together([(df, out, None)])  # type: ignore[list-item]
     assert list(tmp_path.iterdir()) == []
+
+
+def test_ragged_lists_that_are_no_embeddings_are_named_out_of_the_vectors(
+    tmp_path: Path,
+) -> None:
+    """Every list column is a vector column by default: a ragged one (token ids) fails,
+    and the error says how to leave it out, which then writes it as it is."""
+    pdf = pd.DataFrame({"emb": [np.ones(3, "f4")] * 4})
+    pdf["ids"] = pd.Series([[1, 2], [3], [4, 5, 6], [7]], dtype=pd.ArrowDtype(pa.list_(pa.int64())))
+    df = dask_cosim.from_pandas(pdf, npartitions=2)
+    with pytest.raises(ValueError, match=r"If 'ids' holds no embeddings, .*vectors=\[\.\.\.\]"):
+        dask_cosim.to_parquet(df, tmp_path / "a")
+    dask_cosim.to_parquet(df, tmp_path / "b", vectors=["emb"])
+    back = dask_cosim.read_parquet(tmp_path / "b").compute()
+    assert [list(i) for i in back["ids"]] == [[1, 2], [3], [4, 5, 6], [7]]
