@@ -332,14 +332,14 @@ def check_replaceable(path: str) -> None:
 
 
 def new_staging(fs: pafs.FileSystem, root: str) -> str:
-    """A new hidden staging folder next to ``root``, created, after removing those that
-    earlier writes to ``root`` by dead processes of this host left behind."""
+    """The name of a new hidden staging folder next to ``root``, after removing those
+    that earlier writes to ``root`` by dead processes of this host left behind.  Not
+    created here: the writes into it create it (``fs.create_dir(staging,
+    recursive=True)``), so that a write built and not computed leaves nothing."""
     parent, name = root.rsplit("/", 1) if "/" in root else ("", root)
     _remove_abandoned_staging(fs, parent, name)
     # Host and pid in the name tell a later run whether the writer is still alive.
-    staging = f"{parent}/.{name}.cosim-{_HOST}-{os.getpid()}-{uuid.uuid4().hex[:12]}"
-    fs.create_dir(staging)
-    return staging
+    return f"{parent}/.{name}.cosim-{_HOST}-{os.getpid()}-{uuid.uuid4().hex[:12]}"
 
 
 _HOST = socket.gethostname().replace("/", "_")

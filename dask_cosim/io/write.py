@@ -141,8 +141,9 @@ def to_parquet(
         Replace an existing ``path`` (after the new folder is complete); not a folder
         that is, or holds, the working directory (ValueError).
     compute : bool, default True
-        False returns a ``dask.delayed`` object that writes and commits when computed (a
-        failed computation then leaves its hidden staging folder behind).
+        False returns a ``dask.delayed`` object that writes and commits when computed,
+        and writes nothing before (a computation that fails writing a file leaves its
+        hidden staging folder behind).
     progress : bool, default False
         Show a progress bar while writing: distributed's with an active Client, else
         dask's local ``dask.diagnostics.ProgressBar`` (on stdout).
@@ -307,13 +308,9 @@ def _stage(
     fs, root = filesystem(path)
     staging = new_staging(fs, root)  # first: it puts back what a killed overwrite moved
     if exists(fs, root):
-        try:
-            if not overwrite:
-                raise FileExistsError(f"{str(path)!r} exists; pass overwrite=True to replace it")
-            check_replaceable(os.fspath(path))
-        except (FileExistsError, ValueError):
-            fs.delete_dir(staging)
-            raise
+        if not overwrite:
+            raise FileExistsError(f"{str(path)!r} exists; pass overwrite=True to replace it")
+        check_replaceable(os.fspath(path))
     files = FileWriter(fs, staging, layout, list(vectors), compression, row_group_rows)
     written = df.map_partitions(
         _write_partition,
@@ -374,6 +371,7 @@ def _write_partition(
 ) -> pd.DataFrame:
     number = partition_info["number"] if partition_info else 0
     staging, layout, vectors = files.staging, files.layout, files.vectors
+    files.fs.create_dir(staging, recursive=True)  # by the first partition written
     # Each write's own names (the staging folder's random tail): a reader that listed the
     # files of the folder an overwrite replaced finds them gone, rather than reading the
     # new folder's files of the same name mixed with the old ones it had read.
@@ -527,6 +525,12 @@ def _with_range_index(schema: pa.Schema, index: Any) -> pa.Schema:
 
 def _commit(manifest: dict[str, Any], staging: Staging, held: Any = ()) -> dict[str, Any]:
     """The last task of ``to_parquet(..., compute=False)``: the staging folder renamed
-    (``held``: what :func:`held_where_it_is` gave, nothing)."""
-    commit([staging])
+    (``held``: what :func:`held_where_it_is` gave, nothing); where the rename fails (the
+    folder appeared meanwhile, or a second compute found the first one's), the staging
+    folder deleted."""
+    try:
+        commit([staging])
+    except BaseException:
+        discard([staging])
+        raise
     return manifest

@@ -125,12 +125,21 @@ def test_to_parquet_lazy_empty_partitions_and_results(tmp_path: Path) -> None:
     ddf["cos"] = ddf.cosim.pairwise("embeds_a", "embeds_b")
     out = tmp_path / "r"
     job = dask_cosim.to_parquet(ddf[["id", "cos"]], out, compute=False)
-    assert not out.exists()
+    # Nothing written before it is computed (its hidden folder was made when it was built).
+    assert list(tmp_path.iterdir()) == []
     manifest = job.compute()
     assert manifest["vectors"] == {} and manifest["rows"] == 20
     assert [f["path"][:11] for f in manifest["files"]] == ["part.00001.", "part.00002."]
     back = dask_cosim.read_parquet(out).compute()
     np.testing.assert_allclose(back["cos"].to_numpy(), reference(a, b)[10:], atol=1e-6)
+    # Computed again, it writes again: refused without overwrite (it failed "Failed to
+    # open local file" in the folder the first computation had renamed), no folder left.
+    with pytest.raises(FileExistsError, match="pass overwrite=True"):
+        job.compute()
+    assert [p.name for p in tmp_path.iterdir()] == ["r"]
+    again = dask_cosim.to_parquet(ddf[["id", "cos"]], out, compute=False, overwrite=True)
+    again.compute()
+    assert again.compute()["rows"] == 20 and [p.name for p in tmp_path.iterdir()] == ["r"]
 
 
 def test_to_parquet_checks_arguments(tmp_path: Path) -> None:
