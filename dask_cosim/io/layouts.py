@@ -122,6 +122,27 @@ def restore_vectors(table: pa.Table) -> pa.Table:
     return table
 
 
+def restore_frame_vectors(df: pd.DataFrame, binary: dict[str, tuple[int, str]]) -> pd.DataFrame:
+    """``df`` (a pandas frame, Arrow-backed columns) with its columns of ``binary``
+    ({column: (D, dtype name)}: :func:`binary_vectors`) that hold the binary layout's
+    bytes as ``fixed_size_list<D>`` columns (no copy), as :func:`restore_vectors` turns a
+    table's: what another reader (dask's) made of our files."""
+    for column, (dim, dtype) in binary.items():
+        kind = df[column].dtype if column in df.columns else None
+        value_type = pa.from_numpy_dtype(np.dtype(dtype))
+        if kind is not None and pd.api.types.is_object_dtype(kind):  # bytes, as pyarrow gives
+            width = dim * np.dtype(dtype).itemsize
+            stored = pa.chunked_array([pa.array(df[column].to_numpy(), pa.binary(width))])
+        elif isinstance(kind, pd.ArrowDtype) and pa.types.is_fixed_size_binary(kind.pyarrow_dtype):
+            stored = pa.chunked_array(pa.array(df[column].array))
+        else:
+            continue
+        chunks = [_binary_to_list(c, value_type, dim) for c in stored.chunks]
+        lists = pa.chunked_array(chunks, pa.list_(value_type, dim))
+        df[column] = pd.Series(pd.arrays.ArrowExtensionArray(lists), index=df.index)
+    return df
+
+
 def list_columns(meta: Any) -> list[str]:
     """Columns whose dtype alone says they hold vectors (Arrow or cudf lists of numbers)."""
     return backends.vector_columns(meta)

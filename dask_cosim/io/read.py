@@ -18,7 +18,12 @@ from dask_cosim.io import categories, cudf_parquet, hive, positions
 from dask_cosim.io.convert import TARGET_PARTITION_BYTES
 from dask_cosim.io.divisions import manifest_divisions
 from dask_cosim.io.files import naming_non_parquet, parquet_files
-from dask_cosim.io.layouts import binary_layout, binary_vectors, restore_vectors
+from dask_cosim.io.layouts import (
+    binary_layout,
+    binary_vectors,
+    restore_frame_vectors,
+    restore_vectors,
+)
 
 
 def read_parquet(path: Any, columns: list[str] | None = None, **kwargs: Any) -> dd.DataFrame:
@@ -66,9 +71,14 @@ def read_parquet(path: Any, columns: list[str] | None = None, **kwargs: Any) -> 
         ``columns`` (or dask's projection) leaves out, named as ``columns`` names them.
     **kwargs
         Anything else (and globs in URLs) goes to ``dask.dataframe.read_parquet``, with
-        list columns still kept as Arrow lists.
+        list columns still kept as Arrow lists and our binary layout's vectors restored,
+        but with that reader's ways: each file numbered from 0, and its filters' (``!=``
+        keeps nulls, which pyarrow's drops).  ``engine="pyarrow"`` (or "auto") is no
+        reason to: this reader is pyarrow's.
     """
     backend = dask.config.get("dataframe.backend", "pandas")
+    if kwargs.get("engine", "pyarrow") in ("pyarrow", "auto"):
+        kwargs.pop("engine", None)
     if set(kwargs) <= {"filters"}:
         found = parquet_files(path)
         # cudf: hive folders stay with dask's reader (GPU decoding; keys untried on cudf).
@@ -81,7 +91,24 @@ def read_parquet(path: Any, columns: list[str] | None = None, **kwargs: Any) -> 
     arrow_to_pandas = dict(kwargs.pop("arrow_to_pandas", None) or {})
     arrow_to_pandas.setdefault("types_mapper", arrow_vector_types)
     kwargs["arrow_to_pandas"] = arrow_to_pandas
-    return dd.read_parquet(path, columns=columns, **kwargs)
+    return _binary_restored(dd.read_parquet(path, columns=columns, **kwargs), path)
+
+
+def _binary_restored(ddf: dd.DataFrame, path: Any) -> dd.DataFrame:
+    """``ddf`` (dask's read of ``path``) with the columns that the first file stores in
+    our binary layout as vectors (dask's reader gives their bytes); as it is where that
+    file cannot be found here (a URL that needs dask's storage options)."""
+    try:
+        found = parquet_files(path)
+        schema = None if found is None else _read_schema(found.files[0], found.fs)
+    except (OSError, ValueError, IndexError, pa.ArrowException):
+        return ddf
+    binary = {} if schema is None else binary_vectors(schema)
+    binary = {c: stored for c, stored in binary.items() if c in ddf.columns}
+    if not binary:
+        return ddf
+    meta = restore_frame_vectors(ddf._meta.copy(), binary)
+    return ddf.map_partitions(restore_frame_vectors, binary, meta=meta)
 
 
 # Files larger than this are split into partitions of about TARGET_PARTITION_BYTES.

@@ -630,3 +630,25 @@ def test_a_column_no_file_holds_a_value_of_reads_as_null_rows(tmp_path: Path) ->
     assert got["note"].isna().all()
     assert df.cosim.pairwise("emb", "note").compute().isna().all()
     assert df.cosim.join(df, "note", k=2).compute().empty
+
+
+def test_other_keywords_go_to_dask_with_our_vectors_restored(tmp_path: Path) -> None:
+    """A keyword this reader has not hands the read to dask's, which gave our binary
+    layout's vectors as bytes (``.cosim`` then failed, telling to read the files with
+    dask_cosim.read_parquet); they are vectors again.  ``engine="pyarrow"`` stays here:
+    it changed which rows a filter kept (dask's ``!=`` keeps nulls)."""
+    v = np.eye(4, dtype=np.float32)
+    pdf = pd.DataFrame(
+        {"s": ["en", None, "fr", None], "emb": list(v)},
+        index=pd.Index([10, 11, 12, 13], name="rid"),
+    )
+    dask_cosim.to_parquet(dask_cosim.from_pandas(pdf, npartitions=2), tmp_path / "b")
+    ours = dask_cosim.read_parquet(tmp_path / "b", filters=[("s", "!=", "en")])
+    same = dask_cosim.read_parquet(tmp_path / "b", filters=[("s", "!=", "en")], engine="pyarrow")
+    assert ours.compute().equals(same.compute()) and ours.compute().index.tolist() == [12]
+    theirs = dask_cosim.read_parquet(tmp_path / "b", split_row_groups=False)
+    assert theirs.dtypes["emb"] == pd.ArrowDtype(pa.list_(pa.float32(), 4))
+    np.testing.assert_array_equal(np.stack(theirs.compute()["emb"].to_numpy()), v)
+    assert theirs.cosim.pairwise("emb", "emb").compute().tolist() == [1.0] * 4
+    fr = dask_cosim.read_parquet(tmp_path / "b", filters=[("s", "==", "fr")], blocksize=None)
+    assert list(fr.compute()["emb"].iloc[0]) == [0, 0, 1, 0]
