@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 
 import pyarrow as pa
 import pyarrow.fs as pafs
+from dask.base import tokenize
 from dask.utils import natural_sort_key
 
 from dask_cosim import errors
@@ -41,14 +42,25 @@ def exists(fs: pafs.FileSystem, path: str) -> bool:
 
 class Found(NamedTuple):
     """What a read of a path reads: its filesystem, the files in order, their sizes (0:
-    not listed), our manifest (None for other folders), and the keys of a hive folder
-    (``key=value/`` subfolders; None for other paths)."""
+    not listed), our manifest (None for other folders), the keys of a hive folder
+    (``key=value/`` subfolders; None for other paths), and the files' ``version``: a
+    token of their sizes and modification times as listed (:func:`stamp`; of the
+    manifest for our folders, whose file names differ from write to write)."""
 
     fs: pafs.FileSystem
     files: list[str]
     sizes: list[int]
     manifest: dict[str, Any] | None
     keys: hive.Keys | None = None
+    version: str = ""
+
+
+def stamp(infos: Sequence[pafs.FileInfo]) -> str:
+    """A token of the files ``infos`` lists: their paths, sizes and modification times.
+    A read's graph keys include it, as dask's reader includes its files' checksum: a file
+    rewritten in place under its name is read anew, not answered from results a
+    distributed scheduler still holds under the old contents' keys."""
+    return tokenize([(i.path, i.size, i.mtime_ns) for i in infos])
 
 
 def parquet_files(path: Any) -> Found | None:
@@ -78,15 +90,17 @@ def parquet_files(path: Any) -> Found | None:
             raise FileNotFoundError(f"{texts[0]!r} not found")
         if info.type == pafs.FileType.Directory:
             return _folder_files(fs, first)
-        return Found(fs, [first], [info.size], None)
+        return Found(fs, [first], [info.size], None, version=stamp([info]))
     located = [filesystem(t)[1] for t in texts]
     files: list[str] = []
     sizes: list[int] = []
+    versions: list[Any] = []
     missing = []
     for text, where, info in zip(texts, located, fs.get_file_info(located)):
         if info.type == pafs.FileType.File:
             files.append(where)
             sizes.append(info.size)
+            versions.append(stamp([info]))
         elif info.type == pafs.FileType.Directory:
             # A folder among several paths: its files, in its own order (its manifest's
             # divisions apply to it alone: the read has none).
@@ -98,11 +112,12 @@ def parquet_files(path: Any) -> Found | None:
                 )
             files += found.files
             sizes += found.sizes
+            versions.append(found.version)
         else:
             missing.append(text)
     if missing:
         raise FileNotFoundError(f"not found: {missing!r}")
-    return Found(fs, files, sizes, None)
+    return Found(fs, files, sizes, None, version=tokenize(versions))
 
 
 def _matches(pattern: str) -> list[str]:
@@ -156,18 +171,20 @@ def _folder_files(fs: pafs.FileSystem, root: str) -> Found:
                 "upgrade dask_cosim"
             )
         files = [f"{root}/{part['path']}" for part in manifest["files"]]
-        return Found(fs, files, [0] * len(files), manifest)  # ours: one partition each
+        # Ours: one partition each.
+        return Found(fs, files, [0] * len(files), manifest, version=tokenize(manifest))
     entries = fs.get_file_info(pafs.FileSelector(root))
     # Hidden and "_" names are not data (_metadata, _SUCCESS, our staging folders).
     visible = [e for e in entries if not e.base_name.startswith((".", "_"))]
     if any(e.type == pafs.FileType.Directory for e in visible):
-        files, sizes, keys = hive.discover(fs, root)  # key=value/ subfolders
-        return Found(fs, files, sizes, None, keys)
+        files, sizes, keys, listed = hive.discover(fs, root)  # key=value/ subfolders
+        return Found(fs, files, sizes, None, keys, stamp(listed))
     infos: list[pafs.FileInfo] = [e for e in visible if e.type == pafs.FileType.File]
     infos.sort(key=lambda e: natural_sort_key(e.path))
     if not infos:
         raise FileNotFoundError(f"no Parquet files in {root!r}")
-    return Found(fs, [e.path for e in infos], [e.size or 0 for e in infos], None)
+    paths, sizes = [e.path for e in infos], [e.size or 0 for e in infos]
+    return Found(fs, paths, sizes, None, version=stamp(infos))
 
 
 _NOT_PARQUET = ("magic bytes", "file size is 0 bytes", "smaller than the minimum file footer")

@@ -43,18 +43,22 @@ class Keys:
     dataset: ds.FileSystemDataset
 
 
-def discover(fs: pafs.FileSystem, root: str) -> tuple[list[str], list[int], Keys]:
+def discover(
+    fs: pafs.FileSystem, root: str
+) -> tuple[list[str], list[int], Keys, list[pafs.FileInfo]]:
     """The Parquet files under the folder ``root`` (in natural order of their paths),
-    their sizes, and their keys (but those the first file holds as columns)."""
+    their sizes, their keys (but those the first file holds as columns), and the
+    listing's entries of the files."""
     # One listing, for the files and their sizes; the names pyarrow's own discovery skips
     # (a part of the path below ``root`` starting with "_" or ".") left out as it would.
     listed = fs.get_file_info(pafs.FileSelector(root, recursive=True))
-    size_of = {
-        info.path: info.size or 0
+    entries = [
+        info
         for info in listed
         if info.type == pafs.FileType.File
         and not any(p.startswith(("_", ".")) for p in info.path[len(root) :].split("/"))
-    }
+    ]
+    size_of = {info.path: info.size or 0 for info in entries}
     dataset = ds.dataset(
         list(size_of), filesystem=fs, format="parquet", partitioning="hive",
         partition_base_dir=root,
@@ -76,7 +80,7 @@ def discover(fs: pafs.FileSystem, root: str) -> tuple[list[str], list[int], Keys
         for name in schema.names
         if name in found and name not in stored
     }
-    return files, [size_of[f] for f in files], Keys(dictionaries, values, dataset)
+    return files, [size_of[f] for f in files], Keys(dictionaries, values, dataset), entries
 
 
 def kept(keys: Keys, filters: Any) -> set[str] | None:

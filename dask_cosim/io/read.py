@@ -121,6 +121,7 @@ def _read_files(
     sizes: list[int],
     manifest: dict[str, Any] | None,
     keys: hive.Keys | None = None,
+    version: str = "",
     *,
     columns: list[str] | None,
     filters: Any,
@@ -179,6 +180,8 @@ def _read_files(
         divisions=tuple(divisions) if divisions else None,
         label="cosim-read-parquet",
         enforce_metadata=False,
+        # In the graph keys: a file rewritten in place under its name is read anew.
+        version=version,
     )
 
 
@@ -298,8 +301,10 @@ def _read_piece(
     in_batches: bool = True,
     binary_vectors: dict[str, tuple[int, str]] | None = None,
     first_file: tuple[str, pa.Schema] | None = None,
+    version: str = "",
 ) -> Any:
     """One partition: a file (or some of its row groups), vectors restored without a copy.
+    (``version``, the files' :func:`~dask_cosim.io.files.stamp`, is only for the keys.)
 
     ``columns`` is filled in by dask's column projection: a parameter without a default,
     so that dask passes every projection, the empty one (``df[[]]``, the index alone:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import decimal
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -652,3 +653,26 @@ def test_other_keywords_go_to_dask_with_our_vectors_restored(tmp_path: Path) -> 
     assert theirs.cosim.pairwise("emb", "emb").compute().tolist() == [1.0] * 4
     fr = dask_cosim.read_parquet(tmp_path / "b", filters=[("s", "==", "fr")], blocksize=None)
     assert list(fr.compute()["emb"].iloc[0]) == [0, 0, 1, 0]
+
+
+def test_a_file_rewritten_in_place_is_read_under_new_keys(tmp_path: Path) -> None:
+    """The read's graph keys include the files' sizes and modification times, as dask's
+    reader includes its files' checksum: a file rewritten under its name, with as many
+    rows, kept the keys of the old contents, and a distributed scheduler that still held
+    results under them answered with the old file's scores.  Unchanged files, same keys."""
+    rng = np.random.default_rng(0)
+    frame = pd.DataFrame({"a": list(rng.normal(size=(50, 4))), "k": [1, 2] * 25})
+    (tmp_path / "plain").mkdir()
+    file = tmp_path / "plain" / "part.0.parquet"
+    frame.to_parquet(file)
+    pq.write_to_dataset(pa.Table.from_pandas(frame), tmp_path / "hive", partition_cols=["k"])
+    in_hive = sorted((tmp_path / "hive").rglob("*.parquet"))[0]
+    for path, target in [(tmp_path / "plain", file), (file, file), (tmp_path / "hive", in_hive)]:
+        before = dask_cosim.read_parquet(path)
+        assert dask_cosim.read_parquet(path)._name == before._name
+        table = pq.read_table(target)  # the same rows, other vectors, the same name
+        other = pa.array(list(rng.normal(size=(len(table), 4))), table.schema.field("a").type)
+        pq.write_table(table.set_column(0, "a", other), target)
+        stat = target.stat()  # a second later, wherever timestamps are coarse
+        os.utime(target, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
+        assert dask_cosim.read_parquet(path)._name != before._name, path
