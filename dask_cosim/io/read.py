@@ -128,6 +128,7 @@ def _read_files(
     backend: str,
 ) -> dd.DataFrame:
     schema = _known_types(_read_schema(files[0], fs), files[1:], fs)
+    given_filters = filters
     columns, filters = _field_names(columns), _named_filters(filters)
     dictionaries = keys.dictionaries if keys is not None else {}
     if columns is not None:
@@ -135,6 +136,8 @@ def _read_files(
         missing = [c for c in columns if c not in names]
         if missing:
             raise errors.column_not_found(missing, names, "columns", where=files[0])
+    names = list(dict.fromkeys([*schema.names, *dictionaries, *_index_columns(schema)]))
+    _check_filters(filters, given_filters, names, files[0])
     # The meta comes from the schema alone: no data is read to build the graph.
     empty = _projected(schema, hive.file_columns(columns, dictionaries)).empty_table()
     empty = _in_order(hive.add_keys(empty, dictionaries, {}, columns), columns)
@@ -433,11 +436,33 @@ def _named_filters(filters: Any) -> Any:
     if not isinstance(filters, (list, tuple)) or not filters:
         return filters
     # pyarrow tells the forms apart by a column name first; a label need not be a str.
-    conjunctions = [filters] if not isinstance(filters[0][0], (list, tuple)) else filters
+    first = filters[0]
+    nested = isinstance(first, (list, tuple)) and (not first or isinstance(first[0], (list, tuple)))
+    conjunctions = filters if nested else [filters]
     return [
         [(c if isinstance(c, str) else str(c), *rest) for c, *rest in conjunction]
         for conjunction in conjunctions
     ]
+
+
+def _check_filters(filters: Any, given: Any, names: list[str], where: str) -> None:
+    """Filters in list form (:func:`_named_filters` of ``given``, the caller's) checked
+    when the graph is built, as pyarrow and dask check them: ValueError for a malformed
+    one or an operator pyarrow has not ("is"), KeyError for a column ``names`` (of the
+    first file ``where``) lacks; they failed only inside ``compute``."""
+    if not isinstance(filters, list):
+        return
+    try:
+        pq.filters_to_expression(filters)
+    except (ValueError, TypeError, IndexError) as error:
+        raise ValueError(
+            f"filters={given!r}: {error} (filters are as pyarrow.parquet.read_table takes "
+            "them: [(column, op, value), ...], or a list of such lists for OR)"
+        ) from None
+    compared = [term[0] for conjunction in filters for term in conjunction]
+    missing = [c for c in dict.fromkeys(compared) if c not in names]
+    if missing:
+        raise errors.column_not_found(missing, names, "filters", where=where)
 
 
 def _filtered_columns(columns: list[str] | None, filters: Any) -> list[str] | None:

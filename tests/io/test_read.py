@@ -676,3 +676,25 @@ def test_a_file_rewritten_in_place_is_read_under_new_keys(tmp_path: Path) -> Non
         stat = target.stat()  # a second later, wherever timestamps are coarse
         os.utime(target, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
         assert dask_cosim.read_parquet(path)._name != before._name, path
+
+
+def test_filters_are_checked_when_the_graph_is_built(tmp_path: Path) -> None:
+    """A filter on no column, with an operator pyarrow has not, or malformed, fails when
+    the read is built, naming what is wrong, as pyarrow and dask fail; it failed inside
+    ``compute`` (``[[]]`` with a bare IndexError)."""
+    pdf = pd.DataFrame({"s": ["en", None], "emb": list(np.eye(2, dtype="f4"))})
+    pdf.index = pd.Index([10, 11], name="rid")
+    dask_cosim.to_parquet(dask_cosim.from_pandas(pdf, npartitions=1), tmp_path / "b")
+    with no_computes():
+        with pytest.raises(
+            KeyError, match=r"filters \['nope'\] not found .* \['s', 'emb', 'rid'\]"
+        ):
+            dask_cosim.read_parquet(tmp_path / "b", filters=[("nope", "==", 1)])
+        with pytest.raises(ValueError, match=r"filters=\[\('s', 'is', None\)\]: \"is\" is not"):
+            dask_cosim.read_parquet(tmp_path / "b", filters=[("s", "is", None)])
+        with pytest.raises(ValueError, match=r"filters=\[\[\]\]: Malformed filters"):
+            dask_cosim.read_parquet(tmp_path / "b", filters=[[]])
+        ok = dask_cosim.read_parquet(
+            tmp_path / "b", filters=[[("rid", ">", 10)], [("s", "==", "en")]]
+        )
+    assert ok.compute().index.tolist() == [10, 11]
