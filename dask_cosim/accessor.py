@@ -165,8 +165,8 @@ class CosimAccessor:
         Returns
         -------
         DataFrame
-            pandas (cudf for a cudf frame), one row per (query, hit), sorted by query then
-            rank: ``query`` (the query's position, or its index label for a Series),
+            pandas (cudf for a cudf frame), one row per (query, hit), in the queries' order
+            then by rank: ``query`` (the query's position, or its index label for a Series),
             ``rank`` (0-based), ``match`` (the hit's index label), ``score``, then
             ``columns``.  Ties are broken by frame order.  Null or NaN queries and rows
             never match; no queries or an empty frame give an empty result.
@@ -230,7 +230,8 @@ class CosimAccessor:
         -----
         RepeatedLabelsWarning
             A side carries no columns and is a dask frame of several partitions with
-            unknown divisions: its labels may repeat, and the warning names the fix.
+            unknown divisions, or an eager frame whose labels repeat: its labels may
+            repeat, and the warning names the fix.
 
         Raises
         ------

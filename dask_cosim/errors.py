@@ -355,26 +355,42 @@ class RepeatedLabelsWarning(UserWarning):
 
 
 def labels_may_repeat(
-    what: str, npartitions: int, names: str, columns: Iterable[Any]
+    what: str, npartitions: int | None, names: str, columns: Iterable[Any], keyword: str
 ) -> RepeatedLabelsWarning:
-    """``what`` (a frame) has ``npartitions`` partitions and unknown divisions, so the
-    result's ``names`` columns may not tell its rows apart; ``columns``: the frame's, to
-    suggest one to carry."""
+    """``what`` (a frame) has ``npartitions`` partitions and unknown divisions (None: an
+    eager frame whose labels repeat), so the result's ``names`` columns may not tell its
+    rows apart; ``columns``: the frame's, to suggest one to carry with ``keyword``
+    (``columns`` or ``right_columns``)."""
     columns = list(columns)
     ids = [c for c in columns if "id" in str(c).lower()]
-    example = ids[0] if ids else "id"
+    carry = f"{keyword}=[{ids[0]!r}]" if ids else f"{keyword}=[...] (a column of your own)"
+    if npartitions is None:
+        return RepeatedLabelsWarning(
+            f"{what}'s index labels repeat, so {names} cannot name its rows uniquely. Carry "
+            f"a column that does: {carry}; or number the rows first (reset_index)."
+        )
     return RepeatedLabelsWarning(
         f"{what} has {npartitions} partitions and unknown divisions: its index labels may "
         f"repeat across partitions (dd.read_parquet numbers each file from 0), so {names} "
-        f"may not name rows uniquely. Carry a column that does: columns=[{example!r}]; or "
-        "read the files with dask_cosim.read_parquet, which numbers files that store no "
-        "index across the folder (hive-partitioned key=value/ folders too, but with the "
-        "cudf backend)."
+        f"may not name rows uniquely. Carry a column that does: {carry}; or read the files "
+        "with dask_cosim.read_parquet, which numbers files that store no index across the "
+        "folder (hive-partitioned key=value/ folders too, except with the cudf backend)."
     )
 
 
 class QueryWarning(UserWarning):
     """A query of ``topk`` that cannot find what the caller looks for."""
+
+
+def query_labels_repeat(labels: list[Any]) -> QueryWarning:
+    """The queries' Series has ``labels`` more than once: ``query`` cannot tell them
+    apart."""
+    shown = ", ".join(repr(x) for x in labels[:5]) + (", ..." if len(labels) > 5 else "")
+    return QueryWarning(
+        f"the queries' index labels repeat ({shown}), so the result's 'query' column does "
+        "not tell those queries apart; give them labels of their own "
+        "(queries.reset_index(drop=True): positions), or an array"
+    )
 
 
 def queries_unusable(labels: list[Any], by_position: bool, zero: bool) -> QueryWarning:

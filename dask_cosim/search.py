@@ -140,15 +140,24 @@ def _pair_columns(
     return dtypes, inner
 
 
-def _warn_if_labels_repeat(sides: list[tuple[Any, str, str]]) -> None:
+def _warn_if_labels_repeat(sides: list[tuple[Any, str, str, str]]) -> None:
     """One warning for the first of ``sides`` (frame, what it is, the result columns
-    naming its rows) whose index labels may repeat across partitions: a dask frame of
-    several partitions with unknown divisions.  Sides that carry columns are left out."""
-    for frame, what, names in sides:
-        if dask.is_dask_collection(frame) and frame.npartitions > 1 and not frame.known_divisions:
-            warning = errors.labels_may_repeat(what, frame.npartitions, names, frame.columns)
-            warnings.warn(warning, stacklevel=4)  # the line that called the accessor
-            return
+    naming its rows, the keyword that carries its columns) whose index labels may repeat:
+    a dask frame of several partitions with unknown divisions (known divisions may repeat
+    a label too, which only the data tell), or an eager frame whose labels repeat.  Sides
+    that carry columns are left out."""
+    for frame, what, names, keyword in sides:
+        if dask.is_dask_collection(frame):
+            if frame.npartitions < 2 or frame.known_divisions:
+                continue
+            parts: int | None = frame.npartitions
+        elif frame.index.is_unique:  # (pandas and cudf keep it once computed)
+            continue
+        else:
+            parts = None
+        warning = errors.labels_may_repeat(what, parts, names, frame.columns, keyword)
+        warnings.warn(warning, stacklevel=4)  # the line that called the accessor
+        return
 
 
 def join(
@@ -176,8 +185,8 @@ def join(
     lcols = _carried(left, columns, "columns")
     rcols = _carried(right, columns if right_columns is None else right_columns, "right_columns")
     _warn_if_labels_repeat(
-        [(left, "the left frame", "'left'")] * (not lcols)
-        + [(right, "the right frame", "'right'")] * (not rcols)
+        [(left, "the left frame", "'left'", "columns")] * (not lcols)
+        + [(right, "the right frame", "'right'", "right_columns")] * (not rcols)
     )
     opts = _options()
     score_dtype = sp.score_dtype(spec_l, spec_r)
@@ -224,7 +233,7 @@ def neighbors(
     spec = check_column(df, on)
     cols = _carried(df, columns, "columns")
     dtypes, carried = _pair_columns(df, cols, df, cols)
-    _warn_if_labels_repeat([(df, "the frame", "'left' and 'right'")] * (not cols))
+    _warn_if_labels_repeat([(df, "the frame", "'left' and 'right'", "columns")] * (not cols))
     how = options.search_method(method, k=k, threshold=threshold, n_probe=n_probe,
                                 clusters=clusters)  # fmt: skip
     if how[0] == "clustered":
@@ -283,7 +292,7 @@ def dedup(
     dtypes, carried = _pair_columns(df, cols, df, cols)
     how = options.search_method(method, threshold=threshold, n_probe=n_probe, clusters=clusters)
     if return_removed:
-        _warn_if_labels_repeat([(df, "the frame", "'left' and 'right'")] * (not cols))
+        _warn_if_labels_repeat([(df, "the frame", "'left' and 'right'", "columns")] * (not cols))
     if how[0] == "clustered":
         return _clustered("dedup", df, on, threshold_value, how, return_removed=return_removed,
                           columns=cols)  # fmt: skip
@@ -402,7 +411,7 @@ def topk(
         raise errors.arguments_swapped("topk", "queries", "queries", queries)
     spec = check_column(df, on)
     columns = _carried(df, columns, "columns")
-    _warn_if_labels_repeat([(df, "the frame", "'match'")] * (not columns))
+    _warn_if_labels_repeat([(df, "the frame", "'match'", "columns")] * (not columns))
     check_topk_columns(
         columns, f"columns={columns!r}", "rename them first (df.rename(columns=...))"
     )
@@ -411,6 +420,9 @@ def topk(
     query = sp.query_side(queries, opts.eps)
     _check_dims(spec, f"column {on!r}", query.prep.dim, "the queries")
     by_position = not backends.is_vector_series(queries)
+    if not by_position and not query.labels.is_unique:
+        repeated = query.labels[query.labels.duplicated()].unique().tolist()
+        warnings.warn(errors.query_labels_repeat(repeated), stacklevel=3)
     for labels, zero in zip(sp.unusable_queries(query), (False, True)):
         if labels:
             warnings.warn(errors.queries_unusable(labels, by_position, zero), stacklevel=3)

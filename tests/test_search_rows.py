@@ -151,6 +151,17 @@ def test_labels_that_may_repeat_are_warned_once_naming_the_fix() -> None:
         df.cosim.dedup("emb", THR)  # the kept rows are the frame's own rows
         dask_cosim.from_pandas(pdf, npartitions=3).cosim.neighbors("emb", k=1)  # divisions
         pdf.cosim.neighbors("emb", k=1)
+    # The right side's fix is right_columns; an eager frame whose labels repeat warns too
+    # (it was silent, and merging the result back on labels doubled its rows); queries of
+    # a Series whose labels repeat, which 'query' cannot tell apart, too.
+    with pytest.warns(RepeatedLabelsWarning, match=r"right frame .*right_columns=\['id'\]"):
+        df.cosim.join(df, "emb", k=1, columns=["id"], right_columns=[])
+    twice = pd.concat([pdf, pdf])
+    with pytest.warns(RepeatedLabelsWarning, match="the frame's index labels repeat"):
+        twice.cosim.neighbors("emb", k=1)
+    queries = pd.Series(list(vectors()[:3]), index=["a", "a", "b"])
+    with pytest.warns(QueryWarning, match=r"the queries' index labels repeat \('a'\)"):
+        pdf.cosim.topk(queries, "emb", k=1)
 
 
 # --------------------------------------------------------------------------- dedup
