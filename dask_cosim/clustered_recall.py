@@ -223,11 +223,13 @@ def dedup_recall(truth: Truth, kept: Any, threshold: float | None = None) -> Rec
     if isinstance(kept, tuple) and len(kept) == 2:
         kept = kept[0]  # dedup(..., return_removed=True): (kept, removed)
     meta = kept._meta if dask.is_dask_collection(kept) else kept
-    if not hasattr(meta, "columns") or truth.column not in meta.columns:
+    columns = list(getattr(meta, "columns", []))
+    pairs = {"left", "right", "score"} <= set(columns) and truth.column not in columns
+    if not hasattr(meta, "index") or pairs:
         raise ValueError(
-            f"kept must be the frame dedup keeps, which holds the column {truth.column!r}; "
-            f"got {type(kept).__name__}"
-            + (f" of columns {list(meta.columns)!r}" if hasattr(meta, "columns") else "")
+            "kept must be the frame dedup keeps (any of its columns, or none); got "
+            f"{type(kept).__name__}"
+            + (f" of columns {columns!r}" if columns else "")
             + " (for a neighbors result, use neighbors_recall)"
         )
     if truth.id_column is not None:

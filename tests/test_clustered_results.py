@@ -228,6 +228,9 @@ def test_recall_of_the_exact_mode_is_one_and_labels_must_be_unique() -> None:
         kept, removed = clustered.dedup(repeated, "emb", 0.9, clusters=8, return_removed=True)
         rec = clustered_recall.dedup_recall(by_id, (kept, removed))  # as dedup returns them
         assert rec.expected > 5 and rec.recall == 1.0 and rec.extra == 0
+        # Any of the kept frame's columns: its rows (the index) are what count.
+        rec = clustered_recall.dedup_recall(truth, clustered.dedup(ddf, "emb", 0.9)[[]])
+        assert rec.expected > 5 and rec.recall == 1.0 and rec.extra == 0
         with pytest.raises(ValueError, match=r"kept must be the frame dedup keeps.*neighbors_r"):
             clustered_recall.dedup_recall(by_id, pairs)
         with pytest.raises(ValueError, match=r"threshold=1\.5 must be a number in \[-1, 1\]"):
