@@ -382,10 +382,15 @@ class QueryWarning(UserWarning):
     """A query of ``topk`` that cannot find what the caller looks for."""
 
 
+def _shown(labels: list[Any]) -> str:
+    """The first five of ``labels`` as a message names them, "..." after."""
+    return ", ".join(repr(x) for x in labels[:5]) + (", ..." if len(labels) > 5 else "")
+
+
 def query_labels_repeat(labels: list[Any]) -> QueryWarning:
     """The queries' Series has ``labels`` more than once: ``query`` cannot tell them
     apart."""
-    shown = ", ".join(repr(x) for x in labels[:5]) + (", ..." if len(labels) > 5 else "")
+    shown = _shown(labels)
     return QueryWarning(
         f"the queries' index labels repeat ({shown}), so the result's 'query' column does "
         "not tell those queries apart; give them labels of their own "
@@ -396,7 +401,7 @@ def query_labels_repeat(labels: list[Any]) -> QueryWarning:
 def queries_unusable(labels: list[Any], by_position: bool, zero: bool) -> QueryWarning:
     """The queries at ``labels`` (positions, or the labels of a Series) hold NaN, inf or
     null (``zero`` False), or are zero vectors (``zero`` True)."""
-    shown = ", ".join(repr(x) for x in labels[:5]) + (", ..." if len(labels) > 5 else "")
+    shown = _shown(labels)
     plural = "s" * (len(labels) > 1)
     noun = "position" if by_position else "label"
     which = f"{len(labels)} quer{'ies' if plural else 'y'} ({noun}{plural} {shown})"

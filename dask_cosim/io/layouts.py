@@ -112,14 +112,17 @@ def restore_vectors(table: pa.Table) -> pa.Table:
         stored = stored_vector(field)
         if stored is None or not pa.types.is_fixed_size_binary(field.type):
             continue
-        dim, dtype = stored
-        value_type = pa.from_numpy_dtype(np.dtype(dtype))
-        chunks = [_binary_to_list(c, value_type, dim) for c in table.column(i).chunks]
-        list_type = pa.list_(value_type, dim)
-        table = table.set_column(
-            i, pa.field(field.name, list_type), pa.chunked_array(chunks, list_type)
-        )
+        lists = _as_lists(table.column(i), *stored)
+        table = table.set_column(i, pa.field(field.name, lists.type), lists)
     return table
+
+
+def _as_lists(column: pa.ChunkedArray, dim: int, dtype: str) -> pa.ChunkedArray:
+    """A fixed_size_binary column of the binary layout -> fixed_size_list<D> of
+    ``dtype`` over the same bytes (no copy)."""
+    value_type = pa.from_numpy_dtype(np.dtype(dtype))
+    chunks = [_binary_to_list(c, value_type, dim) for c in column.chunks]
+    return pa.chunked_array(chunks, pa.list_(value_type, dim))
 
 
 def restore_frame_vectors(df: pd.DataFrame, binary: dict[str, tuple[int, str]]) -> pd.DataFrame:
@@ -129,7 +132,6 @@ def restore_frame_vectors(df: pd.DataFrame, binary: dict[str, tuple[int, str]]) 
     table's: what another reader (dask's) made of our files."""
     for column, (dim, dtype) in binary.items():
         kind = df[column].dtype if column in df.columns else None
-        value_type = pa.from_numpy_dtype(np.dtype(dtype))
         if kind is not None and pd.api.types.is_object_dtype(kind):  # bytes, as pyarrow gives
             width = dim * np.dtype(dtype).itemsize
             stored = pa.chunked_array([pa.array(df[column].to_numpy(), pa.binary(width))])
@@ -137,8 +139,7 @@ def restore_frame_vectors(df: pd.DataFrame, binary: dict[str, tuple[int, str]]) 
             stored = pa.chunked_array(pa.array(df[column].array))
         else:
             continue
-        chunks = [_binary_to_list(c, value_type, dim) for c in stored.chunks]
-        lists = pa.chunked_array(chunks, pa.list_(value_type, dim))
+        lists = _as_lists(stored, dim, dtype)
         df[column] = pd.Series(pd.arrays.ArrowExtensionArray(lists), index=df.index)
     return df
 

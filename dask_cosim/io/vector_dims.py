@@ -98,7 +98,9 @@ def sized_files(written: pd.DataFrame, files: FileWriter) -> pd.DataFrame:
             if dim:
                 known.setdefault(column, (dim, dtype))
     unified = _unified_types(files, written, inferred)
-    types = {**_stored_types(files, written, untyped), **unified}
+    # (A column the files type otherwise has its type already: no footer read for it.)
+    untyped_only = [nulls - unified.keys() for nulls in untyped]
+    types = {**_stored_types(files, written, untyped_only), **unified}
     for file, rows, spec, nulls, kinds in zip(
         written["file"], written["rows"], specs, untyped, inferred, strict=True
     ):
