@@ -3,11 +3,12 @@ give is described by :mod:`.describe`)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, overload
 
 import dask
 import dask.config
 import dask.dataframe as dd
+import pandas as pd
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
@@ -26,7 +27,11 @@ from dask_cosim.io.layouts import (
 )
 
 
-def read_parquet(path: Any, columns: list[str] | None = None, **kwargs: Any) -> dd.DataFrame:
+@overload
+def read_parquet(path: Any, columns: str, **kwargs: Any) -> dd.Series: ...
+@overload
+def read_parquet(path: Any, columns: Any = None, **kwargs: Any) -> dd.DataFrame: ...
+def read_parquet(path: Any, columns: Any = None, **kwargs: Any) -> dd.DataFrame | dd.Series:
     """Read Parquet into a dask DataFrame whose embedding columns stay vectors.
 
     Files are decoded by ``pyarrow.parquet.read_table`` on pyarrow's own filesystem, one
@@ -60,9 +65,11 @@ def read_parquet(path: Any, columns: list[str] | None = None, **kwargs: Any) -> 
         or a URL pyarrow or fsspec knows.  A glob's wildcards match no name starting
         with "_" or "." (``_SUCCESS``, ``_metadata``, a manifest, hidden files), as a
         folder's listing skips them.
-    columns : list, optional
+    columns : list or str, optional
         Columns to read (the index comes along), by label or by the files' field names
-        (pandas stores a column labelled 0 as the field "0": ``[0]`` or ``["0"]``).
+        (pandas stores a column labelled 0 as the field "0": ``[0]`` or ``["0"]``).  One
+        name as a string reads that column as a Series, as dask's reader does; a tuple or
+        an Index is taken as a list.
         Columns that later steps never use are not read either (dask's column
         projection): ``df[[]].map_partitions(len)`` reads the index alone (``len(df)`` is
         dask's own, which reads every column).
@@ -76,6 +83,11 @@ def read_parquet(path: Any, columns: list[str] | None = None, **kwargs: Any) -> 
         keeps nulls, which pyarrow's drops).  ``engine="pyarrow"`` (or "auto") is no
         reason to: this reader is pyarrow's.
     """
+    if isinstance(columns, str):
+        # dask's reader gives a Series for one name as a string; listed, it gives a frame.
+        return read_parquet(path, [columns], **kwargs)[columns]
+    if columns is not None and not isinstance(columns, list):
+        columns = list(columns) if isinstance(columns, (tuple, pd.Index)) else [columns]
     backend = dask.config.get("dataframe.backend", "pandas")
     if kwargs.get("engine", "pyarrow") in ("pyarrow", "auto"):
         kwargs.pop("engine", None)

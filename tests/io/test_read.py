@@ -35,6 +35,25 @@ def test_read_parquet_reads_only_the_columns_used(tmp_path: Path) -> None:
     np.testing.assert_allclose(cos.compute().to_numpy(), reference(a, b), atol=1e-6)
 
 
+@pytest.mark.parametrize("how", ["ours", "dask's"])
+def test_columns_as_one_name_reads_a_series_as_dasks_reader_does(tmp_path: Path, how: str) -> None:
+    """``columns="emb"`` is a Series of that column (it was read as the columns "e", "m",
+    "b"); a tuple or an Index is a list of names."""
+    a, b = random_pairs(20, 4)
+    tmp_path /= "d"
+    dask_cosim.to_parquet(dd.from_pandas(pairs_frame(a, b, "fixed_size_list"), 2), tmp_path)
+    more = {} if how == "ours" else {"split_row_groups": False}  # dask's reader reads it
+    got = dask_cosim.read_parquet(tmp_path, columns="embeds_a", **more)
+    expected = dd.read_parquet(tmp_path, columns="embeds_a")
+    assert isinstance(got, dd.Series) and isinstance(expected, dd.Series)
+    assert got.name == "embeds_a" and got.dtype == got.compute().dtype
+    np.testing.assert_array_equal(np.stack(got.compute().to_numpy()), a)
+    for listed in [("id", "embeds_b"), pd.Index(["id", "embeds_b"])]:
+        frame = dask_cosim.read_parquet(tmp_path, columns=listed, **more)
+        assert frame.columns.tolist() == ["id", "embeds_b"]
+        assert frame.compute().columns.tolist() == ["id", "embeds_b"]
+
+
 @pytest.mark.parametrize("layout", ["ours", "plain"])
 def test_an_empty_projection_reads_the_index_alone(
     tmp_path: Path, monkeypatch: Any, layout: str
