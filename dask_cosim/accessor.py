@@ -305,7 +305,8 @@ class CosimAccessor:
             ``right_id``, ``left_id``, ``score``.
         columns : str or list, optional
             Columns to carry into the removed rows (an id column names the rows whatever
-            their index labels); a string names one.
+            their index labels); a string names one.  Only with ``return_removed``
+            (ValueError without it: the kept rows keep every column).
         method : {"exact", "clustered"}, default "exact"
             "exact" scores all pairs (rows x rows / 2: up to a few hundred thousand rows
             on a CPU).  "clustered" runs spherical k-means on a sample, then the exact

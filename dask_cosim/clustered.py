@@ -400,7 +400,7 @@ def dedup(
     ties to the earliest, ``right`` the row, ``score``, then ``left_<c>``, ``right_<c>``
     for each of ``columns``).  Options, and exact all-pairs where it costs no more, as
     in :func:`neighbors`."""
-    cols = search._carried(df, columns, "columns")
+    cols = search.removed_columns(df, columns, return_removed)
     p, budget = _planned("dedup", df, on, threshold, options)
     if p.exact_instead:
         return _exact_instead(

@@ -274,6 +274,19 @@ def neighbors(
     return build.collect(joined, backends.frame_like(meta, like))
 
 
+def removed_columns(df: Any, columns: Any, return_removed: bool) -> list[Hashable]:
+    """``dedup``'s ``columns`` (:func:`_carried`): what the removed rows carry, so none
+    without ``return_removed`` (the kept rows keep every column: they would do nothing)."""
+    cols = _carried(df, columns, "columns")
+    if cols and not return_removed:
+        raise ValueError(
+            f"columns={columns!r} names what the removed rows carry, which only "
+            "return_removed=True returns (the kept rows keep every column): pass "
+            "return_removed=True, or leave columns out"
+        )
+    return cols
+
+
 def dedup(
     df: Any,
     on: str,
@@ -288,7 +301,7 @@ def dedup(
     """See :meth:`dask_cosim.CosimAccessor.dedup`."""
     threshold_value = options.search_threshold(threshold, required=True)
     spec = check_column(df, on)
-    cols = _carried(df, columns, "columns")
+    cols = removed_columns(df, columns, return_removed)
     dtypes, carried = _pair_columns(df, cols, df, cols)
     how = options.search_method(method, threshold=threshold, n_probe=n_probe, clusters=clusters)
     if return_removed:

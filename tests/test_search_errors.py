@@ -7,6 +7,7 @@ string, ragged object columns (found at compute time), and empty or all-null sid
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Any
 
 import dask
@@ -16,6 +17,7 @@ import pytest
 import torch
 
 import dask_cosim
+from dask_cosim import clustered
 from tests.helpers import no_computes, to_dask
 from tests.helpers import search_frame as frame
 from tests.helpers import search_vectors as vectors
@@ -75,6 +77,19 @@ def test_columns_may_name_one_column_as_a_string() -> None:
     assert list(hits.columns) == ["query", "rank", "match", "score", "id"]
     with pytest.raises(KeyError, match=r"columns: column 'ids' not found; did you mean 'id'"):
         pdf.cosim.topk(q, "emb", columns="ids")
+
+
+def test_dedup_columns_without_the_removed_rows_are_refused() -> None:
+    """dedup's ``columns`` name what the removed rows carry: without return_removed they
+    did nothing, silently (the command line refused the same options)."""
+    pdf = frame(vectors(40))
+    for df in (pdf, to_dask(pdf, 3)):
+        for method in ({}, {"method": "clustered", "clusters": 2}):
+            with no_computes() if df is not pdf else nullcontext():
+                with pytest.raises(ValueError, match=r"columns='id' .* return_removed=True"):
+                    df.cosim.dedup("emb", 0.9, columns="id", **method)
+    with pytest.raises(ValueError, match=r"columns=\['id'\] names what the removed rows"):
+        clustered.dedup(pdf, "emb", 0.9, columns=["id"], clusters=2)
 
 
 def test_an_embedding_column_not_found_suggests_the_vector_columns() -> None:
