@@ -33,6 +33,7 @@ __all__ = [
     "LAYOUTS",
     "MEMORY_LIMIT",
     "OVERWRITE",
+    "REMOVED_COLUMNS",
     "VECTOR_DTYPES",
     "WORKERS",
     "Cluster",
@@ -467,6 +468,13 @@ COLUMNS = click.option(
     multiple=True,
     help="A column to carry from each row of a pair into the output as left_<column> and "
     "right_<column>, e.g. an id (repeatable).",
+)
+# dedup's: its OUTPUT is the kept rows, every column; --removed holds the pairs.
+REMOVED_COLUMNS = click.option(
+    "--columns",
+    multiple=True,
+    help="A column to carry from each row of a pair into --removed as left_<column> and "
+    "right_<column>, e.g. an id (repeatable; needs --removed: OUTPUT keeps every column).",
 )
 # -o / --overwrite / --layout / --quiet, on every command that writes a result.
 output_options = _grouped(

@@ -31,8 +31,8 @@ import click
 
 import dask_cosim  # light: the library's modules are imported by the commands using them
 from dask_cosim._cli import (
-    COLUMNS,
     MEMORY_LIMIT,
+    REMOVED_COLUMNS,
     VECTOR_DTYPES,
     WORKERS,
     Cluster,
@@ -449,7 +449,7 @@ def neighbors(
     help="Also write the removed rows here: left (the earlier row each duplicates), right "
     "(the removed row), score, and left_<c>, right_<c> for each --columns c.",
 )
-@COLUMNS
+@REMOVED_COLUMNS
 @method_options
 @output_options
 @cluster_options

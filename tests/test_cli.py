@@ -590,3 +590,13 @@ def test_a_vector_column_without_a_vector_is_shown_without_a_length(tmp_path: Pa
         assert shown.exit_code == 0, shown.output
         assert "float32 vectors of unknown length (no row holds one)" in shown.output
         assert "None" not in shown.output and " 0 x " not in shown.output
+
+
+def test_columns_help_says_where_each_command_carries_them() -> None:
+    """dedup's OUTPUT is the kept rows (every column): its --columns go to --removed,
+    which they need; its help said "into the output", as join's and neighbors' do."""
+    for command, where in (("dedup", "into --removed"), ("neighbors", "into the output"),
+                           ("join", "into the output")):  # fmt: skip
+        shown = CliRunner().invoke(main, [command, "--help"], terminal_width=400)
+        line = next(s for s in shown.output.splitlines() if s.strip().startswith("--columns"))
+        assert where in line, line
