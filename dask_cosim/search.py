@@ -183,7 +183,12 @@ def join(
     spec_r = check_column(right, right_on, "right_on")
     _check_dims(spec_l, f"left column {on!r}", spec_r.dim, f"right column {right_on!r}")
     lcols = _carried(left, columns, "columns")
-    rcols = _carried(right, columns if right_columns is None else right_columns, "right_columns")
+    if right_columns is None:  # the left's columns, carried from the right frame too
+        rcols = _carried(
+            right, columns, "columns (the right frame's too: right_columns= names others)"
+        )
+    else:
+        rcols = _carried(right, right_columns, "right_columns")
     _warn_if_labels_repeat(
         [(left, "the left frame", "'left'", "columns")] * (not lcols)
         + [(right, "the right frame", "'right'", "right_columns")] * (not rcols)

@@ -529,6 +529,8 @@ def test_library_errors_in_cli_spellings() -> None:
     spelt = {
         "columns=['id', 'id'] names a column twice": "--columns id --columns id names a column",
         "right_columns: column 'id' not found; available": "--right-columns: column 'id' not",
+        "columns (the right frame's too: right_columns= names others): column 'id' not": "--"
+        "columns (the right frame's too: --right-columns names others): column 'id' not",
         "Carry a column that does: columns=['id']; or": "Carry a column that does: --columns id;",
         "give k (the best matches of each row), threshold (every pair scoring at least it), "
         "or both; e.g. k=10": "give -k (the best matches of each row), --threshold (every pair",

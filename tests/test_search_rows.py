@@ -111,6 +111,9 @@ def test_carried_columns_are_checked() -> None:
         df.cosim.neighbors("emb", k=1, columns=["idd"])
     with pytest.raises(KeyError, match=r"right_columns: column 'doc' not found"):
         df.cosim.join(df, "emb", k=1, right_columns=["doc"])
+    # columns= go to both sides where right_columns= is not given: named as columns=.
+    with pytest.raises(KeyError, match=r"^.columns \(the right frame's too: right_columns="):
+        df.cosim.join(df[["emb"]], "emb", k=1, columns=["id"])
     with pytest.raises(ValueError, match=r"columns=\['id', 'id'\] names a column twice"):
         df.cosim.neighbors("emb", k=1, columns=["id", "id"])
     # Two labels, one result name: the second column overwrote the first, silently.
