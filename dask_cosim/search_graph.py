@@ -246,12 +246,12 @@ def sides(
     ``frame``: "left" or "right" for a join's sides (errors name it).
 
     ``frames``: the partitions of the whole of ``df`` where the caller's graph has them
-    (dedup and groups return whole rows), cut as ``cut`` says already.  The sides are
-    taken from them when ``df`` is eager or its graph holds its data
-    (:func:`holds_data`), so that the graph holds each partition once; else from a
-    projection of ``df``, so that a Parquet read reads only the columns the sides need,
-    each partition in ``cut`` ranges of rows (:func:`pieces`).  A side's partition
-    number, for messages, is the partition its rows came from.
+    (dedup and groups return whole rows, matched to the sides' rows by position), cut as
+    ``cut`` says already.  The sides are taken from a projection of ``df`` where that
+    reads the same rows again, narrower (:func:`rereads_alike`: a Parquet read reads only
+    the columns the sides need), each partition in ``cut`` ranges of rows
+    (:func:`pieces`); else from ``frames``, so that the graph computes each partition
+    once.  A side's partition number, for messages, is the partition its rows came from.
     """
     prep = build(sp.prepare_side)
     # A prepared frame's companion columns travel with the vectors (prepare_side reads
@@ -259,7 +259,7 @@ def sides(
     ready = [sp.companion(on, w) for w in sp.COMPANIONS]
     ready = ready if all(c in meta_of(df).columns for c in ready) else []
     keep = [on, *ready, *[c for c in payload if c not in (on, *ready)]]
-    if frames is not None and (not build.lazy or holds_data(df)):
+    if frames is not None and (not build.lazy or not rereads_alike(df)):
         parts, columns = frames, keep
     else:
         parts, columns = build.cut(build.partitions(df[keep]), cut), None
@@ -275,6 +275,24 @@ def sides(
         )
         for i, p in enumerate(blocks)
     ]  # fmt: skip
+
+
+def rereads_alike(df: Any) -> bool:
+    """Whether a column projection of the dask frame ``df`` gives each partition's rows
+    again, in the same order: its expression is a read of storage (not a frame held in
+    the graph: :func:`holds_data`) under row-wise steps alone (projections, ``assign``,
+    ``astype``, arithmetic: dask's Elemwise; filters).  Anything else upstream (a
+    shuffle, a merge, ``set_index``, ``map_partitions``, a persisted frame) would run a
+    second time for the projection, and a shuffle gives its rows in another order each
+    time: the positions found in one would then name other rows of the other."""
+    if holds_data(df):
+        return False
+    for expr in df.expr.simplify().walk():  # the optimizer's first step; touches no data
+        # By class name, as in_memory_sources: dask's expression classes are not its API.
+        bases = {c.__name__ for c in type(expr).__mro__}
+        if not bases & {"BlockwiseIO", "Elemwise", "Filter"} or "FromGraph" in bases:
+            return False
+    return True
 
 
 def holds_data(df: Any) -> bool:

@@ -19,6 +19,7 @@ import torch
 from dask.callbacks import Callback
 
 import dask_cosim
+from dask_cosim import search_graph
 from dask_cosim.io import vectors_to_arrow
 from dask_cosim.search_graph import Builder
 from tests.helpers import as_column, graph_bytes, spy_on_reads
@@ -164,6 +165,44 @@ def test_a_parquet_read_still_reads_only_the_vectors_for_the_search(
         asked.clear()
         call(dask_cosim.read_parquet(tmp_path / "d")).compute(scheduler="sync")
         assert sorted(asked, key=len) == [["emb"], ["emb"], *[["emb", "id", "wide"]] * 2]
+
+
+def test_steps_between_the_read_and_the_search_run_once_in_their_order(tmp_path: Path) -> None:
+    """dedup and groups match the search's row positions to the rows they return.  A step
+    between the read and the search that is not row-wise (``map_partitions``, a shuffle)
+    ran a second time for a projection of the vectors, and where its rows came in another
+    order the second time (dask's disk shuffle gives them so), the positions of one named
+    rows of the other: copies kept and their originals dropped, silently."""
+    x = np.random.default_rng(0).standard_normal((400, 8)).astype(np.float32)
+    x[1::2] = x[0::2]  # row 2i + 1 copies row 2i
+    pdf = pd.DataFrame({"emb": vectors_to_arrow(x), "id": np.arange(400), "g": np.arange(400) % 3})
+    dask_cosim.to_parquet(dd.from_pandas(pdf, npartitions=4), tmp_path / "d")
+    calls = []
+
+    def reorder(part: pd.DataFrame) -> pd.DataFrame:  # another row order at each call
+        calls.append(len(part))
+        return part.iloc[np.random.default_rng(len(calls)).permutation(len(part))]
+
+    read = dask_cosim.read_parquet(tmp_path / "d")
+    for df in (read.map_partitions(reorder, meta=read._meta), read.shuffle("g")):
+        calls.clear()
+        kept, groups = dask.compute(df.cosim.dedup("emb", 0.99), df.cosim.groups("emb", 0.99))
+        assert sorted(kept["id"] // 2) == list(range(200))  # one row of each pair
+        by_id = groups.set_index("id")["group"].sort_index().to_numpy()
+        assert (by_id[0::2] == by_id[1::2]).all() and len(set(by_id)) == 200
+        assert len(calls) in (0, 4)  # once per partition, for both searches (0: the shuffle)
+
+
+def test_which_frames_a_projection_reads_again_alike(tmp_path: Path) -> None:
+    """A read under row-wise steps is read again, narrower, for the search's vectors;
+    anything else gives them from the rows it computes once."""
+    dask_cosim.to_parquet(dd.from_pandas(_frame(), npartitions=2), tmp_path / "d")
+    read = dask_cosim.read_parquet(tmp_path / "d")
+    alike = [read, read[read["id"] > 3], read.assign(more=read["id"] * 2)[["emb", "more"]]]
+    other = [read.map_partitions(lambda p: p), read.shuffle("id"), read.set_index("id"),
+             dd.from_pandas(_frame(), npartitions=2), read.merge(read[["id"]], on="id")]  # fmt: skip
+    assert [search_graph.rereads_alike(df) for df in alike] == [True] * len(alike)
+    assert [search_graph.rereads_alike(df) for df in other] == [False] * len(other)
 
 
 def test_eager_inputs_scattered_again_are_not_lost(client: Any) -> None:
