@@ -235,11 +235,13 @@ _EMBED = (
 )
 
 _STRINGIFIED = (
-    "dd.from_pandas turns object columns of arrays or tensors into text such as "
-    "'[0.1 0.2 ...]' (dask's 'dataframe.convert-string'), truncated. Build the dask frame "
-    "with dask_cosim.from_pandas(pdf) instead: it stores them as Arrow vectors. "
-    "(dask.config.set({'dataframe.convert-string': False}) before dd.from_pandas keeps "
-    "them too, as Python objects that dask hashes one by one: about 200x slower in "
+    "dask turns object columns of arrays or tensors into text such as '[0.1 0.2 ...]' "
+    "(its 'dataframe.convert-string', in dd.from_pandas, dd.from_delayed, dd.from_map and "
+    "dd.from_dict alike), truncated. Build the dask frame with dask_cosim.from_pandas(pdf) "
+    "instead: it stores them as Arrow vectors; partitions of your own can hold them so "
+    "(pdf['emb'] = dask_cosim.io.vectors_to_arrow(np.stack(pdf['emb'])), in a meta too). "
+    "(dask.config.set({'dataframe.convert-string': False}) before building the frame "
+    "keeps them too, as Python objects that dask hashes one by one: about 200x slower in "
     "benchmarks/from_pandas.py.)"
 )
 

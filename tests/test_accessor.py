@@ -173,6 +173,13 @@ def test_dd_from_pandas_string_trap_is_explained() -> None:
     # Filtered, the column is still the text in memory behind it, and named so.
     with pytest.raises(TypeError, match=r"column 'embeds_a' holds strings .*convert-string"):
         ddf[ddf["id"] >= 0].cosim.pairwise("embeds_a", "embeds_b")
+    # dd.from_delayed turns them into text too: the message names it and the fix that
+    # fits partitions of one's own (it named dd.from_pandas alone).
+    parts = [dask.delayed(pdf.iloc.__getitem__)(slice(i, i + 2)) for i in (0, 2)]
+    with dask.config.set({"dataframe.convert-string": True}):
+        delayed = dd.from_delayed(parts, meta=pdf.iloc[:0])
+    with pytest.raises(TypeError, match=r"dd.from_delayed.*dask_cosim.io.vectors_to_arrow"):
+        delayed.cosim.pairwise("embeds_a", "embeds_b")
 
 
 def test_a_column_parsed_from_text_is_not_judged_by_the_text() -> None:
