@@ -9,6 +9,7 @@ import sys
 import warnings
 from pathlib import Path
 
+import dask
 import dask.dataframe as dd
 import numpy as np
 import pandas as pd
@@ -75,6 +76,24 @@ def test_errors_travel_back_from_workers(client: Client) -> None:
     cos = dask_cosim.from_pandas(pdf, npartitions=3).cosim.pairwise("a", "a")
     with pytest.raises(ValueError, match="column 'a': row 8 has 1 values but row 7 has 2"):
         cos.compute()
+
+
+def test_shuffles_of_vector_columns_under_a_client_take_the_task_shuffle(client: Client) -> None:
+    """docs/troubleshooting.md: dask's p2p shuffle (the default under a client) fails on
+    frames with Arrow list columns, whose dtypes it rebuilds from their names, which
+    pandas cannot parse (pandas-dev/pandas#57411); the task shuffle carries them whole.
+    When the first check fails, pandas parses them: drop that entry of the docs."""
+    a, b = random_pairs(200, 8)
+    pdf = pairs_frame(a, b, "fixed_size_list").assign(g=np.arange(200) % 3)
+    ddf = dask_cosim.from_pandas(pdf, npartitions=2)
+    with pytest.raises(RuntimeError, match="P2P"):
+        ddf.shuffle("g").compute()
+    other = dd.from_pandas(pd.DataFrame({"id": pdf["id"], "x": np.arange(200.0)}), 3)
+    with dask.config.set({"dataframe.shuffle.method": "tasks"}):
+        for frame in (ddf.shuffle("g"), ddf.merge(other, on="id"), ddf.set_index("id")):
+            cos = frame.assign(cos=frame.cosim.pairwise("embeds_a", "embeds_b")).compute()
+            by_id = cos.reset_index().set_index("id").sort_index()["cos"].to_numpy()
+            np.testing.assert_allclose(by_id, reference(a, b), atol=1e-6)
 
 
 def _listening(pids: list[int]) -> set[tuple[str, int]]:
