@@ -370,6 +370,8 @@ def groups(df: Any, on: str, threshold: float, *, name: str = "group") -> Any:
     """See :meth:`dask_cosim.CosimAccessor.groups`."""
     threshold_value = options.search_threshold(threshold, required=True)
     check_column(df, on)
+    if not isinstance(name, str):
+        raise TypeError(f"name={name!r} must be a string, the new column's: e.g. name='group'")
     if name in sg.meta_of(df).columns:
         raise ValueError(f"name={name!r} is a column of the frame already; pick another name")
     opts = _options()
