@@ -217,7 +217,8 @@ def _planned(
         warning = p.many_copies()
         if warning is not None:
             warnings.warn(warning, stacklevel=errors.caller_stacklevel())
-    return p, Budget(setting, op, on, p.threshold, method="clustered")
+    eager = not dask.is_dask_collection(df)
+    return p, Budget(setting, op, on, p.threshold, method="clustered", eager=eager)
 
 
 def _check_room(p: Plan, n_probe: int | None) -> None:

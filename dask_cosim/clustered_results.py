@@ -22,14 +22,9 @@ from dask_cosim import search_dedup as sd
 from dask_cosim import search_partition as sp
 from dask_cosim import search_results as sr
 from dask_cosim.clustered_partition import POS_BITS, key_positions
-from dask_cosim.search_budget import Budget
+from dask_cosim.search_budget import MORE_FRAME_PARTITIONS, Budget
 
 __all__ = ["best_earlier", "drop_keys", "finish_pairs", "held", "removed_rows", "with_carried"]
-
-# How a task holding the pairs gathered into a partition of the frame gets fewer.
-MORE_FRAME_PARTITIONS = (
-    "split the frame into more partitions (each gathers the pairs of its own rows)"
-)
 
 
 def held(found: pd.DataFrame, budget: Budget | None) -> None:

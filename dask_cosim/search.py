@@ -202,7 +202,11 @@ def join(
     exact = score_dtype == np.float64
     build = sg.Builder(dask.is_dask_collection(left) or dask.is_dask_collection(right))
     rsides = sg.sides(build, right, right_on, opts, rcols, frame="right")
-    budget = None if k is not None else Budget(opts.max_result_bytes, "join", on, threshold)
+    budget = (
+        None
+        if k is not None
+        else Budget(opts.max_result_bytes, "join", on, threshold, eager=not build.lazy)
+    )
     cut = sg.pieces(build, left, opts, lambda n: n * len(rsides))
     outs = []
     for i, lside in enumerate(sg.sides(build, left, on, opts, lcols, cut=cut, frame="left")):
@@ -251,7 +255,11 @@ def neighbors(
     cut = sg.pieces(build, df, opts, sg.pairs_of)
     sides = sg.sides(build, df, on, opts, cols, cut=cut)
     n = len(sides)
-    budget = None if k is not None else Budget(opts.max_result_bytes, "neighbors", on, threshold)
+    budget = (
+        None
+        if k is not None
+        else Budget(opts.max_result_bytes, "neighbors", on, threshold, eager=not build.lazy)
+    )
     pieces: list[list[Any]] = [[] for _ in range(n)]
     for i in range(n):
         for j in range(i, n):
@@ -321,7 +329,7 @@ def dedup(
     sides = sg.sides(build, df, on, opts, cols, frames, cut)
     lengths = [build(len)(f) for f in frames] if len(frames) > len(sides) else None
     like = sg.meta_of(df)
-    budget = Budget(opts.max_result_bytes, "dedup", on, threshold_value)
+    budget = Budget(opts.max_result_bytes, "dedup", on, threshold_value, eager=not build.lazy)
     if return_removed:
         meta = sp.result_meta(like.index, like.index, sp.score_dtype(spec), False, dtypes)
         pair = functools.partial(build(sd.earlier_matches), precision=opts.precision,
@@ -380,7 +388,7 @@ def groups(df: Any, on: str, threshold: float, *, name: str = "group") -> Any:
     frames = build.cut(build.partitions(df), cut)
     sides = sg.sides(build, df, on, opts, frames=frames, cut=cut)
     n = len(sides)
-    budget = Budget(opts.max_result_bytes, "groups", on, threshold_value)
+    budget = Budget(opts.max_result_bytes, "groups", on, threshold_value, eager=not build.lazy)
     edge = functools.partial(build(sd.earlier_matches), precision=opts.precision, edges=True,
                              budget=budget)  # fmt: skip
     edges = [

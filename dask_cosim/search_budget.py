@@ -41,8 +41,10 @@ from dask_cosim._search_sweep import PairLimit, TooManyPairs
 from dask_cosim.errors import ResultTooLargeError
 
 __all__ = [
+    "AS_DASK_FRAME",
     "AUTO_SHARE",
     "CLUSTERED_AUTO_SHARE",
+    "MORE_FRAME_PARTITIONS",
     "MORE_PARTITIONS",
     "PAIR_BYTES",
     "Budget",
@@ -73,6 +75,16 @@ MORE_PARTITIONS = (
     "split the frame into more partitions (fewer pairs per task; a side is cut into at "
     "most cosim.search.max-blocks blocks)"
 )
+# How a clustered search's task holding the pairs gathered into a partition of the
+# frame gets fewer.
+MORE_FRAME_PARTITIONS = (
+    "split the frame into more partitions (each gathers the pairs of its own rows)"
+)
+# Either, for an eager frame: it is one partition.
+AS_DASK_FRAME = (
+    "search it as a dask frame of several partitions, dask_cosim.from_pandas(df, "
+    "npartitions=8) (fewer pairs per task)"
+)
 
 
 @dataclass(frozen=True)
@@ -81,13 +93,15 @@ class Budget:
     ``cosim.search.max-result-bytes`` as :func:`dask_cosim.options.search_max_result_bytes`
     checked it ("auto" or bytes, part of the graph's keys); ``op``, ``column``,
     ``threshold`` and ``method`` ("exact" or "clustered") name the search in the error,
-    and ``method`` picks the share of memory "auto" takes."""
+    and ``method`` picks the share of memory "auto" takes; ``eager``: the frame is one
+    (pandas, cudf), which no advice to split into more partitions fits."""
 
     setting: int | str
     op: str
     column: str
     threshold: float | None
     method: str = "exact"
+    eager: bool = False
 
     def allowed(self) -> tuple[int, str]:
         """The bytes one task may hold here, and where that number comes from."""
@@ -121,6 +135,8 @@ class Budget:
             fixes.append("give k= to keep each row's k best matches")
         if fewer is None and self.op != "groups":  # its components need every pair in one task
             fewer = MORE_PARTITIONS
+        if self.eager and fewer in (MORE_PARTITIONS, MORE_FRAME_PARTITIONS):
+            fewer = AS_DASK_FRAME
         if fewer is not None:
             fixes.append(fewer)
         fixes.append("set a larger cosim.search.max-result-bytes where the workers have the memory")

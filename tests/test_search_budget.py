@@ -57,7 +57,13 @@ def test_a_task_past_its_budget_names_the_cause(op: str, npartitions: int | None
     assert f"cosim.search.max-result-bytes={100 * PAIR_BYTES}" in message
     assert "raise the threshold" in message
     assert ("give k=" in message) == (name in ("join", "neighbors"))
-    assert ("more partitions" in message) == (name != "groups")
+    # An eager frame is one partition: it is told to search a dask frame of several.
+    assert ("split the frame into more partitions" in message) == (
+        name != "groups" and npartitions is not None
+    )
+    assert ("dask_cosim.from_pandas(df, npartitions=8)" in message) == (
+        name != "groups" and npartitions is None
+    )
 
 
 class Started(Callback):
