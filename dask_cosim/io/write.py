@@ -287,6 +287,11 @@ def _stage(
     check_layout(layout)
     if isinstance(df, pd.DataFrame):
         df = from_pandas(df, sort=False)  # the rows in the frame's order, not the index's
+    if isinstance(df, (pd.Series, dd.Series)):
+        raise TypeError(
+            f"to_parquet writes a DataFrame, got a {'dask ' * isinstance(df, dd.Series)}Series "
+            f"({df.name!r}): write series.to_frame(), a frame of its one column"
+        )
     if not isinstance(df, dd.DataFrame):
         raise TypeError(
             f"to_parquet expects a dask or pandas DataFrame, got {type(df).__name__}; "

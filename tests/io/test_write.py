@@ -151,6 +151,11 @@ def test_to_parquet_checks_arguments(tmp_path: Path) -> None:
         dask_cosim.to_parquet(pdf, tmp_path / "x", vectors=["nope"])
     with pytest.raises(TypeError, match="expects a dask or pandas DataFrame, got list"):
         dask_cosim.to_parquet([1], tmp_path / "x")
+    # A search's or pairwise's Series: the fix is to_frame() (it was told from_pandas).
+    cos = dask_cosim.from_pandas(pdf, npartitions=2).cosim.pairwise("embeds_a", "embeds_b")
+    for series in (cos, cos.compute()):
+        with pytest.raises(TypeError, match=r"Series \('cos'\): write series.to_frame\(\)"):
+            dask_cosim.to_parquet(series, tmp_path / "x")
     # Names that are not strings came back as strings, or the folder failed to read (the
     # columns named 0 and 1 of two partitions: "expected bytes, int found").
     numbered = pdf.rename(columns={"embeds_a": 0, "embeds_b": 1})
