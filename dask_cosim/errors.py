@@ -357,12 +357,18 @@ class RepeatedLabelsWarning(UserWarning):
 
 
 def labels_may_repeat(
-    what: str, npartitions: int | None, names: str, columns: Iterable[Any], keyword: str
+    what: str,
+    npartitions: int | None,
+    names: str,
+    columns: Iterable[Any],
+    keyword: str,
+    dask_read: bool = False,
 ) -> RepeatedLabelsWarning:
     """``what`` (a frame) has ``npartitions`` partitions and unknown divisions (None: an
     eager frame whose labels repeat), so the result's ``names`` columns may not tell its
     rows apart; ``columns``: the frame's, to suggest one to carry with ``keyword``
-    (``columns`` or ``right_columns``)."""
+    (``columns`` or ``right_columns``); ``dask_read``: the frame comes from dask's
+    ``read_parquet``, whose labels ours would number across the files."""
     columns = list(columns)
     ids = [c for c in columns if "id" in str(c).lower()]
     carry = f"{keyword}=[{ids[0]!r}]" if ids else f"{keyword}=[...] (a column of your own)"
@@ -371,11 +377,19 @@ def labels_may_repeat(
             f"{what}'s index labels repeat, so {names} cannot name its rows uniquely. Carry "
             f"a column that does: {carry}; or number the rows first (reset_index)."
         )
-    return RepeatedLabelsWarning(
+    start = (
         f"{what} has {npartitions} partitions and unknown divisions: its index labels may "
-        f"repeat across partitions (dd.read_parquet numbers each file from 0), so {names} "
-        f"may not name rows uniquely. Carry a column that does: {carry}; or read the files "
-        "with dask_cosim.read_parquet, which numbers files that store no index across the "
+        "repeat across partitions"
+    )
+    if not dask_read:
+        return RepeatedLabelsWarning(
+            f"{start} (reset_index, concat and merge number each partition's rows from 0), "
+            f"so {names} may not name rows uniquely. Carry a column that does: {carry}."
+        )
+    return RepeatedLabelsWarning(
+        f"{start} (dd.read_parquet numbers each file from 0), so {names} may not name rows "
+        f"uniquely. Carry a column that does: {carry}; or read the files with "
+        "dask_cosim.read_parquet, which numbers files that store no index across the "
         "folder (hive-partitioned key=value/ folders too, except with the cudf backend)."
     )
 

@@ -155,7 +155,12 @@ def _warn_if_labels_repeat(sides: list[tuple[Any, str, str, str]]) -> None:
             continue
         else:
             parts = None
-        warning = errors.labels_may_repeat(what, parts, names, frame.columns, keyword)
+        # dask's own Parquet read (ReadParquetPyarrowFS, ...), by name: its classes are
+        # not dask's API.
+        read = parts is not None and any(
+            "ReadParquet" in type(e).__name__ for e in frame.expr.walk()
+        )
+        warning = errors.labels_may_repeat(what, parts, names, frame.columns, keyword, read)
         warnings.warn(warning, stacklevel=4)  # the line that called the accessor
         return
 
