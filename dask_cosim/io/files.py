@@ -10,6 +10,7 @@ import os
 import re
 import shutil
 import socket
+import time
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -404,10 +405,19 @@ def commit(stagings: Sequence[Staging]) -> None:
 
 
 def discard(stagings: Sequence[Staging]) -> None:
-    """Delete the staging folders that are still there (their write failed)."""
+    """Delete the staging folders that are still there (their write failed).  A write
+    task still running may add a file while a folder is deleted ("directory not empty"):
+    tried again, a few times."""
     for staging in stagings:
-        if exists(staging.fs, staging.path):
-            staging.fs.delete_dir(staging.path)
+        for attempt in range(5):
+            if not exists(staging.fs, staging.path):
+                break
+            try:
+                staging.fs.delete_dir(staging.path)
+            except OSError:
+                if attempt == 4:
+                    raise
+                time.sleep(0.1)
 
 
 def _move_in(staging: Staging) -> str | None:

@@ -317,10 +317,16 @@ def _stage(
             raise FileExistsError(f"{str(path)!r} exists; pass overwrite=True to replace it")
         check_replaceable(os.fspath(path))
     files = FileWriter(fs, staging, layout, list(vectors), compression, row_group_rows)
+    # The staging folder is made when computed (compute=False makes nothing until then),
+    # once, before any partition writes: not by each partition as it begins, since dask
+    # reports a failed task while others still run, and one that began after the folder
+    # was discarded would make it again, left behind.  A late task now fails to write.
+    opened = dask.delayed(_open_staging, pure=False)(files)
     written = df.map_partitions(
         _write_partition,
         files,
         write_index,
+        opened,
         partition_info=True,
         meta=WRITTEN_META,
         enforce_metadata=False,
@@ -368,15 +374,21 @@ def compute_with_progress(*collections: Any) -> tuple[Any, ...]:
         return dask.compute(*collections)
 
 
+def _open_staging(files: FileWriter) -> None:
+    files.fs.create_dir(files.staging, recursive=True)
+
+
 def _write_partition(
     df: Any,
     files: FileWriter,
     write_index: bool | None,
+    opened: None = None,
     partition_info: dict[str, Any] | None = None,
 ) -> pd.DataFrame:
+    """Write partition ``df`` into ``files.staging``, which must exist (``opened``: the
+    task that made it)."""
     number = partition_info["number"] if partition_info else 0
     staging, layout, vectors = files.staging, files.layout, files.vectors
-    files.fs.create_dir(staging, recursive=True)  # by the first partition written
     # Each write's own names (the staging folder's random tail): a reader that listed the
     # files of the folder an overwrite replaced finds them gone, rather than reading the
     # new folder's files of the same name mixed with the old ones it had read.

@@ -10,6 +10,7 @@ import dask.dataframe as dd
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.fs as pafs
 import pytest
 
 import dask_cosim
@@ -105,6 +106,22 @@ def test_to_parquet_is_atomic(tmp_path: Path) -> None:
     dask_cosim.to_parquet(pdf2, out, overwrite=True)
     assert len(dask_cosim.read_parquet(out).compute()) == 10
     assert [p.name for p in tmp_path.iterdir()] == ["p"]
+
+
+def test_a_write_task_that_starts_after_its_write_failed_leaves_nothing(tmp_path: Path) -> None:
+    """dask reports a failed write at its first failed task, while tasks already handed
+    to threads or workers still run; the folder is then discarded.  A task that started
+    after that made the staging folder again (the partitions made it, each as it began)
+    and left it beside the output.  The folder is made once, by a task every partition
+    waits for: a late task finds it gone, and fails, making nothing."""
+    from dask_cosim.io import vector_dims, write
+
+    a, b = random_pairs(4, 3)
+    staging = tmp_path / ".p.cosim-gone"
+    files = vector_dims.FileWriter(pafs.LocalFileSystem(), str(staging), "binary", [], None, None)
+    with pytest.raises(OSError):
+        write._write_partition(pairs_frame(a, b, "fixed_size_list"), files, None)
+    assert list(tmp_path.iterdir()) == []
 
 
 def _break_partition(df: pd.DataFrame, number: int) -> pd.DataFrame:
