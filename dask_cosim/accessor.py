@@ -48,16 +48,25 @@ class CosimAccessor:
             holding one numpy array or torch tensor per row (any shape with D elements),
             or cudf list columns.  ``a == b`` is allowed.
         eps : float, default config ``cosim.eps`` (1e-8)
-            ``cos = (a / max(|a|, eps)) . (b / max(|b|, eps))``; a zero vector gives 0.0.
+            ``cos = (a / max(|a|, eps)) . (b / max(|b|, eps))``, any finite ``eps >= 0``:
+            a zero vector gives 0.0 for ``eps > 0``, NaN (0/0) for ``eps=0``.
         dtype : {None, "float32", "float64"}, default config ``cosim.dtype`` (None)
-            None: float64 when both columns are float64 (known from the metadata), else
-            float32.  Accumulation is float32 at least (fp16/bf16 are upcast).
+            None: float64 when both columns are float64, else float32.  A dask frame
+            decides from its metadata, before any partition is read: an object column
+            (an array or tensor per row) shows no vector dtype there and gives float32
+            even where every row is float64.  An eager frame decides from its data:
+            object columns of float64 arrays give float64.  Accumulation is float32 at
+            least (fp16/bf16 are upcast).
         device : {"auto", "cpu", "cuda", "cuda:N"}, default config ``cosim.device``
             "auto" computes each partition where it finishes first
-            (:mod:`dask_cosim.placement`): cudf partitions on their GPU, pandas
-            partitions on the CPU unless only the torch kernel applies to them and the
-            worker has a GPU.  "cuda" moves pandas partitions to the GPU through pinned
-            staging buffers.
+            (:mod:`dask_cosim.placement`): cudf partitions on their GPU; pandas
+            partitions on the CPU unless the process computing them has a GPU and the
+            staged copy there takes less time than the host kernel.  With the default
+            rates (config ``cosim.placement``) that is never where the fused kernel
+            (numba: float32 or float64 of one dtype) applies, and where only the torch
+            kernel does (float16, bfloat16, integers, mixed dtypes) above about 2.2 MB of
+            vectors in the partition (both columns).  "cuda" moves pandas partitions to
+            the GPU through pinned staging buffers.
         name : hashable, default "cos"
             Name of the result Series.
 
