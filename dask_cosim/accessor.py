@@ -180,14 +180,29 @@ class CosimAccessor:
             ``columns``.  Ties are broken by frame order.  Null or NaN queries and rows
             never match; no queries or an empty frame give an empty result.
 
+        Warns
+        -----
+        QueryWarning
+            Queries holding NaN, inf or null (they match no row), zero queries (they score
+            0.0 with every row: their matches are the first valid rows in frame order,
+            not similar rows), or a Series of queries whose index labels repeat
+            (``query`` cannot tell those queries apart); each names the queries.
+        RepeatedLabelsWarning
+            No ``columns`` are carried and the frame is a dask frame of several partitions
+            with unknown divisions, or an eager frame whose labels repeat: ``match`` may
+            not name rows uniquely, and the warning names the fix.
+
         Raises
         ------
         KeyError
             ``on`` or one of ``columns`` is not a column.
         TypeError
-            ``queries`` holds no numbers, or is a DataFrame with columns of other types.
+            ``on`` does not hold vectors (:class:`~dask_cosim.errors.StringColumnError`
+            for text); ``queries`` holds no numbers, or is a DataFrame with columns of
+            other types.
         ValueError
-            ``k < 1``, vector lengths differ, queries not 2-D.
+            ``k < 1``, vector lengths differ, queries not 2-D, or ``columns`` named as a
+            result column (``query``, ``rank``, ``match``, ``score``).
         """
         return search.topk(self._obj, queries, on, k, columns=columns)
 
@@ -269,13 +284,67 @@ class CosimAccessor:
         """The self-join: :meth:`join` of the frame with itself, never pairing a row with
         itself.  With ``threshold`` alone each unordered pair appears once, the earlier
         row (frame order) as ``left``; with ``k`` every row gets its own ``k`` best.
-        ``columns`` (a column name or a list of them) are carried from both rows of each
-        pair (``left_<c>``, ``right_<c>``).
 
-        ``method="clustered"`` (``threshold`` in (0, 1], no ``k``) clusters the rows first
-        and searches within clusters, for frames of millions of rows: the same result,
-        columns and dtypes (carried ``columns`` included); ``n_probe`` and ``clusters``
-        as for :meth:`dedup`."""
+        Parameters
+        ----------
+        on : str
+            The embedding column.
+        k : int, optional
+            Matches kept per row, >= 1 (never the row itself).
+        threshold : float, optional
+            Lowest score kept, in [-1, 1] (both: the ``k`` best among those).
+        columns : str or list, optional
+            Columns carried from both rows of each pair as ``left_<c>`` and ``right_<c>``
+            (an id column names the rows whatever their index labels); a string names
+            one.
+        method : {"exact", "clustered"}, default "exact"
+            "exact" scores all pairs.  "clustered" (``threshold`` in (0, 1], no ``k``)
+            clusters the rows first and searches within clusters, for frames of millions
+            of rows: the same result, columns and dtypes (carried ``columns`` included);
+            it computes the clustering when called (see :meth:`dedup`).
+        n_probe, clusters : int, optional
+            With "clustered": as for :meth:`dedup`.
+
+        Returns
+        -------
+        DataFrame
+            Lazy dask DataFrame for a dask frame (unknown divisions; one partition per
+            block of partitions, at most ``cosim.search.max-blocks``, with "exact", one
+            per partition of the frame with "clustered"), else eager.  Columns ``left``
+            and ``right`` (index labels), ``score``, ``rank`` (0-based) when ``k`` is
+            given, then the carried columns, every ``left_<c>`` before the ``right_<c>``.
+            Sorted by left row, then with ``k`` by rank, else by right row.  Null or NaN
+            rows never match.
+
+        Warns
+        -----
+        RepeatedLabelsWarning
+            No ``columns`` are carried and the frame is a dask frame of several partitions
+            with unknown divisions, or an eager frame whose labels repeat: ``left`` and
+            ``right`` may not name rows uniquely, and the warning names the fix.
+        UserWarning
+            With "clustered": the plan expects exact all-pairs to cost no more (it then
+            runs instead: the same pairs), or, with ``n_probe=None``, copies each row to
+            many blocks (``n_probe=2`` bounds that).
+
+        Raises
+        ------
+        KeyError
+            ``on`` or one of ``columns`` is not a column (with the closest name).
+        TypeError
+            ``on`` does not hold vectors (:class:`~dask_cosim.errors.StringColumnError`
+            for text).
+        ValueError
+            Neither ``k`` nor ``threshold``, ``k < 1``, threshold outside [-1, 1], a
+            ``method`` other than "exact" or "clustered", ``n_probe`` or ``clusters``
+            without "clustered", "clustered" with ``k`` or a threshold <= 0; when called,
+            "clustered" on a dask frame whose routing shuffle has no room for the rows'
+            copies.
+        ResultTooLargeError
+            ``threshold`` without ``k``, at compute time (when called, for an eager
+            frame): a task found more pairs than ``cosim.search.max-result-bytes`` lets it
+            hold.
+        """
         return search.neighbors(self._obj, on, k=k, threshold=threshold, columns=columns,
                                 method=method, n_probe=n_probe, clusters=clusters)  # fmt: skip
 
@@ -338,6 +407,35 @@ class CosimAccessor:
         DataFrame, or (DataFrame, DataFrame) with ``return_removed``
             The kept rows, and the removed ones (computing both together, e.g.
             ``dask.compute(kept, removed)``, scans the pairs once).
+
+        Warns
+        -----
+        RepeatedLabelsWarning
+            With ``return_removed`` and no ``columns``: the frame is a dask frame of
+            several partitions with unknown divisions, or an eager frame whose labels
+            repeat, so ``left`` and ``right`` may not name rows uniquely; the warning
+            names the fix.  (The kept rows are the frame's own: nothing is said without
+            ``return_removed``.)
+        UserWarning
+            With "clustered": the plan expects exact all-pairs to cost no more (it then
+            runs instead), or, with ``n_probe=None``, copies each row to many blocks.
+
+        Raises
+        ------
+        KeyError
+            ``on`` or one of ``columns`` is not a column (with the closest name).
+        TypeError
+            ``on`` does not hold vectors (:class:`~dask_cosim.errors.StringColumnError`
+            for text).
+        ValueError
+            ``threshold`` missing or outside [-1, 1] (outside (0, 1] with "clustered"), a
+            ``method`` other than "exact" or "clustered", ``n_probe`` or ``clusters``
+            without "clustered", ``columns`` without ``return_removed``; when called,
+            "clustered" on a dask frame whose routing shuffle has no room for the rows'
+            copies.
+        ResultTooLargeError
+            At compute time (when called, for an eager frame): a task found more pairs
+            than ``cosim.search.max-result-bytes`` lets it hold.
         """
         return search.dedup(self._obj, on, threshold, return_removed=return_removed,
                             columns=columns, method=method, n_probe=n_probe,
@@ -355,6 +453,34 @@ class CosimAccessor:
         components are then computed by ``scipy.sparse.csgraph.connected_components`` in
         one task, which holds every pair (about 40 bytes each) and 16 bytes per row: 100
         million pairs need about 4 GB in that task.
+
+        Parameters
+        ----------
+        on : str
+            The embedding column.
+        threshold : float
+            Score at which two rows are in one group, in [-1, 1].
+        name : str, default "group"
+            Name of the new column; not a column of the frame already.
+
+        Returns
+        -------
+        DataFrame
+            The frame (all columns) with ``name`` added: int64 group ids.
+
+        Raises
+        ------
+        KeyError
+            ``on`` is not a column (with the closest name).
+        TypeError
+            ``on`` does not hold vectors (:class:`~dask_cosim.errors.StringColumnError`
+            for text), or ``name`` is not a string.
+        ValueError
+            ``threshold`` missing or outside [-1, 1], or ``name`` is a column already.
+        ResultTooLargeError
+            At compute time (when called, for an eager frame): a task found more pairs
+            than ``cosim.search.max-result-bytes`` lets it hold, the one that gathers
+            every pair included.
         """
         return search.groups(self._obj, on, threshold, name=name)
 
