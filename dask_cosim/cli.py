@@ -70,9 +70,24 @@ def main() -> None:
 @click.option("--keep", multiple=True, help="A column to copy to the output (repeatable).")
 @click.option("--name", default="cos", show_default=True, help="Result column name.")
 @cluster_options
-@click.option("--dtype", default=None, type=click.Choice(["float32", "float64"]))
-@click.option("--device", default=None, help="auto, cpu, cuda or cuda:N.")
-@click.option("--eps", default=None, type=float, help="Lower bound on norms (1e-8).")
+@click.option(
+    "--dtype",
+    default=None,
+    type=click.Choice(["float32", "float64"]),
+    help="Result dtype (default: config cosim.dtype; unset: float64 when both columns "
+    "are float64, else float32).",
+)
+@click.option(
+    "--device",
+    default=None,
+    help="auto, cpu, cuda or cuda:N (default: config cosim.device, auto).",
+)
+@click.option(
+    "--eps",
+    default=None,
+    type=float,
+    help="Lower bound on norms (default: config cosim.eps, 1e-8).",
+)
 @output_options
 @one_line_errors
 def pairwise(
