@@ -110,7 +110,9 @@ def local_cluster(
     ----------
     n_workers : int, optional
         GPU cluster: one worker per visible GPU (default; respects CUDA_VISIBLE_DEVICES).
-        CPU cluster: default one worker per core.
+        CPU cluster: default ``cores // threads_per_worker`` workers (at least 1), the
+        cores being those this process may use (dask's ``CPU_COUNT``: CPU affinity and a
+        container's limit count); one per core with the default ``threads_per_worker``.
     gpus : {"auto", True, False}, default "auto"
         "auto": a ``LocalCUDACluster`` when dask-cuda is installed and sees a GPU, else a
         ``LocalCluster``.  True: require GPUs.  False: CPU workers only.
