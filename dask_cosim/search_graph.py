@@ -278,19 +278,23 @@ def sides(
 
 
 def rereads_alike(df: Any) -> bool:
-    """Whether a column projection of the dask frame ``df`` gives each partition's rows
-    again, in the same order: its expression is a read of storage (not a frame held in
-    the graph: :func:`holds_data`) under row-wise steps alone (projections, ``assign``,
-    ``astype``, arithmetic: dask's Elemwise; filters).  Anything else upstream (a
-    shuffle, a merge, ``set_index``, ``map_partitions``, a persisted frame) would run a
-    second time for the projection, and a shuffle gives its rows in another order each
-    time: the positions found in one would then name other rows of the other."""
-    if holds_data(df):
-        return False
+    """Whether a column projection of the dask frame ``df`` reads each partition's rows
+    again, narrower, in the same order: its expression is a read of storage that reads
+    the columns asked for alone (``read_parquet``, ours or dask's; ``read_csv``; not a
+    frame held in memory, nor ``from_map`` of a function that makes whole partitions)
+    under row-wise steps alone (projections, ``assign``, ``astype``, arithmetic: dask's
+    Elemwise; filters).  Anything else upstream (a shuffle, a merge, ``set_index``,
+    ``map_partitions``, a model embedding the rows, a persisted frame) would run a second
+    time for the projection, and a shuffle gives its rows in another order each time:
+    the positions found in one would then name other rows of the other."""
     for expr in df.expr.simplify().walk():  # the optimizer's first step; touches no data
         # By class name, as in_memory_sources: dask's expression classes are not its API.
-        bases = {c.__name__ for c in type(expr).__mro__}
-        if not bases & {"BlockwiseIO", "Elemwise", "Filter"} or "FromGraph" in bases:
+        kind = {c.__name__ for c in type(expr).__mro__}
+        if kind & {"BlockwiseIO"}:
+            in_memory = kind & {"FromPandas", "FromArray", "FromGraph"}
+            if in_memory or "columns" not in getattr(type(expr), "_parameters", ()):
+                return False
+        elif not kind & {"Elemwise", "Filter"}:
             return False
     return True
 

@@ -200,7 +200,8 @@ def test_which_frames_a_projection_reads_again_alike(tmp_path: Path) -> None:
     read = dask_cosim.read_parquet(tmp_path / "d")
     alike = [read, read[read["id"] > 3], read.assign(more=read["id"] * 2)[["emb", "more"]]]
     other = [read.map_partitions(lambda p: p), read.shuffle("id"), read.set_index("id"),
-             dd.from_pandas(_frame(), npartitions=2), read.merge(read[["id"]], on="id")]  # fmt: skip
+             dd.from_pandas(_frame(), npartitions=2), read.merge(read[["id"]], on="id"),
+             dd.from_map(_frame, [0, 1]), read.persist()]  # fmt: skip
     assert [search_graph.rereads_alike(df) for df in alike] == [True] * len(alike)
     assert [search_graph.rereads_alike(df) for df in other] == [False] * len(other)
 
