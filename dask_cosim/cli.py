@@ -176,7 +176,9 @@ def convert(
     check_local_inputs(input_path)
     import dask
 
-    from dask_cosim import io
+    from dask_cosim import io, runs
+
+    runs.check_output(out.output, out.overwrite, [input_path])
 
     df = io.source_frame(input_path, a=col_a, b=col_b, column=column, allow_pickle=allow_pickle)
     if dtype is not None:
@@ -394,7 +396,7 @@ def topk(
         # Checked from the metadata now; the data is read once the cluster runs.
         return lambda: df.cosim.topk(dask.compute(queries)[0], on, k, columns=list(keep))
 
-    _search(build, out, cluster, inputs=inputs)
+    _search(build, out, cluster, inputs=[*inputs, queries_path])
 
 
 @main.command()

@@ -72,17 +72,24 @@ def check_columns(df: Any, columns: Sequence[str], what: str) -> None:
 
 def check_output(output: str, overwrite: bool, inputs: Sequence[str] = ()) -> None:
     """Before any work: FileExistsError when ``output`` exists and not ``overwrite``: a
-    local folder in any spelling (a ``file://`` URL too); ValueError when it is inside a
-    local folder among ``inputs`` (a later read of that folder would take the output's
-    files for rows of its own), or, with ``overwrite``, when it holds the working
-    directory (:func:`~dask_cosim.io.files.check_replaceable`).  An object-store output
-    is left to the write, which refuses it then (making its filesystem here could cost
-    requests)."""
+    local folder in any spelling (a ``file://`` URL too); ValueError when it is one of
+    ``inputs`` or holds one (with ``overwrite`` the write would replace the rows it read:
+    lost, where a typo asked for it), when it is inside a local folder among ``inputs`` (a
+    later read of that folder would take the output's files for rows of its own), or,
+    with ``overwrite``, when it holds the working directory
+    (:func:`~dask_cosim.io.files.check_replaceable`).  An object-store output is left to
+    the write, which refuses it then (making its filesystem here could cost requests)."""
     where = location(output)
     if "://" in where:
         return
     for path in inputs:
         folder = location(path)
+        if folder == where or folder.startswith(where.rstrip("/") + "/"):
+            what = "is the input" if folder == where else "holds the input"
+            raise ValueError(
+                f"{output!r} {what} {path!r}: writing it would replace the rows read, which "
+                "would be lost; write the output elsewhere"
+            )
         if where.startswith(folder.rstrip("/") + "/") and os.path.isdir(folder):
             raise ValueError(
                 f"{output!r} is inside the input folder {path!r}: a later read of that "

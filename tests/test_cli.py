@@ -139,6 +139,32 @@ def test_an_output_inside_an_input_folder_or_holding_the_working_directory_exits
     assert (tmp_path / "old" / "c").is_dir()
 
 
+def test_an_output_that_is_an_input_or_holds_one_exits_2_even_with_overwrite(
+    tmp_path: Path,
+) -> None:
+    """With --overwrite, OUTPUT equal to an input (in any spelling) or holding one
+    replaced the rows read, lost (a typo away): the input of convert, pairwise, a
+    search, topk's --queries, and a folder holding the input."""
+    (tmp_path / "in").mkdir()
+    pairs = write_pairs(tmp_path / "in" / "pairs", *random_pairs(20, 4), files=1)
+    np.save(tmp_path / "q.npy", np.eye(4, dtype=np.float32))
+    before = sorted(p.name for p in pairs.iterdir())
+    cases = [
+        (["convert", str(pairs)], str(pairs), "is the input"),
+        (["pairwise", str(pairs), "-a", "embeds_a", "-b", "embeds_b"], f"{pairs}/", "is the input"),
+        (["dedup", str(pairs), "--on", "embeds_a", "--threshold", "0.9"], str(tmp_path / "in"),
+         "holds the input"),
+        (["topk", str(pairs), "--on", "embeds_a", "--queries", str(tmp_path / "q.npy")],
+         str(tmp_path / "q.npy"), "is the input"),
+    ]  # fmt: skip
+    for command, output, what in cases:
+        proc = cli_here(*command, "-o", output, "--overwrite")
+        assert proc.returncode == 2, proc.stdout
+        assert f"{what} " in proc.stdout and "would be lost" in proc.stdout, proc.stdout
+    assert sorted(p.name for p in pairs.iterdir()) == before
+    assert (tmp_path / "q.npy").is_file()
+
+
 def test_the_runs_take_one_path_as_they_take_a_list(tmp_path: Path) -> None:
     """dask_cosim.runs (public) given one path as a string iterated its letters: "/" among
     them, a listing of the whole filesystem."""
