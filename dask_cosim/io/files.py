@@ -12,8 +12,9 @@ import shutil
 import socket
 import time
 import uuid
+import warnings
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -352,8 +353,8 @@ def check_replaceable(path: str) -> None:
 def new_staging(fs: pafs.FileSystem, root: str) -> str:
     """The name of a new hidden staging folder next to ``root``, after removing those
     that earlier writes to ``root`` by dead processes of this host left behind.  Not
-    created here: the writes into it create it (``fs.create_dir(staging,
-    recursive=True)``), so that a write built and not computed leaves nothing."""
+    created here: the write's first task does (:func:`open_staging`), so that a write
+    built and not computed leaves nothing."""
     parent, name = root.rsplit("/", 1) if "/" in root else ("", root)
     _remove_abandoned_staging(fs, parent, name)
     # Host and pid in the name tell a later run whether the writer is still alive.
@@ -365,6 +366,32 @@ _HOST = socket.gethostname().replace("/", "_")
 
 # A staging folder, or (-old) the folder an overwrite was replacing when it stopped.
 _STAGING = re.compile(r"\.cosim-(?P<host>.+)-(?P<pid>\d+)-[0-9a-f]{12}(?P<old>-old)?$")
+
+
+# A file in a staging folder while its write may still add files: made with the folder,
+# deleted first when the write is given up (discard) and when it is committed.  dask
+# reports a failed task while others still run; one that wrote its file after the folder
+# was deleted (an object store has no folder whose absence stops the write) finds the
+# marker gone and deletes its file (:func:`check_open`).
+OPEN_MARKER = ".writing"
+
+
+def open_staging(fs: pafs.FileSystem, path: str) -> None:
+    """Make the staging folder ``path`` and its :data:`OPEN_MARKER`."""
+    fs.create_dir(path, recursive=True)
+    with fs.open_output_stream(f"{path}/{OPEN_MARKER}"):
+        pass
+
+
+def check_open(fs: pafs.FileSystem, path: str, name: str) -> None:
+    """After a task wrote the file ``name`` into the staging folder ``path``: where the
+    write was given up meanwhile (its marker gone), the file is deleted and RuntimeError
+    raised.  Either the marker was there when the file was written, before discard began
+    (which then deletes the file with the folder), or this deletes it."""
+    if not exists(fs, f"{path}/{OPEN_MARKER}"):
+        with suppress(OSError):
+            fs.delete_file(f"{path}/{name}")
+        raise RuntimeError(f"the write into {path!r} was given up (another task failed)")
 
 
 @dataclass(frozen=True)
@@ -405,25 +432,37 @@ def commit(stagings: Sequence[Staging]) -> None:
 
 
 def discard(stagings: Sequence[Staging]) -> None:
-    """Delete the staging folders that are still there (their write failed).  A write
-    task still running may add a file while a folder is deleted ("directory not empty"):
-    tried again, a few times."""
+    """Delete the staging folders that are still there (their write failed), each marker
+    first (:data:`OPEN_MARKER`).  A write task still running may add a file while a
+    folder is deleted ("directory not empty"): tried again, a few times.  Called while an
+    error is raised, it raises none of its own, which would hide that one: a folder it
+    cannot delete is named in a warning."""
     for staging in stagings:
+        fs, path = staging.fs, staging.path
         for attempt in range(5):
-            if not exists(staging.fs, staging.path):
-                break
             try:
-                staging.fs.delete_dir(staging.path)
-            except OSError:
-                if attempt == 4:
-                    raise
-                time.sleep(0.1)
+                if not exists(fs, path):
+                    break
+                with suppress(FileNotFoundError):
+                    fs.delete_file(f"{path}/{OPEN_MARKER}")
+                fs.delete_dir(path)
+            except OSError as err:
+                if attempt < 4:
+                    time.sleep(0.1)
+                    continue
+                warnings.warn(
+                    f"the failed write's staging folder {path!r} could not be deleted "
+                    f"({err}); delete it by hand",
+                    stacklevel=2,
+                )
 
 
 def _move_in(staging: Staging) -> str | None:
     """Rename ``staging.path`` to its root, the root moved aside first: where to (None
     when there was no root)."""
     fs, root = staging.fs, staging.root
+    with suppress(FileNotFoundError):  # every task has written: the folder is complete
+        fs.delete_file(f"{staging.path}/{OPEN_MARKER}")
     if not exists(fs, root):
         fs.move(staging.path, root)
         return None

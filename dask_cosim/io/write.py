@@ -24,6 +24,7 @@ from dask_cosim.io import categories, cudf_parquet
 from dask_cosim.io.convert import from_pandas, futures_of, held_where_it_is
 from dask_cosim.io.files import (
     Staging,
+    check_open,
     check_replaceable,
     commit,
     discard,
@@ -31,6 +32,7 @@ from dask_cosim.io.files import (
     filesystem,
     location,
     new_staging,
+    open_staging,
 )
 from dask_cosim.io.layouts import (
     check_layout,
@@ -320,8 +322,9 @@ def _stage(
     # The staging folder is made when computed (compute=False makes nothing until then),
     # once, before any partition writes: not by each partition as it begins, since dask
     # reports a failed task while others still run, and one that began after the folder
-    # was discarded would make it again, left behind.  A late task now fails to write.
-    opened = dask.delayed(_open_staging, pure=False)(files)
+    # was discarded would make it again, left behind (files.check_open: what a late task
+    # does instead).
+    opened = dask.delayed(open_staging, pure=False)(fs, staging)
     written = df.map_partitions(
         _write_partition,
         files,
@@ -374,10 +377,6 @@ def compute_with_progress(*collections: Any) -> tuple[Any, ...]:
         return dask.compute(*collections)
 
 
-def _open_staging(files: FileWriter) -> None:
-    files.fs.create_dir(files.staging, recursive=True)
-
-
 def _write_partition(
     df: Any,
     files: FileWriter,
@@ -386,7 +385,7 @@ def _write_partition(
     partition_info: dict[str, Any] | None = None,
 ) -> pd.DataFrame:
     """Write partition ``df`` into ``files.staging``, which must exist (``opened``: the
-    task that made it)."""
+    task that made it), and is still open after the write (:func:`.files.check_open`)."""
     number = partition_info["number"] if partition_info else 0
     staging, layout, vectors = files.staging, files.layout, files.vectors
     # Each write's own names (the staging folder's random tail): a reader that listed the
@@ -408,9 +407,11 @@ def _write_partition(
                 codec=str(files.compression or "none"),
                 row_group_rows=files.row_group_rows,
             )
+            check_open(files.fs, staging, name)
             return written_row(name, df, stored, index_stored=index_stored)
     table = frame_to_table(df, layout=layout, vectors=vectors, preserve_index=write_index)
     files.write(table, name)
+    check_open(files.fs, staging, name)
     # An object column's type is what pyarrow makes of this partition's values (Arrow
     # null where it holds none, decimal128(2, 1) of 1.5, int64 of ints): made one across
     # the files once all are written (vector_dims.sized_files).

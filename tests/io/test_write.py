@@ -122,6 +122,36 @@ def test_a_write_task_that_starts_after_its_write_failed_leaves_nothing(tmp_path
     with pytest.raises(OSError):
         write._write_partition(pairs_frame(a, b, "fixed_size_list"), files, None)
     assert list(tmp_path.iterdir()) == []
+    # An object store has no folder whose absence stops the write: the file is written,
+    # then deleted, as the folder's marker says the write was given up.
+    fs, root = io.files.filesystem(f"memory://{tmp_path.name}/out")
+    files = vector_dims.FileWriter(fs, f"{root}-staging", "binary", [], None, None)
+    with pytest.raises(RuntimeError, match="was given up"):
+        write._write_partition(pairs_frame(a, b, "fixed_size_list"), files, None)
+    everything = pafs.FileSelector(f"/{tmp_path.name}", recursive=True, allow_not_found=True)
+    assert [i.path for i in fs.get_file_info(everything)] == []
+    io.files.open_staging(fs, files.staging)  # as the write's first task makes it
+    write._write_partition(pairs_frame(a, b, "fixed_size_list"), files, None)
+    listed = fs.get_file_info(pafs.FileSelector(files.staging))
+    assert sorted(i.base_name[:5] for i in listed) == [".writ", "part."]
+
+
+def test_discard_names_a_folder_it_cannot_delete_and_raises_nothing(tmp_path: Path) -> None:
+    """discard runs while an error is raised (a failed write): an error of its own hid
+    that one (a Ctrl-C came out as "OSError: Cannot delete directory ... not empty")."""
+    from fsspec.implementations.memory import MemoryFileSystem
+    from pyarrow.fs import FSSpecHandler, PyFileSystem
+
+    class Stuck(MemoryFileSystem):
+        def rm(self, *args: Any, **kwargs: Any) -> None:
+            raise PermissionError("refused")
+
+    fs = PyFileSystem(FSSpecHandler(Stuck()))
+    path = f"/{tmp_path.name}/.out.cosim-staging"
+    io.files.open_staging(fs, path)
+    staging = io.files.Staging(fs, path, f"/{tmp_path.name}/out", False)
+    with pytest.warns(UserWarning, match=r"staging folder .* could not be deleted .*refused"):
+        io.files.discard([staging])
 
 
 def _break_partition(df: pd.DataFrame, number: int) -> pd.DataFrame:
