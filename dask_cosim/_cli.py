@@ -15,10 +15,12 @@ import functools
 import logging
 import os
 import re
+import signal
 import sys
+import threading
 import warnings
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
@@ -49,6 +51,7 @@ __all__ = [
     "one_line_errors",
     "output_options",
     "pairs_options",
+    "quiet_cancelled_gather",
 ]
 
 
@@ -240,10 +243,14 @@ class Cluster:
     def client(self) -> Iterator[Any]:
         """A Client, connected (once :func:`check_scheduler` has had a scheduler's answer,
         within ``distributed.comm.timeouts.connect``) or on a local cluster started (and
-        shut) here; the cluster is described on stderr."""
+        shut) here; the cluster is described on stderr.  Once the block has done its work,
+        Ctrl-C does not interrupt the shutdown: the outputs are in place, and an
+        interrupted shutdown waited for ever, then said "Aborted!"."""
         from distributed import Client
 
         from dask_cosim.cluster import describe
+
+        logging.getLogger("asyncio").addFilter(quiet_cancelled_gather)
 
         if self.scheduler is not None:
             import dask.config
@@ -264,9 +271,36 @@ class Cluster:
                 memory_limit=self.memory_limit,
                 silence_logs=logging.CRITICAL,
             )
-        with client:  # closes a local cluster too
+        done = False
+        try:
             click.echo(f"cluster     {describe(client)}", err=True)
             yield client
+            done = True
+        finally:
+            with _uninterrupted() if done else nullcontext():
+                client.close()  # closes a local cluster too
+
+
+def quiet_cancelled_gather(record: logging.LogRecord) -> bool:
+    """A logging filter for asyncio's logger: a computation stopped by Ctrl-C leaves
+    distributed's gather an asyncio task whose exception (AllExit) nobody retrieves, and
+    asyncio printed its traceback ("Task exception was never retrieved") beside the
+    command's one line, "Aborted!"."""
+    error = record.exc_info[1] if record.exc_info else None
+    return type(error).__name__ != "AllExit"
+
+
+@contextmanager
+def _uninterrupted() -> Iterator[None]:
+    """SIGINT ignored while it lasts (in the main thread; elsewhere nothing changes)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def check_scheduler(address: str, timeout: float) -> None:

@@ -116,9 +116,10 @@ def pairwise(
                         device=device)  # fmt: skip
     with cluster.client():
         written = run(out.progress)
-    assert written.summary is not None
-    click.echo(f"wrote       {out.output}")
-    click.echo(written.summary.format(written.seconds, written.embedding_bytes))
+        assert written.summary is not None
+        # Said before the cluster shuts down: OUTPUT is in place already.
+        click.echo(f"wrote       {out.output}")
+        click.echo(written.summary.format(written.seconds, written.embedding_bytes))
 
 
 @main.command()
@@ -336,9 +337,10 @@ def _search(
             jobs = jobs_of(build())
         written = runs.write_all(jobs, overwrite=out.overwrite, progress=out.progress,
                                  layout=out.layout)  # fmt: skip
-    for (_, path, _), w in zip(jobs, written):
-        counted = f"{w.rows:,} rows, " if w.rows is not None else ""
-        click.echo(f"wrote       {path} ({counted}{w.seconds:.1f} s)")
+        # Said before the cluster shuts down: the outputs are in place already.
+        for (_, path, _), w in zip(jobs, written):
+            counted = f"{w.rows:,} rows, " if w.rows is not None else ""
+            click.echo(f"wrote       {path} ({counted}{w.seconds:.1f} s)")
 
 
 _READS = "the search commands read Parquet files or folders of them"

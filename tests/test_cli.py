@@ -628,3 +628,39 @@ def test_columns_help_says_where_each_command_carries_them() -> None:
         shown = CliRunner().invoke(main, [command, "--help"], terminal_width=400)
         line = next(s for s in shown.output.splitlines() if s.strip().startswith("--columns"))
         assert where in line, line
+
+
+def test_ctrl_c_once_a_command_is_done_does_not_interrupt_the_shutdown(loop: object) -> None:
+    """A Ctrl-C while the cluster shut down, the outputs written: the shutdown waited for
+    ever, then the command said "Aborted!" of a run whose output was in place."""
+    from distributed import LocalCluster
+
+    with LocalCluster(n_workers=1, processes=False, dashboard_address=None, loop=loop) as lc:
+        with _cli.Cluster(scheduler=lc.scheduler_address).client() as client:
+            close = client.close
+
+            def interrupted_close(*args: object, **kwargs: object) -> None:
+                client.close = close  # type: ignore[method-assign]  # once (__del__ too)
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(0.2)  # where the default handler raises KeyboardInterrupt
+                close(*args, **kwargs)
+
+            client.close = interrupted_close  # type: ignore[method-assign]
+        assert client.status == "closed"
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_a_cancelled_gather_is_not_logged_by_asyncio() -> None:
+    """Ctrl-C during a computation: asyncio printed the traceback of distributed's
+    cancelled gather ("Task exception was never retrieved ... AllExit") beside "Aborted!";
+    the commands' filter drops that record alone."""
+    import logging
+
+    from distributed.client import AllExit
+
+    def record(error: BaseException) -> logging.LogRecord:
+        return logging.LogRecord("asyncio", logging.ERROR, "", 0, "Task exception was never "
+                                 "retrieved", None, (type(error), error, None))  # fmt: skip
+
+    assert not _cli.quiet_cancelled_gather(record(AllExit()))
+    assert _cli.quiet_cancelled_gather(record(RuntimeError("a real failure")))
