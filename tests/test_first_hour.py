@@ -260,6 +260,12 @@ def test_cli_names_a_file_that_is_not_parquet_and_how_to_convert_it(tmp_path: Pa
     code, text = run("pairwise", str(tmp_path / "cut.parquet"), *args)
     assert code == 2 and "it is named .parquet but holds no Parquet (written in part, or " in text
     assert "dask-cosim convert" not in text
+    # convert of a file of another suffix: told to name it by what it holds (it was told
+    # to run the very command that failed).
+    (tmp_path / "pairs.data").write_bytes((tmp_path / "pairs.csv").read_bytes())
+    code, text = run("convert", str(tmp_path / "pairs.data"), "-o", str(tmp_path / "c"))
+    assert code == 2 and "convert tells what a file holds by its suffix: name it .pkl" in text
+    assert "dask-cosim convert" not in text
     assert not (tmp_path / "out").exists() and not (tmp_path / "c").exists()
     # The commands it suggests work.
     code, text = run("convert", npy, "-o", str(tmp_path / "pairs-parquet"))

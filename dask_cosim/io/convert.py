@@ -388,7 +388,9 @@ def source_frame(
     if suffix in TEXT_SUFFIXES:
         return read_text(source)
     check_parquet_inputs(
-        [str(path)], "convert reads pandas pickles, .npy/.npz, CSV, JSON Lines and Parquet"
+        [str(path)],
+        "convert reads pandas pickles, .npy/.npz, CSV, JSON Lines and Parquet",
+        converting=True,
     )
     return read_parquet(path)
 

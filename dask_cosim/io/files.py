@@ -241,11 +241,13 @@ _COMPRESSED = {
 }
 
 
-def check_parquet_inputs(inputs: Sequence[str], reads: str) -> None:
+def check_parquet_inputs(inputs: Sequence[str], reads: str, converting: bool = False) -> None:
     """Raise if a local file among ``inputs`` is not Parquet, naming it and the way to
     convert it (pyarrow's own message says only "Parquet magic bytes not found in
-    footer"); ``reads`` says what the caller reads.  Folders, globs and URLs are left to
-    the reader, which lists and checks them."""
+    footer"); ``reads`` says what the caller reads; ``converting``: the caller is
+    ``convert``, which tells its inputs by their suffix (advice to run it again would
+    fail again).  Folders, globs and URLs are left to the reader, which lists and checks
+    them."""
     for text in inputs:
         path = Path(text)
         if not path.is_file():
@@ -285,6 +287,12 @@ def check_parquet_inputs(inputs: Sequence[str], reads: str) -> None:
                 "vectors stored as text must be parsed: read it with pandas, turn each "
                 "vector cell into a list or array of numbers, and write Parquet with "
                 f"dask_cosim.to_parquet(pdf, {out!r})"
+            )
+        elif converting:
+            how = (
+                "convert tells what a file holds by its suffix: name it .pkl (a pandas "
+                "pickle), .npy or .npz, .csv or .tsv, .jsonl or .ndjson, or .parquet, as "
+                "it holds"
             )
         else:
             how = (
