@@ -87,12 +87,23 @@ def parquet_files(path: Any) -> Found | None:
             raise FileNotFoundError(f"no files match {path!r}")
     fs, first = filesystem(texts[0])
     if len(texts) == 1:
-        info = fs.get_file_info(first)
-        if info.type == pafs.FileType.NotFound:
-            raise FileNotFoundError(f"{texts[0]!r} not found")
-        if info.type == pafs.FileType.Directory:
-            return _folder_files(fs, first)
-        return Found(fs, [first], [info.size], None, version=stamp([info]))
+        for attempt in range(2):
+            # An overwrite renames the old folder aside, then the new one into place: a
+            # read between the two finds neither, and a moment later the new one.
+            info = fs.get_file_info(first)
+            if info.type == pafs.FileType.NotFound:
+                if attempt == 0:
+                    time.sleep(_REPLACED_WAIT)
+                    continue
+                raise FileNotFoundError(f"{texts[0]!r} not found{_set_aside(fs, first)}")
+            if info.type != pafs.FileType.Directory:
+                return Found(fs, [first], [info.size], None, version=stamp([info]))
+            try:
+                return _folder_files(fs, first)
+            except FileNotFoundError:  # replaced between its listing and its reading
+                if attempt == 1:
+                    raise
+                time.sleep(_REPLACED_WAIT)
     located = [filesystem(t)[1] for t in texts]
     files: list[str] = []
     sizes: list[int] = []
@@ -120,6 +131,29 @@ def parquet_files(path: Any) -> Found | None:
     if missing:
         raise FileNotFoundError(f"not found: {missing!r}")
     return Found(fs, files, sizes, None, version=tokenize(versions))
+
+
+# Seconds a read waits before it looks again for a folder it did not find (an overwrite
+# between its two renames).
+_REPLACED_WAIT = 0.05
+
+
+def _set_aside(fs: pafs.FileSystem, root: str) -> str:
+    """For a message that ``root`` is not found: where an overwrite of it, stopped
+    between its two renames, left the previous folder (``<staging>-old``), if one did."""
+    if not isinstance(fs, pafs.LocalFileSystem):
+        return ""
+    parent, name = os.path.split(root)
+    with suppress(OSError):
+        for entry in sorted(os.listdir(parent or ".")):
+            found = _STAGING.search(entry)
+            if entry.startswith(f".{name}.cosim-") and found is not None and found["old"]:
+                return (
+                    f"; an overwrite of it stopped between its two renames and left the "
+                    f"previous folder at {os.path.join(parent, entry)!r}: the next write to "
+                    f"{name!r} puts it back first (or rename it back)"
+                )
+    return ""
 
 
 def _matches(pattern: str) -> list[str]:

@@ -311,9 +311,29 @@ def test_an_overwrite_killed_between_its_moves_is_undone_by_the_next_write(
     stem = f".p.cosim-{io.files._HOST}-{int(dead.stdout)}-0123456789ab"
     (tmp_path / stem).mkdir()  # the new folder, complete or not
     out.rename(tmp_path / f"{stem}-old")
+    # A read meanwhile names where the data is (it said "'p' not found" alone).
+    with pytest.raises(FileNotFoundError, match=rf"left the previous folder at .*{stem}-old"):
+        dask_cosim.read_parquet(out)
     with pytest.raises(FileExistsError, match="exists; pass overwrite=True"):
         dask_cosim.to_parquet(pairs_frame(b, a, "fixed_size_list"), out)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["p"]
+    back = dask_cosim.read_parquet(out).compute()
+    np.testing.assert_array_equal(np.stack(back["embeds_a"].to_numpy()), a)
+
+
+def test_a_read_between_an_overwrites_two_renames_finds_the_new_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An overwrite renames the old folder aside, then the new one into place: a read in
+    between failed, "'p' not found" (a reader in a loop beside a writer, 218 of 401
+    reads).  It looks again a moment later."""
+    import threading
+
+    a, b = random_pairs(12, 3)
+    out = tmp_path / "p"
+    dask_cosim.to_parquet(pairs_frame(a, b, "fixed_size_list"), tmp_path / "new")
+    monkeypatch.setattr(io.files, "_REPLACED_WAIT", 2.0)
+    threading.Timer(0.1, (tmp_path / "new").rename, [out]).start()  # the second rename
     back = dask_cosim.read_parquet(out).compute()
     np.testing.assert_array_equal(np.stack(back["embeds_a"].to_numpy()), a)
 
