@@ -24,6 +24,7 @@ __all__ = [
     "Written",
     "check_columns",
     "check_output",
+    "check_query_dims",
     "check_removed",
     "pairwise",
     "read_inputs",
@@ -178,6 +179,19 @@ def read_queries(path: str, query_on: str | None, on: str) -> Any:
     if text:
         return queries[column].compute().reset_index(drop=True)
     return queries[column]
+
+
+def check_query_dims(df: Any, on: str, queries: Any) -> None:
+    """Before a cluster starts: ValueError where a .npy's shape or the metadata tells that
+    the vectors of ``queries`` (:func:`read_queries`) and of ``on`` differ in length
+    (topk finds it too, but on the cluster, once it has started)."""
+    spec = check_column(df, on, "on")
+    if hasattr(queries, "shape") and len(queries.shape) == 2:  # a .npy's array
+        dim = queries.shape[1]
+    else:
+        dim = check_column(queries.to_frame(), queries.name, "query_on").dim
+    if spec.dim is not None and dim is not None and spec.dim != dim:
+        raise errors.dims_differ(f"column {on!r}", spec.dim, "the queries", dim)
 
 
 def pairwise(

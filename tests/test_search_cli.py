@@ -161,6 +161,25 @@ def test_topk_keep_named_like_a_result_column_exits_2_before_a_cluster_starts(
         assert not (tmp_path / "out").exists()
 
 
+def test_topk_queries_of_another_length_exit_2_before_a_cluster_starts(
+    tmp_path: Path, data: tuple[Path, np.ndarray]
+) -> None:
+    """A .npy's shape, or Parquet queries' metadata, tells the length of their vectors:
+    queries of another D were found once a cluster had started (some 15 s later)."""
+    x = data[1]  # vectors of 8 values
+    fixed = tmp_path / "fixed.parquet"
+    pq.write_table(pa.table({"emb": io.encode_vectors(x[:20])}), fixed)  # fixed_size_list
+    np.save(tmp_path / "q.npy", np.ones((2, 5), dtype=np.float32))
+    pq.write_table(pa.table({"emb": io.encode_vectors(np.ones((2, 5), np.float32))}),
+                   tmp_path / "q.parquet")  # fmt: skip
+    for queries in ("q.npy", "q.parquet"):
+        proc = cli_here("topk", str(fixed), "--on", "emb", "--queries", str(tmp_path / queries),
+                        "-o", str(tmp_path / "out"))  # fmt: skip
+        assert proc.returncode == 2, proc.stdout
+        assert "column 'emb' holds vectors of 8 values and the queries of 5" in proc.stdout
+        assert "cluster     " not in proc.stdout  # the line describing a cluster started
+
+
 @pytest.mark.parametrize(
     ("output", "removed", "message"),
     [
