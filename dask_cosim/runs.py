@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dask_cosim import errors, io
+from dask_cosim import backends, errors, io
 from dask_cosim.io.files import check_replaceable, location
 from dask_cosim.search import check_column
 from dask_cosim.summary import Summary, summarize
@@ -174,7 +174,13 @@ def read_queries(path: str, query_on: str | None, on: str) -> Any:
             [path], "--queries reads a .npy array of shape (N, D), CSV, JSON Lines or Parquet"
         )
     column = on if query_on is None else query_on
-    check_columns(queries, [column], f"--query-on column (in {path!r})")
+    if column not in queries.columns:
+        # --on's name, where no --query-on names the queries' own: say which is missing.
+        what = f"--query-on column (in {path!r})" if query_on else (
+            f"--queries {path!r} has no column --on {on!r} and no --query-on is given: column"
+        )  # fmt: skip
+        vectors = backends.vector_columns(queries._meta)
+        raise errors.column_not_found(column, queries.columns, what, vectors=vectors)
     check_column(queries, column, "query_on")
     if text:
         return queries[column].compute().reset_index(drop=True)

@@ -179,4 +179,12 @@ def test_topk_queries_from_a_text_file_are_named_by_position(
     assert queries.isna().tolist() == [i == 3 for i in range(N)]
     np.testing.assert_array_equal(np.stack(queries.drop(index=3).to_numpy()), np.delete(x, 3, 0))
     with pytest.raises(KeyError, match=r"--query-on column \(in .*\) 'vec' not found"):
+        runs.read_queries(str(source), "vec", "emb")
+    # No --query-on: --on's name is looked for; said so, with the queries' vector column
+    # (it named --query-on, which the user never gave, and suggested nothing).
+    with pytest.raises(
+        KeyError,
+        match=r"has no column --on 'vec' and no --query-on is given: column 'vec' not found; "
+        r"did you mean 'emb', the only vector column\?",
+    ):
         runs.read_queries(str(source), None, "vec")
