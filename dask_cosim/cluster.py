@@ -131,7 +131,10 @@ def local_cluster(
         grows on demand), none otherwise.  Ignored by a CPU cluster under gpus="auto".
     dashboard_address : str, int or None, default "127.0.0.1:8787"
         Where the dashboard listens: a port, ":port" or "127.0.0.1:port"; None for no
-        dashboard.  If the port is taken, dask picks another (``client.dashboard_link``).
+        dashboard (distributed still serves its ``/health`` and ``/metrics`` routes on
+        127.0.0.1, port 8787 or a free one, which ``client.dashboard_link`` names: its
+        ``/status`` page is then not found).  If the port is taken, dask picks another
+        (``client.dashboard_link``).
     security : bool or distributed.security.Security, optional
         True: TLS between client, scheduler and workers with throwaway certificates
         (``Security.temporary()``); or your own ``Security`` object.
