@@ -35,6 +35,7 @@ __all__ = [
     "device",
     "eps",
     "gpu_partition_bytes",
+    "integer",
     "k_or_threshold",
     "memory_map",
     "memory_size",
@@ -142,12 +143,17 @@ def search_tile_bytes(value: Any = None) -> dict[str, int]:
     return _device_sizes(value, "search.tile-bytes", "cosim.search.tile-bytes")
 
 
+def integer(value: Any, low: int, what: str, more: str = "") -> int:
+    """``value`` as an int, where it is an integer (numpy's too, not a bool) >= ``low``;
+    else ValueError naming it as ``what`` (``more``: after the rule, e.g. an example)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
+        raise ValueError(f"{what}={value!r} must be an integer >= {low}{more}")
+    return int(value)
+
+
 def search_split_every(value: Any = None) -> int:
     """Config ``cosim.search.split-every``: partial results merged per task, an int >= 2."""
-    value = _given(value, "search.split-every")
-    if isinstance(value, bool) or not isinstance(value, int) or value < 2:
-        raise ValueError(f"cosim.search.split-every={value!r} must be an integer >= 2")
-    return value
+    return integer(_given(value, "search.split-every"), 2, "cosim.search.split-every")
 
 
 SEARCH_PRECISIONS = ("exact", "fp32", "fast")
@@ -168,9 +174,7 @@ def search_precision(value: Any = None) -> str:
 def search_max_blocks(value: Any = None) -> int:
     """Config ``cosim.search.max-blocks``: an int >= 1."""
     value = _given(value, "search.max-blocks")
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        raise ValueError(f"cosim.search.max-blocks={value!r} must be an integer >= 1, e.g. 64")
-    return int(value)
+    return integer(value, 1, "cosim.search.max-blocks", ", e.g. 64")
 
 
 def search_max_result_bytes(value: Any = None) -> int | str:
@@ -202,10 +206,7 @@ def clustered() -> Clustered:
     # (environment variables give the second), a lookup in the section's dict does not.
     counts = {}
     for name, low in (("iterations", 0), ("sample-per-cluster", 1), ("min-sample", 1)):
-        value = config_keys.get(f"{key}.{name}")
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
-            raise ValueError(f"{key}.{name}={value!r} must be an integer >= {low}")
-        counts[name] = int(value)
+        counts[name] = integer(config_keys.get(f"{key}.{name}"), low, f"{key}.{name}")
     sizes = {
         name: _positive_size(config_keys.get(f"{key}.{name}"), f"{key}.{name}", "'256MiB'")
         for name in ("block-bytes", "route-bytes")
@@ -311,9 +312,7 @@ def search_k(value: Any, *, required: bool = False) -> int | None:
         raise ValueError("k=None: topk needs k, an integer >= 1")
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        raise ValueError(f"k={value!r} must be an integer >= 1 (the matches kept per row)")
-    return int(value)
+    return integer(value, 1, "k", " (the matches kept per row)")
 
 
 def search_threshold(value: Any, *, required: bool = False) -> float | None:

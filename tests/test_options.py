@@ -191,6 +191,9 @@ def test_search_options() -> None:
         assert options.search_tile_bytes() == {"cpu": 2**20, "cuda": 2**20}
     with pytest.raises(ValueError, match=r"cosim\.search\.split-every=1 must be an integer >= 2"):
         options.search_split_every(1)
+    # numpy's integers are integers, for every count (split-every refused them alone).
+    with dask.config.set({"cosim.search.split-every": np.int64(4)}):
+        assert options.search_split_every() == 4 and type(options.search_split_every()) is int
     with pytest.raises(ValueError, match=r"cosim.search.tile-bytes\['cpu'\]=0 must be a positive"):
         options.search_tile_bytes({"cpu": 0})
 
