@@ -30,7 +30,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from dask_cosim import backends, errors, options
+from dask_cosim import backends, options, search
 from dask_cosim import clustered_partition as cp
 from dask_cosim import search_kernels as sk
 
@@ -85,6 +85,8 @@ class Truth:
     def at(self, threshold: float | None) -> pd.DataFrame:
         if threshold is None or threshold == self.threshold:
             return self.matches
+        threshold = options.search_threshold(threshold, required=True)  # 2 gave recall 1.0
+        assert threshold is not None  # (required)
         if threshold < self.threshold:
             raise ValueError(
                 f"threshold={threshold!r} is below the truth's {self.threshold!r}: compute "
@@ -107,13 +109,11 @@ def sample_truth(
     by the values of ``id_column`` (carry it into the run measured: ``columns=[...]``);
     either must name each sampled row once."""
     meta = df._meta if dask.is_dask_collection(df) else df
-    if on not in meta.columns:
-        vectors = backends.vector_columns(meta)
-        raise errors.column_not_found(on, meta.columns, "on: column", vectors=vectors)
-    if id_column is not None and id_column not in meta.columns:
-        raise errors.column_not_found(id_column, meta.columns, "id_column: column")
-    if isinstance(sample_rows, bool) or not isinstance(sample_rows, int) or sample_rows < 1:
-        raise ValueError(f"sample_rows={sample_rows!r} must be an integer >= 1, e.g. 10_000")
+    search.check_column(df, on)  # as the searches check it: a name two columns share too
+    if id_column is not None:
+        backends.check_column_name(meta, id_column, "id_column", "id_column: column")
+        backends.check_named_once(meta.columns, id_column, "id_column: column")
+    sample_rows = options.integer(sample_rows, 1, "sample_rows", ", e.g. 10_000")
     checked = options.search_threshold(threshold, required=True)
     assert checked is not None  # (required)
     threshold = checked

@@ -210,6 +210,19 @@ def test_recall_of_the_exact_mode_is_one_and_labels_must_be_unique() -> None:
         assert rec.expected > 5 and rec.recall == 1.0 and rec.extra == 0
         with pytest.raises(ValueError, match=r"below the truth's 0\.9"):
             clustered_recall.dedup_recall(truth, kept, 0.8)
+        # A threshold above 1 gave recall 1.0 (nothing expected), and text a TypeError;
+        # checked as the searches check theirs.
+        for bad in (2, True, "0.95"):
+            with pytest.raises(ValueError, match=rf"threshold={bad!r} must be"):
+                clustered_recall.neighbors_recall(truth, lazy, bad)
+        # numpy's integers count rows; a name two columns share is named, as the searches
+        # name it.
+        assert (
+            len(clustered_recall.sample_truth(ddf, "emb", 0.9, sample_rows=np.int64(5)).labels) == 5
+        )
+        twice = pd.concat([pdf, pdf[["emb"]]], axis=1)
+        with pytest.raises(ValueError, match=r"column 'emb' is the name of 2 columns"):
+            clustered_recall.sample_truth(twice, "emb", 0.9)
         # Labels that repeat: a dask frame's reset_index numbers each partition from 0,
         # so the error gives a column that names each row instead, which then serves.
         repeated = to_dask(pdf.set_index(pdf["id"] % 500), 3)
