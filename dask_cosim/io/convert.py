@@ -97,8 +97,8 @@ def _is_real(value: Any) -> bool:
 def from_pandas(
     pdf: pd.DataFrame,
     npartitions: int | None = None,
-    chunksize: int | None = None,
     sort: bool = True,
+    chunksize: int | None = None,
 ) -> dd.DataFrame:
     """A dask DataFrame from a pandas one, keeping per-row vectors as vectors.
 
@@ -116,12 +116,13 @@ def from_pandas(
     npartitions : int, optional
         As in ``dd.from_pandas``.  With neither ``npartitions`` nor ``chunksize``, about
         128 MiB per partition.
-    chunksize : int, optional
-        Rows per partition, as in ``dd.from_pandas``.
     sort : bool, default True
         As in ``dd.from_pandas``: sort by the index, which sets the frame order a search
         ranks ties by (and the row ``dedup`` keeps of two duplicates).  ``sort=False``
         keeps the pandas frame's order.
+    chunksize : int, optional
+        Rows per partition, as in ``dd.from_pandas`` (whose order of arguments this
+        follows: ``from_pandas(pdf, 2, False)`` is ``sort=False``).
 
     Returns
     -------

@@ -29,6 +29,18 @@ def test_from_pandas_converts_object_columns(fmt: str) -> None:
     np.testing.assert_allclose(cos.to_numpy(), reference(a, b), atol=1e-6)
 
 
+def test_from_pandas_takes_its_arguments_in_dasks_order() -> None:
+    """``from_pandas(pdf, 2, False)`` is dd.from_pandas's ``sort=False``; it failed,
+    "Exactly one of npartitions and chunksize must be specified" (chunksize came second)."""
+    import dask.dataframe as dd
+
+    a, b = random_pairs(20, 3)
+    pdf = pairs_frame(a, b, "object_numpy").iloc[::-1]
+    ours, dasks = dask_cosim.from_pandas(pdf, 2, False), dd.from_pandas(pdf[["id"]], 2, False)
+    assert ours.npartitions == dasks.npartitions == 2
+    assert ours.compute().index.tolist() == dasks.compute().index.tolist() == pdf.index.tolist()
+
+
 def test_from_pandas_keeps_dtypes_nulls_and_sizes() -> None:
     a, b = random_pairs(10, 3, dtype=np.float16)
     null = np.zeros(10, bool)
