@@ -10,6 +10,7 @@ does not wait for torch, pandas and distributed.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from typing import TYPE_CHECKING, Any
 
 import wrapt
@@ -62,6 +63,11 @@ if TYPE_CHECKING:
 
 def __getattr__(name: str) -> Any:
     module_name = _LAZY.get(name)
+    if module_name is None and not name.startswith("_"):
+        # Any submodule (dask_cosim.search, .clustered, ...), as docs/api.md names them:
+        # else an attribute only once something had imported it.
+        if importlib.util.find_spec(f"dask_cosim.{name}") is not None:
+            module_name = f"dask_cosim.{name}"
     if module_name is None:
         raise AttributeError(f"module 'dask_cosim' has no attribute {name!r}")
     module = importlib.import_module(module_name)

@@ -377,14 +377,17 @@ def test_lazy_names_are_the_public_ones() -> None:
 
 def test_io_functions_the_docs_name_need_only_import_dask_cosim() -> None:
     """docs/parquet.md calls dask_cosim.io.describe_parquet and .to_parquet_together after
-    a plain `import dask_cosim`, as it calls dask_cosim.kernels.pairwise_cosine."""
+    a plain `import dask_cosim`, as it calls dask_cosim.kernels.pairwise_cosine; and
+    docs/api.md names the submodules' functions (dask_cosim.search.topk was an attribute
+    only once something had imported it)."""
     code = (
         "import dask_cosim\n"
-        "print(dask_cosim.io.describe_parquet.__name__, dask_cosim.io.to_parquet_together.__name__)"
+        "print(dask_cosim.io.describe_parquet.__name__, dask_cosim.io.to_parquet_together.__name__,"
+        " dask_cosim.search.topk.__name__, dask_cosim.clustered.neighbors.__name__)"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.split() == ["describe_parquet", "to_parquet_together"]
+    assert proc.stdout.split() == ["describe_parquet", "to_parquet_together", "topk", "neighbors"]
 
 
 def test_read_parquet_names_a_file_that_is_not_parquet(tmp_path: Path) -> None:
