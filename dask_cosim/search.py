@@ -161,7 +161,7 @@ def _warn_if_labels_repeat(sides: list[tuple[Any, str, str, str]]) -> None:
             "ReadParquet" in type(e).__name__ for e in frame.expr.walk()
         )
         warning = errors.labels_may_repeat(what, parts, names, frame.columns, keyword, read)
-        warnings.warn(warning, stacklevel=4)  # the line that called the accessor
+        warnings.warn(warning, stacklevel=errors.caller_stacklevel())
         return
 
 
@@ -455,10 +455,13 @@ def topk(
     by_position = not backends.is_vector_series(queries)
     if not by_position and not query.labels.is_unique:
         repeated = query.labels[query.labels.duplicated()].unique().tolist()
-        warnings.warn(errors.query_labels_repeat(repeated), stacklevel=3)
+        warnings.warn(errors.query_labels_repeat(repeated), stacklevel=errors.caller_stacklevel())
     for labels, zero in zip(sp.unusable_queries(query), (False, True)):
         if labels:
-            warnings.warn(errors.queries_unusable(labels, by_position, zero), stacklevel=3)
+            warnings.warn(
+                errors.queries_unusable(labels, by_position, zero),
+                stacklevel=errors.caller_stacklevel(),
+            )
     score_dtype = sp.score_dtype(spec, backends.VectorSpec(None, _numpy_dtype(query)))
     build = sg.Builder(dask.is_dask_collection(df))
     q = build.value(query, "cosim-queries")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import re
+import sys
 import warnings
 from pathlib import Path
 
@@ -140,7 +141,17 @@ def test_labels_that_may_repeat_are_warned_once_naming_the_fix(tmp_path: Path) -
     df = repeating(pdf)
     with pytest.warns(RepeatedLabelsWarning) as caught:
         df.cosim.join(df, "emb", k=1)
-    assert len(caught) == 1
+    assert len(caught) == 1 and caught[0].filename == __file__  # the caller's line
+    # Called as a function, too (the fixed stack level pointed a frame above the caller).
+    queries = pd.Series(list(vectors()[:2]), index=["a", "a"])
+    with pytest.warns(UserWarning) as seen:
+        line = sys._getframe().f_lineno + 1
+        dask_cosim.search.join(df, df, "emb", k=1)
+    assert [(w.filename, w.lineno) for w in seen] == [(__file__, line)]
+    with pytest.warns(UserWarning) as seen:
+        line = sys._getframe().f_lineno + 1
+        dask_cosim.search.topk(pdf, queries, "emb", k=1)
+    assert [(w.filename, w.lineno) for w in seen] == [(__file__, line)]
     text = str(caught[0].message)
     assert "3 partitions and unknown divisions" in text and "columns=['id']" in text
     # Reading with dask_cosim.read_parquet is the fix for dask's read alone (a frame
