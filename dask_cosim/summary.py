@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import dask
@@ -26,13 +26,14 @@ __all__ = ["Summary", "summarize"]
 _STATS = ["rows", "nulls", "sum", "min", "max"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Summary:
     """What :func:`summarize` found.
 
     ``rows == nulls + counts.sum() + outside``.  ``mean``, ``min`` and ``max`` are over
     the non-null values (NaN when there are none); ``counts[i]`` counts the values in
-    ``[edges[i], edges[i + 1])``, the last bin including its right edge.
+    ``[edges[i], edges[i + 1])``, the last bin including its right edge.  Two summaries
+    are equal where every field is (NaN equal to NaN); unhashable, as it holds arrays.
     """
 
     rows: int
@@ -43,6 +44,18 @@ class Summary:
     edges: np.ndarray
     counts: np.ndarray
     outside: int
+
+    def __eq__(self, other: object) -> bool:
+        # The dataclass's own compared the arrays as tuples: "truth value of an array is
+        # ambiguous".
+        if not isinstance(other, Summary):
+            return NotImplemented
+        return all(
+            np.array_equal(getattr(self, f.name), getattr(other, f.name), equal_nan=True)
+            for f in fields(self)
+        )
+
+    __hash__ = None  # type: ignore[assignment]
 
     def format(self, seconds: float | None = None, embedding_bytes: int | None = None) -> str:
         """The summary as lines of text, with a histogram of ``#`` bars (bin labels, bars

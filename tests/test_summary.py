@@ -89,6 +89,13 @@ def test_all_null_and_empty() -> None:
     assert summary.counts.tolist() == [0] * 10
     empty = dask_cosim.summarize(dd.from_pandas(pd.Series([], dtype="float32"), npartitions=1))
     assert empty.rows == 0 and np.isnan(empty.mean)
+    # Summaries compare field by field (NaN equal to NaN), eager against lazy; the
+    # dataclass's own comparison raised "truth value of an array is ambiguous".
+    nothing = pd.Series([], dtype="float32")
+    assert empty == dask_cosim.summarize(nothing) and empty != summary
+    assert summary == dask_cosim.summarize(pd.Series([np.nan, np.nan]))
+    with pytest.raises(TypeError, match="unhashable"):
+        hash(summary)
 
 
 @pytest.mark.parametrize("npartitions", [None, 1, 2])
