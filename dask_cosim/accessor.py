@@ -441,7 +441,7 @@ class CosimAccessor:
                             columns=columns, method=method, n_probe=n_probe,
                             clusters=clusters)  # fmt: skip
 
-    def groups(self, on: str, threshold: float, *, name: str = "group") -> Any:
+    def groups(self, on: str, threshold: float, *, name: Hashable = "group") -> Any:
         """The frame with a column ``name``: each row's group of near-duplicates, the
         connected component of the graph whose edges are the pairs scoring at least
         ``threshold`` (those of :meth:`neighbors`), named by the frame position (0-based,
@@ -460,8 +460,9 @@ class CosimAccessor:
             The embedding column.
         threshold : float
             Score at which two rows are in one group, in [-1, 1].
-        name : str, default "group"
-            Name of the new column; not a column of the frame already.
+        name : hashable, default "group"
+            Name of the new column (any label, as ``pairwise``'s ``name``); not a column
+            of the frame already.
 
         Returns
         -------
@@ -474,7 +475,7 @@ class CosimAccessor:
             ``on`` is not a column (with the closest name).
         TypeError
             ``on`` does not hold vectors (:class:`~dask_cosim.errors.StringColumnError`
-            for text), or ``name`` is not a string.
+            for text), or ``name`` is no column label (a list, an array).
         ValueError
             ``threshold`` missing or outside [-1, 1], or ``name`` is a column already.
         ResultTooLargeError

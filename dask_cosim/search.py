@@ -379,12 +379,12 @@ def _clustered(
     return run(df, on, threshold=float(threshold), clusters=clusters, n_probe=n_probe, **extra)
 
 
-def groups(df: Any, on: str, threshold: float, *, name: str = "group") -> Any:
+def groups(df: Any, on: str, threshold: float, *, name: Hashable = "group") -> Any:
     """See :meth:`dask_cosim.CosimAccessor.groups`."""
     threshold_value = options.search_threshold(threshold, required=True)
     check_column(df, on)
-    if not isinstance(name, str):
-        raise TypeError(f"name={name!r} must be a string, the new column's: e.g. name='group'")
+    if not errors.is_label(name):
+        raise TypeError(f"name={name!r} must be a column label, the new column's: e.g. 'group'")
     if name in sg.meta_of(df).columns:
         raise ValueError(f"name={name!r} is a column of the frame already; pick another name")
     opts = _options()
@@ -413,7 +413,7 @@ def groups(df: Any, on: str, threshold: float, *, name: str = "group") -> Any:
             # The block's group ids, sliced to partition m's own rows.
             before = lengths[a:m] if lengths is not None else []
             outs.append(build(sd.with_group)(frames[m], found[j], name, *before))
-    meta = sg.meta_of(df).iloc[:0].assign(**{name: np.zeros(0, dtype=np.int64)})
+    meta = sd.with_group(sg.meta_of(df).iloc[:0], np.zeros(0, dtype=np.int64), name)
     divisions = df.divisions if dask.is_dask_collection(df) else None
     return build.collect(build.rejoin(outs, cut), meta, divisions)
 

@@ -18,6 +18,7 @@ position: frame order), never by index labels, which may repeat.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Hashable
 from typing import Any
 
 import numpy as np
@@ -123,9 +124,12 @@ def components(rows: list[int], edges: np.ndarray) -> list[np.ndarray]:
     return [group[a:b] for a, b in itertools.pairwise(offsets)]
 
 
-def with_group(df: Any, group: np.ndarray, name: str, *before: int) -> Any:
-    """``df`` (pandas or cudf) with the column ``name`` holding its rows of ``group``
-    (its block's group ids; ``before``: the lengths of the partitions ahead of ``df`` in
-    the block), by position (index labels may repeat)."""
+def with_group(df: Any, group: np.ndarray, name: Hashable, *before: int) -> Any:
+    """``df`` (pandas or cudf) with the column ``name`` (any label: ``assign`` takes
+    strings alone) holding its rows of ``group`` (its block's group ids; ``before``: the
+    lengths of the partitions ahead of ``df`` in the block), by position (index labels
+    may repeat)."""
     start = sum(before)
-    return df.assign(**{name: group[start : start + len(df)]})
+    out = df.copy(deep=False)
+    out[name] = group[start : start + len(df)]
+    return out

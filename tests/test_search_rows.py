@@ -256,9 +256,12 @@ def test_groups_are_the_components_of_the_threshold_graph() -> None:
     assert want[60] == 60  # the NaN row is a group of its own
     with pytest.raises(ValueError, match="name='id' is a column of the frame already"):
         pdf.cosim.groups("emb", THR, name="id")
-    for bad in (1, None):  # TypeError("keywords must be strings"), naming nothing
-        with pytest.raises(TypeError, match=rf"^name={bad!r} must be a string"):
-            pdf.cosim.groups("emb", THR, name=bad)  # type: ignore[arg-type]
+    # Any label, as pairwise's name (an int gave "keywords must be strings"), not a list.
+    for name, df in as_frames(pdf).items():
+        got = computed(df.cosim.groups("emb", THR, name=7))
+        assert list(got.columns) == ["id", "emb", 7] and got[7].tolist() == want.tolist(), name
+    with pytest.raises(TypeError, match=r"^name=\['g'\] must be a column label"):
+        pdf.cosim.groups("emb", THR, name=["g"])
 
 
 # --------------------------------------------------------------------------- traps
