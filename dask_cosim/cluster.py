@@ -101,7 +101,8 @@ def local_cluster(
     security: bool | Security | None = None,
     **kwargs: Any,
 ) -> ClusterClient:
-    """Start a local cluster on 127.0.0.1 and return a Client that owns it.
+    """Start a local cluster on 127.0.0.1 and return a Client that owns it, once every
+    worker has joined.
 
     Every argument is checked before anything starts.  ``client.cluster`` is the cluster;
     ``client.close()`` closes both.
@@ -217,12 +218,20 @@ def local_cluster(
     plugins: list[WorkerPlugin] = [TorchThreads(torch_threads(n_workers, threads_per_worker))]
     try:
         client = ClusterClient(cluster)
+        # Every worker joined, so that the first computation (and scheduler_info, which a
+        # script may print) sees them all: under load one had not, the client connected
+        # before its registration reached the scheduler.
+        client.wait_for_workers(n_workers, timeout=_WORKERS_JOIN)
         for plugin in plugins:
             client.register_plugin(plugin)
         return client
     except BaseException:
         cluster.close()
         raise
+
+
+# How long local_cluster waits for its workers to join, once started.
+_WORKERS_JOIN = 60.0  # seconds
 
 
 # What a CPU worker needs (docs/clusters.md, "Memory"): about 0.35 GiB once torch and
