@@ -130,6 +130,7 @@ _SPELLINGS: list[tuple[re.Pattern[str], Any]] = [
         re.compile(r"^(on|right_on|columns|right_columns)(?=: column | \(the right)"),
         lambda m: "--" + m[1].replace("_", "-"),
     ),
+    (re.compile(r"^(a|b)(?=: column )"), r"-\1"),  # pairwise's -a and -b
     (re.compile(r"(?<=: )right_columns=(?= names others\))"), "--right-columns"),
     # A config key named as the switch of a choice: the environment variable that sets it.
     (

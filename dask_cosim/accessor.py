@@ -96,7 +96,8 @@ class CosimAccessor:
         name = "cos" if name is None else name
 
         for argument, column in (("a", a), ("b", b)):
-            backends.check_column_name(meta, column, argument)
+            # Named by argument, as the searches name on=: "b: column 'x' not found".
+            backends.check_column_name(meta, column, argument, f"{argument}: column")
         spec_a = backends.column_spec(obj, a)
         spec_b = backends.column_spec(obj, b)
         if spec_a.dim is not None and spec_b.dim is not None and spec_a.dim != spec_b.dim:

@@ -102,7 +102,7 @@ def test_misspelt_column_did_you_mean(lazy: bool) -> None:
     with pytest.raises(
         KeyError,
         match=re.escape(
-            "column 'embed_b' not found; did you mean 'embeds_b'? available: ['id', 'embeds_a', 'embeds_b']"
+            "b: column 'embed_b' not found; did you mean 'embeds_b'? available: ['id', 'embeds_a', 'embeds_b']"
         ),
     ):
         frame.cosim.pairwise("embeds_a", "embed_b")
@@ -110,7 +110,9 @@ def test_misspelt_column_did_you_mean(lazy: bool) -> None:
     hint = " the vector columns are ['embeds_a', 'embeds_b'];" if lazy else ""
     with pytest.raises(
         KeyError,
-        match=re.escape(f"column 'xyz' not found;{hint} available: ['id', 'embeds_a', 'embeds_b']"),
+        match=re.escape(
+            f"a: column 'xyz' not found;{hint} available: ['id', 'embeds_a', 'embeds_b']"
+        ),
     ):
         frame.cosim.pairwise("xyz", "embeds_b")
 
@@ -145,7 +147,7 @@ def test_cli_misspelt_columns_did_you_mean(tmp_path: Path) -> None:
         "pairwise", str(tmp_path / "pairs"), "-a", "embeds_a", "-b", "embed_b", "-o", out
     )
     assert code == 2
-    assert "Error: column 'embed_b' not found; did you mean 'embeds_b'? available:" in text
+    assert "Error: -b: column 'embed_b' not found; did you mean 'embeds_b'? available:" in text
     code, text = run(
         "pairwise",
         str(tmp_path / "pairs"),
