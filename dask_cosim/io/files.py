@@ -87,23 +87,14 @@ def parquet_files(path: Any) -> Found | None:
             raise FileNotFoundError(f"no files match {path!r}")
     fs, first = filesystem(texts[0])
     if len(texts) == 1:
-        for attempt in range(2):
+        try:
+            return _one_path(fs, first, texts[0])
+        except FileNotFoundError:
             # An overwrite renames the old folder aside, then the new one into place: a
-            # read between the two finds neither, and a moment later the new one.
-            info = fs.get_file_info(first)
-            if info.type == pafs.FileType.NotFound:
-                if attempt == 0:
-                    time.sleep(_REPLACED_WAIT)
-                    continue
-                raise FileNotFoundError(f"{texts[0]!r} not found{_set_aside(fs, first)}")
-            if info.type != pafs.FileType.Directory:
-                return Found(fs, [first], [info.size], None, version=stamp([info]))
-            try:
-                return _folder_files(fs, first)
-            except FileNotFoundError:  # replaced between its listing and its reading
-                if attempt == 1:
-                    raise
-                time.sleep(_REPLACED_WAIT)
+            # read between the two finds neither (or loses the folder while reading it),
+            # and a moment later the new one.
+            time.sleep(_REPLACED_WAIT)
+            return _one_path(fs, first, texts[0])
     located = [filesystem(t)[1] for t in texts]
     files: list[str] = []
     sizes: list[int] = []
@@ -138,21 +129,29 @@ def parquet_files(path: Any) -> Found | None:
 _REPLACED_WAIT = 0.05
 
 
+def _one_path(fs: pafs.FileSystem, where: str, text: str) -> Found:
+    """What a read of the one path ``text`` (``where`` on ``fs``) reads."""
+    info = fs.get_file_info(where)
+    if info.type == pafs.FileType.NotFound:
+        raise FileNotFoundError(f"{text!r} not found{_set_aside(fs, where)}")
+    if info.type == pafs.FileType.Directory:
+        return _folder_files(fs, where)
+    return Found(fs, [where], [info.size], None, version=stamp([info]))
+
+
 def _set_aside(fs: pafs.FileSystem, root: str) -> str:
     """For a message that ``root`` is not found: where an overwrite of it, stopped
     between its two renames, left the previous folder (``<staging>-old``), if one did."""
     if not isinstance(fs, pafs.LocalFileSystem):
         return ""
     parent, name = os.path.split(root)
-    with suppress(OSError):
-        for entry in sorted(os.listdir(parent or ".")):
-            found = _STAGING.search(entry)
-            if entry.startswith(f".{name}.cosim-") and found is not None and found["old"]:
-                return (
-                    f"; an overwrite of it stopped between its two renames and left the "
-                    f"previous folder at {os.path.join(parent, entry)!r}: the next write to "
-                    f"{name!r} puts it back first (or rename it back)"
-                )
+    for entry, found in _stagings(parent, name):
+        if found["old"]:
+            return (
+                f"; an overwrite of it stopped between its two renames and left the "
+                f"previous folder at {os.path.join(parent, entry)!r}: the next write to "
+                f"{name!r} puts it back first (or rename it back)"
+            )
     return ""
 
 
@@ -534,15 +533,8 @@ def _remove_abandoned_staging(fs: pafs.FileSystem, parent: str, name: str) -> No
     it is put back first, as the folder was before that write."""
     if not isinstance(fs, pafs.LocalFileSystem):
         return  # no way to tell whether a writer elsewhere is alive
-    try:
-        entries = os.listdir(parent or ".")
-    except OSError:
-        return
-    for entry in entries:
-        if not entry.startswith(f".{name}.cosim-"):
-            continue
-        found = _STAGING.search(entry)
-        if found is None or found["host"] != _HOST or _alive(int(found["pid"])):
+    for entry, found in _stagings(parent, name):
+        if found["host"] != _HOST or _alive(int(found["pid"])):
             continue
         here, root = os.path.join(parent, entry), os.path.join(parent, name)
         if found["old"] and not os.path.lexists(root):
@@ -551,6 +543,18 @@ def _remove_abandoned_staging(fs: pafs.FileSystem, parent: str, name: str) -> No
             shutil.rmtree(here, ignore_errors=True)
         else:  # the file an overwrite of a file was replacing
             os.remove(here)
+
+
+def _stagings(parent: str, name: str) -> list[tuple[str, re.Match[str]]]:
+    """The entries of the local folder ``parent`` that writes to ``name`` made (staging
+    folders, and the ``-old`` folders of overwrites), each with its name parsed; none
+    where ``parent`` cannot be listed."""
+    try:
+        entries = sorted(os.listdir(parent or "."))
+    except OSError:
+        return []
+    found = [(e, _STAGING.search(e)) for e in entries if e.startswith(f".{name}.cosim-")]
+    return [(e, match) for e, match in found if match is not None]
 
 
 def _alive(pid: int) -> bool:
