@@ -124,13 +124,13 @@ _SPELLINGS: list[tuple[re.Pattern[str], Any]] = [
             f"--{m[1].replace('_', '-')} {c}" for c in re.findall(r"'([^']*)'", m[2])
         ),
     ),
-    # Which argument named a missing column: "on: column 'embs' not found; ...", and
-    # join's "columns (the right frame's too: right_columns= names others): column ...".
+    # Which argument named a missing column: "on: column 'embs' not found; ...", join's
+    # "columns (the right frame's too: right_columns= names others): column ...", and
+    # pairwise's a and b (-a, -b).
     (
-        re.compile(r"^(on|right_on|columns|right_columns)(?=: column | \(the right)"),
-        lambda m: "--" + m[1].replace("_", "-"),
+        re.compile(r"^(on|right_on|columns|right_columns|a|b)(?=: column | \(the right)"),
+        lambda m: ("-" if len(m[1]) == 1 else "--") + m[1].replace("_", "-"),
     ),
-    (re.compile(r"^(a|b)(?=: column )"), r"-\1"),  # pairwise's -a and -b
     (re.compile(r"(?<=: )right_columns=(?= names others\))"), "--right-columns"),
     # A config key named as the switch of a choice: the environment variable that sets it.
     (
