@@ -386,8 +386,7 @@ def topk(
 
     df = runs.read_inputs(inputs, _READS)
     queries = runs.read_queries(queries_path, query_on, on)
-    check_column(df, on, "on")
-    runs.check_query_dims(df, on, queries)
+    runs.check_query_dims(check_column(df, on, "on"), on, queries)
     runs.check_columns(df, keep, "--keep column")
     if len(set(keep)) != len(keep):
         raise InputError(f"--keep {' '.join(keep)} names a column twice; name each once")

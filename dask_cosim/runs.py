@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from dask_cosim import backends, errors, io
+from dask_cosim.backends import VectorSpec
 from dask_cosim.io.files import check_replaceable, location
 from dask_cosim.search import check_column
 from dask_cosim.summary import Summary, summarize
@@ -174,24 +175,22 @@ def read_queries(path: str, query_on: str | None, on: str) -> Any:
             [path], "--queries reads a .npy array of shape (N, D), CSV, JSON Lines or Parquet"
         )
     column = on if query_on is None else query_on
-    if column not in queries.columns:
-        # --on's name, where no --query-on names the queries' own: say which is missing.
-        what = f"--query-on column (in {path!r})" if query_on else (
-            f"--queries {path!r} has no column --on {on!r} and no --query-on is given: column"
-        )  # fmt: skip
-        vectors = backends.vector_columns(queries._meta)
-        raise errors.column_not_found(column, queries.columns, what, vectors=vectors)
+    # --on's name, where no --query-on names the queries' own: say which is missing.
+    what = f"--query-on column (in {path!r})" if query_on else (
+        f"--queries {path!r} has no column --on {on!r} and no --query-on is given: column"
+    )  # fmt: skip
+    backends.check_column_name(queries._meta, column, "query_on", what)
     check_column(queries, column, "query_on")
     if text:
         return queries[column].compute().reset_index(drop=True)
     return queries[column]
 
 
-def check_query_dims(df: Any, on: str, queries: Any) -> None:
+def check_query_dims(spec: VectorSpec, on: str, queries: Any) -> None:
     """Before a cluster starts: ValueError where a .npy's shape or the metadata tells that
-    the vectors of ``queries`` (:func:`read_queries`) and of ``on`` differ in length
-    (topk finds it too, but on the cluster, once it has started)."""
-    spec = check_column(df, on, "on")
+    the vectors of ``queries`` (:func:`read_queries`) and of ``on`` (``spec``: what
+    :func:`~dask_cosim.search.check_column` found) differ in length (topk finds it too,
+    but on the cluster, once it has started)."""
     if hasattr(queries, "shape") and len(queries.shape) == 2:  # a .npy's array
         dim = queries.shape[1]
     else:
