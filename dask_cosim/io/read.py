@@ -143,12 +143,11 @@ def _read_files(
     given_filters = filters
     columns, filters = _field_names(columns), _named_filters(filters)
     dictionaries = keys.dictionaries if keys is not None else {}
+    names = list(dict.fromkeys([*schema.names, *dictionaries, *_index_columns(schema)]))
     if columns is not None:
-        names = [*schema.names, *dictionaries]
         missing = [c for c in columns if c not in names]
         if missing:
             raise errors.column_not_found(missing, names, "columns", where=files[0])
-    names = list(dict.fromkeys([*schema.names, *dictionaries, *_index_columns(schema)]))
     _check_filters(filters, given_filters, names, files[0])
     # The meta comes from the schema alone: no data is read to build the graph.
     empty = _projected(schema, hive.file_columns(columns, dictionaries)).empty_table()
