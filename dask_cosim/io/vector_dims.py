@@ -105,10 +105,12 @@ def sized_files(written: pd.DataFrame, files: FileWriter) -> pd.DataFrame:
         written["file"], written["rows"], specs, untyped, inferred, strict=True
     ):
         missing = {c: known[c] for c, (dim, _) in spec.items() if not dim and c in known}
-        typed = {c: types[c] for c in nulls if c in types}
-        cast = {c: t for c, t in unified.items() if kinds.get(c, "null") not in ("null", str(t))}
-        if rows and (missing or typed or cast):
-            _rewrite(files, file, missing, typed, cast)
+        # Its columns of no type given the others' type, those of another type cast.
+        retyped = {c: types[c] for c in nulls if c in types} | {
+            c: t for c, t in unified.items() if kinds.get(c, "null") not in ("null", str(t))
+        }
+        if rows and (missing or retyped):
+            _rewrite(files, file, missing, retyped)
             spec.update(missing)
     return written.assign(vectors=[json.dumps(spec) for spec in specs])
 
@@ -168,21 +170,17 @@ def _rewrite(
     file: str,
     sizes: dict[str, tuple[int, str]],
     types: dict[str, pa.DataType] | None = None,
-    cast: dict[str, pa.DataType] | None = None,
 ) -> None:
     """The file ``file`` of ``files`` written again, each column of ``sizes`` stored as
-    nulls of its (D, dtype) in their layout, each of ``types`` as nulls of its type, each
-    of ``cast`` with its values cast to its type."""
+    nulls of its (D, dtype) in their layout, each of ``types`` as its type: nulls of it
+    where the file stores the column with no type (Arrow null), else its values cast."""
     with files.fs.open_input_file(f"{files.staging}/{file}") as source:
         table = pq.ParquetFile(source).read()
     for column, kind in (types or {}).items():
         i = table.schema.get_field_index(column)
-        field = table.schema.field(i).with_type(kind)
-        table = table.set_column(i, field, pa.nulls(table.num_rows, kind))
-    for column, kind in (cast or {}).items():
-        i = table.schema.get_field_index(column)
-        field = table.schema.field(i).with_type(kind)
-        table = table.set_column(i, field, table.column(i).cast(kind))
+        values = table.column(i)
+        stored = pa.nulls(len(table), kind) if pa.types.is_null(values.type) else values.cast(kind)
+        table = table.set_column(i, table.schema.field(i).with_type(kind), stored)
     for column, (dim, dtype) in sizes.items():
         i = table.schema.get_field_index(column)
         if table.column(i).null_count != table.num_rows:
