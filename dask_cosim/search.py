@@ -155,10 +155,9 @@ def _warn_if_labels_repeat(sides: list[tuple[Any, str, str, str]]) -> None:
             continue
         else:
             parts = None
-        # dask's own Parquet read (ReadParquetPyarrowFS, ...), by name: its classes are
-        # not dask's API.
+        # dask's own Parquet read (ReadParquetPyarrowFS, ...).
         read = parts is not None and any(
-            "ReadParquet" in type(e).__name__ for e in frame.expr.walk()
+            "ReadParquet" in backends.expression_kinds(e) for e in frame.expr.walk()
         )
         warning = errors.labels_may_repeat(what, parts, names, frame.columns, keyword, read)
         warnings.warn(warning, stacklevel=errors.caller_stacklevel())

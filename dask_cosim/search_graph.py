@@ -288,8 +288,7 @@ def rereads_alike(df: Any) -> bool:
     time for the projection, and a shuffle gives its rows in another order each time:
     the positions found in one would then name other rows of the other."""
     for expr in df.expr.simplify().walk():  # the optimizer's first step; touches no data
-        # By class name, as in_memory_sources: dask's expression classes are not its API.
-        kind = {c.__name__ for c in type(expr).__mro__}
+        kind = backends.expression_kinds(expr)
         if kind & {"BlockwiseIO"}:
             in_memory = kind & {"FromPandas", "FromArray", "FromGraph"}
             if in_memory or "columns" not in getattr(type(expr), "_parameters", ()):

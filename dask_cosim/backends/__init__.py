@@ -72,6 +72,7 @@ __all__ = [
     "column_spec",
     "concat_frames",
     "data_token",
+    "expression_kinds",
     "frame_from_arrow",
     "frame_like",
     "in_memory_sources",
@@ -274,6 +275,12 @@ _PASSING = {
 }  # fmt: skip
 
 
+def expression_kinds(expr: Any) -> set[str]:
+    """The names of the classes of the dask expression ``expr`` (its own and its bases):
+    dask's expression classes are not its API, so they are told apart by name."""
+    return {c.__name__ for c in type(expr).__mro__}
+
+
 def _pandas_source(obj: Any, column: Any) -> Any:
     """``column`` of the frame a ``dd.from_pandas`` collection holds in memory, where the
     collection's column is that one (selected, filtered, not computed anew: a column
@@ -281,7 +288,7 @@ def _pandas_source(obj: Any, column: Any) -> Any:
     or None."""
     expr = getattr(obj, "expr", None)
     while expr is not None:
-        kinds = {c.__name__ for c in type(expr).__mro__}
+        kinds = expression_kinds(expr)
         if "FromPandas" in kinds:
             data = getattr(expr.frame, "_data", expr.frame)
             return data[column] if column in getattr(data, "columns", ()) else None
@@ -299,7 +306,7 @@ def in_memory_sources(obj: Any) -> list[Any]:
     expr = getattr(obj, "expr", None)
     if expr is None:
         return []
-    return [e for e in expr.walk() if "FromPandas" in (c.__name__ for c in type(e).__mro__)]
+    return [e for e in expr.walk() if "FromPandas" in expression_kinds(e)]
 
 
 def vector_columns(meta: Any) -> list[Any]:
