@@ -70,6 +70,12 @@ def check_column(frame: Any, column: Any, argument: str = "on") -> backends.Vect
     return backends.column_spec(frame, column)
 
 
+def _budget(opts: sg.Options, build: sg.Builder, op: str, on: str, threshold: Any) -> Budget:
+    """What each task of the threshold search ``op`` may hold (an eager frame's error
+    advises no more partitions: it has none)."""
+    return Budget(opts.max_result_bytes, op, on, threshold, eager=not build.lazy)
+
+
 def _check_dims(spec_a: backends.VectorSpec, what_a: str, dim_b: int | None, what_b: str) -> None:
     if spec_a.dim is not None and dim_b is not None and spec_a.dim != dim_b:
         raise errors.dims_differ(what_a, spec_a.dim, what_b, dim_b)
@@ -206,11 +212,7 @@ def join(
     exact = score_dtype == np.float64
     build = sg.Builder(dask.is_dask_collection(left) or dask.is_dask_collection(right))
     rsides = sg.sides(build, right, right_on, opts, rcols, frame="right")
-    budget = (
-        None
-        if k is not None
-        else Budget(opts.max_result_bytes, "join", on, threshold, eager=not build.lazy)
-    )
+    budget = None if k is not None else _budget(opts, build, "join", on, threshold)
     cut = sg.pieces(build, left, opts, lambda n: n * len(rsides))
     outs = []
     for i, lside in enumerate(sg.sides(build, left, on, opts, lcols, cut=cut, frame="left")):
@@ -259,11 +261,7 @@ def neighbors(
     cut = sg.pieces(build, df, opts, sg.pairs_of)
     sides = sg.sides(build, df, on, opts, cols, cut=cut)
     n = len(sides)
-    budget = (
-        None
-        if k is not None
-        else Budget(opts.max_result_bytes, "neighbors", on, threshold, eager=not build.lazy)
-    )
+    budget = None if k is not None else _budget(opts, build, "neighbors", on, threshold)
     pieces: list[list[Any]] = [[] for _ in range(n)]
     for i in range(n):
         for j in range(i, n):
@@ -333,7 +331,7 @@ def dedup(
     sides = sg.sides(build, df, on, opts, cols, frames, cut)
     lengths = [build(len)(f) for f in frames] if len(frames) > len(sides) else None
     like = sg.meta_of(df)
-    budget = Budget(opts.max_result_bytes, "dedup", on, threshold_value, eager=not build.lazy)
+    budget = _budget(opts, build, "dedup", on, threshold_value)
     if return_removed:
         meta = sp.result_meta(like.index, like.index, sp.score_dtype(spec), False, dtypes)
         pair = functools.partial(build(sd.earlier_matches), precision=opts.precision,
@@ -392,7 +390,7 @@ def groups(df: Any, on: str, threshold: float, *, name: Hashable = "group") -> A
     frames = build.cut(build.partitions(df), cut)
     sides = sg.sides(build, df, on, opts, frames=frames, cut=cut)
     n = len(sides)
-    budget = Budget(opts.max_result_bytes, "groups", on, threshold_value, eager=not build.lazy)
+    budget = _budget(opts, build, "groups", on, threshold_value)
     edge = functools.partial(build(sd.earlier_matches), precision=opts.precision, edges=True,
                              budget=budget)  # fmt: skip
     edges = [
