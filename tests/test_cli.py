@@ -633,6 +633,17 @@ def test_columns_help_says_where_each_command_carries_them() -> None:
 def test_ctrl_c_once_a_command_is_done_does_not_interrupt_the_shutdown(loop: object) -> None:
     """A Ctrl-C while the cluster shut down, the outputs written: the shutdown waited for
     ever, then the command said "Aborted!" of a run whose output was in place."""
+
+    # The default handler for the test, whatever the process had: a Ctrl-C interrupts.
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        _shut_down_under_ctrl_c(loop)
+    finally:
+        handler = signal.signal(signal.SIGINT, before)
+    assert handler is signal.default_int_handler  # put back as it was
+
+
+def _shut_down_under_ctrl_c(loop: object) -> None:
     from distributed import LocalCluster
 
     with LocalCluster(n_workers=1, processes=False, dashboard_address=None, loop=loop) as lc:
@@ -647,7 +658,6 @@ def test_ctrl_c_once_a_command_is_done_does_not_interrupt_the_shutdown(loop: obj
 
             client.close = interrupted_close  # type: ignore[method-assign]
         assert client.status == "closed"
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
 def test_a_cancelled_gather_is_not_logged_by_asyncio() -> None:
