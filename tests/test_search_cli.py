@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import shutil
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -21,12 +19,6 @@ from dask.callbacks import Callback
 import dask_cosim
 from dask_cosim import io, runs
 from tests.helpers import brute, cli_here
-
-
-def cli(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "dask_cosim", *args], capture_output=True, text=True, timeout=timeout
-    )
 
 
 def write_vectors(folder: Path, x: np.ndarray, files: int = 2) -> Path:
@@ -48,16 +40,21 @@ def data(tmp_path: Path) -> tuple[Path, np.ndarray]:
 
 
 @pytest.mark.slow
-def test_topk_join_dedup_commands(tmp_path: Path, data: tuple[Path, np.ndarray]) -> None:
+def test_topk_join_dedup_commands(
+    tmp_path: Path, data: tuple[Path, np.ndarray], shared_cluster: str
+) -> None:
+    """Each command end to end, in this process, on a running cluster (--scheduler): a
+    new interpreter and a local cluster of its own take seconds each (test_cli.py runs
+    commands so)."""
     folder, x = data
     s = brute(x, x)
-    common = ["--workers", "1", "--memory-limit", "1.5GiB", "--quiet"]
+    running = ["--scheduler", shared_cluster, "--quiet"]
 
     out = tmp_path / "topk"
     queries = write_vectors(tmp_path / "queries", x[:4], files=1)
-    proc = cli("topk", str(folder), "--on", "emb", "--queries", str(queries), "-k", "3",
-               "--keep", "id", "-o", str(out), *common)  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
+    proc = cli_here("topk", str(folder), "--on", "emb", "--queries", str(queries), "-k", "3",
+                    "--keep", "id", "-o", str(out), *running)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout
     assert f"wrote       {out} (12 rows" in proc.stdout
     got = dask_cosim.read_parquet(out).compute()
     assert list(got.columns) == ["query", "rank", "match", "score", "id"]
@@ -65,7 +62,7 @@ def test_topk_join_dedup_commands(tmp_path: Path, data: tuple[Path, np.ndarray])
     np.testing.assert_array_equal(got["id"].to_numpy().reshape(4, 3), want)
 
     out = tmp_path / "join"
-    proc = cli(
+    proc = cli_here(
         "join",
         str(folder),
         str(folder),
@@ -77,9 +74,9 @@ def test_topk_join_dedup_commands(tmp_path: Path, data: tuple[Path, np.ndarray])
         "id",
         "-o",
         str(out),
-        *common,
+        *running,
     )
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == 0, proc.stdout
     got = dask_cosim.read_parquet(out).compute()
     assert list(got.columns) == ["left", "right", "score", "right_id"]
     # Files that store no index are numbered across the folder: labels are positions.
@@ -88,16 +85,17 @@ def test_topk_join_dedup_commands(tmp_path: Path, data: tuple[Path, np.ndarray])
     assert got["right_id"].tolist() == got["right"].tolist()
 
     out = tmp_path / "dedup"
-    proc = cli("dedup", str(folder), "--on", "emb", "--threshold", "0.99", "-o", str(out), *common)
-    assert proc.returncode == 0, proc.stderr
+    proc = cli_here("dedup", str(folder), "--on", "emb", "--threshold", "0.99", "-o", str(out),
+                    *running)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout
     got = dask_cosim.read_parquet(out).compute()
     keep = ~np.tril(s >= 0.99, -1).any(axis=1)
     np.testing.assert_array_equal(got["id"].to_numpy(), np.flatnonzero(keep))
     assert len(got) < 300
 
-    again = cli("dedup", str(folder), "--on", "emb", "--threshold", "0.99", "-o", str(out))
+    again = cli_here("dedup", str(folder), "--on", "emb", "--threshold", "0.99", "-o", str(out))
     assert again.returncode == 2
-    assert again.stderr.strip() == f"Error: '{out}' exists; pass --overwrite to replace it"
+    assert again.stdout.strip() == f"Error: '{out}' exists; pass --overwrite to replace it"
 
 
 @pytest.mark.parametrize(
@@ -258,26 +256,27 @@ def test_object_store_outputs_are_compared_as_written() -> None:
 
 @pytest.mark.slow
 def test_clustered_errors_and_warnings_in_cli_spellings(
-    tmp_path: Path, data: tuple[Path, np.ndarray]
+    tmp_path: Path, data: tuple[Path, np.ndarray], shared_cluster: str
 ) -> None:
     folder, _ = data
-    base = ["neighbors", str(folder), "--on", "emb", "--method", "clustered", "--workers", "1"]
-    proc = cli(*base, "-k", "3", "-o", str(tmp_path / "k"))
-    assert proc.returncode == 2, proc.stderr
-    assert "Error: -k 3 with --method clustered: " in proc.stderr
-    assert proc.stderr.rstrip().endswith("for each row's k best use --method exact")
-    assert "cluster     " not in proc.stderr  # refused before a cluster started
+    base = ["neighbors", str(folder), "--on", "emb", "--method", "clustered",
+            "--scheduler", shared_cluster]  # fmt: skip
+    proc = cli_here(*base, "-k", "3", "-o", str(tmp_path / "k"))
+    assert proc.returncode == 2, proc.stdout
+    assert "Error: -k 3 with --method clustered: " in proc.stdout
+    assert proc.stdout.rstrip().endswith("for each row's k best use --method exact")
+    assert "cluster     " not in proc.stdout  # refused before connecting to the cluster
     # Few clusters ruled out at a low threshold: the plan warns, in one line (no file,
     # line and source line of the library's call).
-    proc = cli(*base, "--threshold", "0.1", "--clusters", "30", "-o", str(tmp_path / "t"),
-               "--quiet")  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
-    warned = [line for line in proc.stderr.splitlines() if "skip rule" in line]
-    assert len(warned) == 1, proc.stderr
+    proc = cli_here(*base, "--threshold", "0.1", "--clusters", "30", "-o", str(tmp_path / "t"),
+                    "--quiet")  # fmt: skip
+    assert proc.returncode == 0, proc.stdout
+    warned = [line for line in proc.stdout.splitlines() if "skip rule" in line]
+    assert len(warned) == 1, proc.stdout
     assert warned[0].startswith("Warning: --method clustered at --threshold 0.1: "), warned
     assert warned[0].endswith("--n-probe 2 bounds it (measure the recall with "
                               "dask_cosim.clustered_recall)")  # fmt: skip
-    assert "UserWarning" not in proc.stderr and "warnings.warn(" not in proc.stderr
+    assert "UserWarning" not in proc.stdout and "warnings.warn(" not in proc.stdout
 
 
 # --------------------------------------------------------------------------- dedup --removed
