@@ -18,6 +18,7 @@ import re
 import signal
 import sys
 import threading
+import traceback
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
@@ -205,7 +206,25 @@ def failure_message(err: BaseException) -> str:
             f"{task[0]!r}); it may need more memory than a worker has, or hold data that "
             "crashes a library. Nothing was written."
         )
-    return f"the computation failed: {type(err).__name__}: {err}"
+    if str(err):
+        return f"the computation failed: {type(err).__name__}: {err}"
+    # No message (a bare `assert` in a library, say): where it was raised is all there is
+    # to go on, in a report or a search.
+    return f"the computation failed: {type(err).__name__}, with no message, {_raised_at(err)}"
+
+
+def _raised_at(err: BaseException) -> str:
+    """ "raised at distributed/client.py:123 in gather": the innermost frame of ``err``'s
+    traceback (for an error a worker raised, a frame on the worker), its file named from
+    the package folder on; "raised at an unknown place" without a traceback."""
+    frames = traceback.extract_tb(err.__traceback__)
+    if not frames:
+        return "raised at an unknown place"
+    last = frames[-1]
+    parts = os.path.normpath(last.filename).split(os.sep)
+    cut = max((i + 1 for i, part in enumerate(parts) if part == "site-packages"), default=0)
+    name = "/".join(parts[cut:]) if cut else last.filename
+    return f"raised at {name}:{last.lineno} in {last.name}"
 
 
 def count(n: int, noun: str) -> str:

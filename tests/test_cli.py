@@ -516,6 +516,21 @@ def test_failed_computation_exits_1_without_output(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pairs"]  # no output, no staging
 
 
+def test_a_failure_with_no_message_says_where_it_was_raised() -> None:
+    # A bare `assert` in a library gave "the computation failed: AssertionError:", which
+    # says nothing to look up.  Frames of installed packages are named from the package.
+    library = compile("def check(x):\n    assert x\n", "/env/lib/site-packages/lib/mod.py", "exec")
+    scope: dict[str, object] = {}
+    exec(library, scope)
+    with pytest.raises(AssertionError) as info:
+        scope["check"](False)  # type: ignore[operator]
+    assert _cli.failure_message(info.value) == (
+        "the computation failed: AssertionError, with no message, raised at lib/mod.py:2 in check"
+    )
+    assert _cli.failure_message(AssertionError()).endswith(", raised at an unknown place")
+    assert _cli.failure_message(ValueError("bad")) == "the computation failed: ValueError: bad"
+
+
 def test_every_command_that_writes_vectors_takes_the_library_layouts() -> None:
     import inspect
 
