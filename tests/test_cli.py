@@ -45,6 +45,7 @@ def cli(
 
 # --scheduler gives up after distributed.comm.timeouts.connect (30 s by default).
 QUICK_CONNECT = {"DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT": "2s"}
+QUICK_CONNECT_CONFIG = {"distributed.comm.timeouts.connect": "2s"}
 
 
 def write_pairs(folder: Path, a: np.ndarray, b: np.ndarray, files: int = 3) -> Path:
@@ -350,21 +351,21 @@ def test_scheduler_address_that_is_not_a_scheduler(tmp_path: Path, server: str) 
         threading.Thread(target=httpd.serve_forever, daemon=True).start()
         port = httpd.server_address[1]
         start = time.monotonic()
-        proc = cli("pairwise", str(pairs), "-a", "embeds_a", "-b", "embeds_b", "-o",
-                   str(tmp_path / "out"), "--scheduler", f"tcp://127.0.0.1:{port}",
-                   timeout=60, env=QUICK_CONNECT)  # fmt: skip
+        with dask.config.set(QUICK_CONNECT_CONFIG):  # in this process: a new one takes seconds
+            proc = cli_here("pairwise", str(pairs), "-a", "embeds_a", "-b", "embeds_b", "-o",
+                            str(tmp_path / "out"), "--scheduler", f"tcp://127.0.0.1:{port}")  # fmt: skip
         httpd.shutdown()
-    assert proc.returncode == 2, proc.stderr
+    assert proc.returncode == 2, proc.stdout
     assert time.monotonic() - start < 30
-    assert proc.stderr.startswith(
+    assert proc.stdout.startswith(
         f"Error: --scheduler 'tcp://127.0.0.1:{port}': something answered there, but not a "
         "dask scheduler: "
-    ), proc.stderr
-    assert proc.stderr.rstrip().endswith(
+    ), proc.stdout
+    assert proc.stdout.rstrip().endswith(
         "the dashboard is usually port 8787, the scheduler port 8786: e.g. --scheduler "
         "tcp://127.0.0.1:8786"
     )
-    assert len(proc.stderr.splitlines()) == 1
+    assert len(proc.stdout.splitlines()) == 1
     assert not (tmp_path / "out").exists()
 
 
