@@ -57,7 +57,20 @@ F = TypeVar("F", bound=Callable[..., Any])
 # --------------------------------------------------------------------------- commands
 
 
-@click.group(name="cosim")  # the name `dask cosim` registers it under
+class _Commands(click.Group):
+    """The commands' group: a Ctrl-C ends a command with "Aborted!" and exit status 130
+    (128 + SIGINT, as the shell reports a process ended by it), where click exits 1, the
+    status of a failure."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            click.echo("Aborted!", err=True)
+            ctx.exit(130)
+
+
+@click.group(name="cosim", cls=_Commands)  # the name `dask cosim` registers it under
 @click.version_option(dask_cosim.__version__, "-V", "--version", prog_name="dask-cosim")
 def main() -> None:
     """Row-wise cosine similarity of embedding columns, on dask clusters of CPUs or GPUs."""

@@ -150,6 +150,9 @@ def local_cluster(
 
     In a script, call it under ``if __name__ == "__main__":``: worker processes start by
     importing the script, and one that starts a cluster at import would start another.
+
+    The worker processes ignore Ctrl-C (SIGINT), which a terminal sends to them too: the
+    process that started them handles it, and closing the client stops them.
     """
     _check_main_guard()
     if gpus not in ("auto", True, False):
@@ -215,7 +218,10 @@ def local_cluster(
         _check_kwargs(kwargs, LocalCluster)
         n_workers = n_workers or max(1, CPU_COUNT // threads_per_worker)
         cluster = LocalCluster(n_workers=n_workers, processes=True, **common)
-    plugins: list[WorkerPlugin] = [TorchThreads(torch_threads(n_workers, threads_per_worker))]
+    plugins: list[WorkerPlugin] = [
+        TorchThreads(torch_threads(n_workers, threads_per_worker)),
+        IgnoreCtrlC(),
+    ]
     try:
         client = ClusterClient(cluster)
         # Every worker joined, so that the first computation (and scheduler_info, which a
@@ -288,6 +294,26 @@ class TorchThreads(WorkerPlugin):
         import torch
 
         torch.set_num_threads(self.n)
+
+
+class IgnoreCtrlC(WorkerPlugin):
+    """Makes a worker process ignore SIGINT, restarted ones included.
+
+    A Ctrl-C in a terminal reaches every process of the foreground group: the worker
+    processes too, each of which printed a KeyboardInterrupt traceback through asyncio
+    while the process that owns the cluster stopped them anyway (closing the cluster).
+    That process alone handles the Ctrl-C.  Workers that run no Python main thread of
+    their own (``processes=False``) are left as they are.
+    """
+
+    name = "dask-cosim-ignore-ctrl-c"
+
+    def setup(self, worker: Worker) -> None:
+        import signal
+        import threading
+
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 _GUARD = 'if __name__ == "__main__":'

@@ -245,32 +245,40 @@ def test_a_missing_input_is_answered_before_the_library_is_imported(tmp_path: Pa
 
 
 def test_killed_run_leaves_no_output_and_old_output_untouched(tmp_path: Path) -> None:
+    """A run killed (SIGKILL), then one interrupted (Ctrl-C: SIGINT to the process group,
+    the workers included, as a terminal sends it) while writing."""
     a, b = random_pairs(400_000, 64)
     pairs = write_pairs(tmp_path / "pairs", a, b, files=40)
     out = tmp_path / "out"
-    for old in (None, "old output"):
+    for old, sent in ((None, signal.SIGKILL), ("old output", signal.SIGINT)):
         if old is not None:
             out.mkdir()
             (out / "marker").write_text(old)
+        before = set(tmp_path.glob(".out.cosim-*"))
         proc = subprocess.Popen(
             [sys.executable, "-m", "dask_cosim", "pairwise", str(pairs), "-a", "embeds_a",
-             "-b", "embeds_b", "-o", str(out), "--workers", "1", "--overwrite"],
+             "-b", "embeds_b", "-o", str(out), "--workers", "1", "--overwrite", "--quiet"],
             stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,  # its workers too, as Ctrl-C on a terminal would
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,  # a process group of its own, the workers in it
         )  # fmt: skip
         deadline = time.monotonic() + 120
-        while not list(tmp_path.glob(".out.cosim-*")) and time.monotonic() < deadline:
-            time.sleep(0.05)  # until it has started writing
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
+        while set(tmp_path.glob(".out.cosim-*")) <= before and time.monotonic() < deadline:
+            time.sleep(0.05)  # until it has started writing (a staging folder of its own)
+        os.killpg(proc.pid, sent)
+        _, stderr = proc.communicate(timeout=60)
         if old is None:
             assert not out.exists()
         else:
             assert [p.name for p in out.iterdir()] == ["marker"]
             assert (out / "marker").read_text() == old
-    # The second killed run removed the first one's staging folder; its own is left.
-    assert len(list(tmp_path.glob(".out.cosim-*"))) == 1
+            # 128 + SIGINT, as the shell says of a process it ends; one word, no worker's
+            # KeyboardInterrupt traceback.
+            assert proc.returncode == 130, stderr
+            assert stderr.splitlines()[-1:] == ["Aborted!"] and "Traceback" not in stderr, stderr
+    # The interrupted run removed the killed one's staging folder, and its own.
+    assert list(tmp_path.glob(".out.cosim-*")) == []
     # A live writer's staging folder (this process's) must survive the next run.
     live = tmp_path / f".out.cosim-{socket.gethostname()}-{os.getpid()}-0123456789ab"
     live.mkdir()
