@@ -59,13 +59,13 @@ def discover(
         and not any(p.startswith(("_", ".")) for p in info.path[len(root) :].split("/"))
     ]
     size_of = {info.path: info.size or 0 for info in entries}
+    if not size_of:
+        raise FileNotFoundError(f"no Parquet files in {root!r}")
     dataset = ds.dataset(
-        list(size_of), filesystem=fs, format="parquet", partitioning="hive",
-        partition_base_dir=root,
+        list(size_of), filesystem=fs, format="parquet",
+        partitioning=_partitioning(fs, root, list(size_of)), partition_base_dir=root,
     )  # fmt: skip
     fragments = sorted(dataset.get_fragments(), key=lambda f: natural_sort_key(f.path))
-    if not fragments:
-        raise FileNotFoundError(f"no Parquet files in {root!r}")
     files = [f.path for f in fragments]
     values = {f.path: ds.get_partition_keys(f.partition_expression) for f in fragments}
     found: dict[str, set[Any]] = {}
@@ -81,6 +81,22 @@ def discover(
         if name in found and name not in stored
     }
     return files, [size_of[f] for f in files], Keys(dictionaries, values, dataset), entries
+
+
+def _partitioning(fs: pafs.FileSystem, root: str, paths: list[str]) -> ds.PartitioningFactory:
+    """The hive partitioning of ``paths``: each key typed as pyarrow infers it from the
+    folder names (int32 for numbers, else strings), but a key the first file also holds
+    as a column typed as that column (polars' ``partition_by`` keeps the key, int64, in
+    each file: pyarrow's own discovery failed, "Unable to merge: Field key has
+    incompatible types: int64 vs int32")."""
+    options = ds.FileSystemFactoryOptions(partition_base_dir=root)
+    options.partitioning_factory = ds.HivePartitioning.discover()
+    factory = ds.FileSystemDatasetFactory(fs, paths, ds.ParquetFileFormat(), options)
+    inferred = factory.inspect(fragments=0)  # the keys alone: no file is opened
+    first = min(paths, key=natural_sort_key)
+    stored = pq.read_schema(first, filesystem=fs)
+    fields = [stored.field(f.name) if f.name in stored.names else f for f in inferred]
+    return ds.HivePartitioning.discover(schema=pa.schema(fields))
 
 
 def kept(keys: Keys, filters: Any) -> set[str] | None:

@@ -167,6 +167,33 @@ def test_null_keys_plain_subfolders_and_keys_the_files_hold(tmp_path: Path) -> N
     assert dask_cosim.read_parquet(tmp_path / "held").columns.tolist() == ["id", "lang"]
 
 
+@pytest.mark.parametrize(
+    "stored", [pa.int64(), pa.float64(), pa.string(), pa.dictionary(pa.int8(), pa.string())]
+)
+def test_keys_the_files_hold_with_a_type_of_their_own(tmp_path: Path, stored: pa.DataType) -> None:
+    """polars' partition_by keeps the key in each file (year=2020/ holding year as
+    int64): pyarrow's discovery, which types the folder names' numbers as int32, failed
+    ("Unable to merge: Field year has incompatible types: int64 vs int32").  The key is
+    read from the files, with their type."""
+    rng = np.random.default_rng(2)
+    tables = []
+    for year in (2020, 2021):
+        number = pa.types.is_integer(stored) or pa.types.is_floating(stored)
+        years = pa.array([year] * 3, stored) if number else pa.array([str(year)] * 3).cast(stored)
+        emb = io.vectors_to_arrow(rng.standard_normal((3, D)).astype(np.float32))
+        tables.append(pa.table({"year": years, "emb": emb}))
+        (tmp_path / "polars" / f"year={year}").mkdir(parents=True)
+        pq.write_table(tables[-1], tmp_path / "polars" / f"year={year}" / "00000000.parquet")
+    df = dask_cosim.read_parquet(tmp_path / "polars")
+    got = df.compute()
+    want = pa.concat_tables(tables).to_pandas()["year"]
+    assert got.columns.tolist() == ["year", "emb"]
+    assert got["year"].astype(str).tolist() == want.astype(str).tolist()
+    one = dask_cosim.read_parquet(tmp_path / "polars", filters=[("year", "==", want[3])])
+    assert one.compute()["year"].astype(str).tolist() == want[3:].astype(str).tolist()
+    assert len(df.cosim.neighbors("emb", threshold=-1.0).compute()) == 15  # each pair once
+
+
 def test_describe_and_search_a_hive_folder(folder: Path) -> None:
     described = io.describe_parquet(folder)
     files = len(list(folder.rglob("*.parquet")))
