@@ -160,29 +160,20 @@ def _matches(pattern: str) -> list[str]:
     (:func:`_skipped_name`), and but those inside a folder it matched, which is read
     whole (every file under it, as a folder given alone): ``**`` matches every folder
     on the way, the first of them the folder before it, and those folders read whole
-    besides their files read every file twice."""
+    besides their files read every file twice.  A wildcard that matches a ``key=value``
+    folder is refused (:func:`_check_no_keys_lost`)."""
     found = [m for m in glob.glob(pattern, recursive=True) if not _skipped_name(pattern, m)]
+    for match in sorted(found):  # the first in name order named
+        _check_no_keys_lost(pattern, match)
     normal = [os.path.normpath(m) for m in found]
     folders = [n for m, n in zip(found, normal) if os.path.isdir(m)]
-    keyed = [m for m in folders if "=" in os.path.basename(m)]
-    if keyed and "**" in os.path.normpath(pattern).split(os.sep):
-        # Its files alone would lose the keys its folder names hold.
-        raise ValueError(
-            f"{pattern!r} reaches {keyed[0]!r}, a folder of a hive-partitioned folder "
-            "(key=value/ subfolders): read the partitioned folder itself, whose keys "
-            "become columns"
-        )
     return [m for m, n in zip(found, normal) if not any(n.startswith(f + os.sep) for f in folders)]
 
 
-def _skipped_name(pattern: str, match: str) -> bool:
-    """Whether a glob's ``match`` is a name that readers of a folder skip: a component
-    starting with "_" or "." (_SUCCESS, _metadata, _common_metadata, our manifest and
-    staging folders, hidden files) that ``pattern`` matched with a wildcard rather than
-    spelling it out, as pyarrow's dataset discovery and :func:`_folder_files` skip
-    them.  (``glob`` already leaves "." names to patterns that spell the dot.)  A
-    ``**`` matches any number of folders: the components before it align from the
-    front, those after it from the back, and those it matched are all wildcards'."""
+def _aligned(pattern: str, match: str) -> list[tuple[str, str]]:
+    """The components of a glob's ``match`` beside those of ``pattern`` that matched
+    them.  A ``**`` matches any number of folders: the components before it align from
+    the front, those after it from the back, and each it matched is paired with "*"."""
     parts = os.path.normpath(pattern).split(os.sep)
     got = os.path.normpath(match).split(os.sep)
     if "**" in parts:
@@ -190,8 +181,38 @@ def _skipped_name(pattern: str, match: str) -> bool:
         tail = parts[i + 1 :]
         middle = got[i : len(got) - len(tail)]
         parts = [*parts[:i], *["*"] * len(middle), *tail]
+    return list(zip(parts, got))
+
+
+def _skipped_name(pattern: str, match: str) -> bool:
+    """Whether a glob's ``match`` is a name that readers of a folder skip: a component
+    starting with "_" or "." (_SUCCESS, _metadata, _common_metadata, our manifest and
+    staging folders, hidden files) that ``pattern`` matched with a wildcard rather than
+    spelling it out, as pyarrow's dataset discovery and :func:`_folder_files` skip
+    them.  (``glob`` already leaves "." names to patterns that spell the dot.)"""
     skipped = ("_", ".")
-    return any(g.startswith(skipped) and not p.startswith(skipped) for p, g in zip(parts, got))
+    return any(
+        g.startswith(skipped) and not p.startswith(skipped) for p, g in _aligned(pattern, match)
+    )
+
+
+def _check_no_keys_lost(pattern: str, match: str) -> None:
+    """ValueError where a wildcard of ``pattern`` matched a ``key=value`` folder of a
+    hive-partitioned folder on the way to ``match`` (or as ``match``): its files alone
+    would lose the keys the folder names hold, silently (``hive/*/*.parquet``,
+    ``hive/**/*.parquet``, ``hive/*``)."""
+    pairs = _aligned(pattern, match)
+    folders = pairs if os.path.isdir(match) else pairs[:-1]
+    for i, (part, got) in enumerate(folders):
+        if "=" in got and any(c in part for c in "*?["):
+            root = os.sep.join(g for _, g in pairs[:i]) or os.sep
+            raise ValueError(
+                f"{pattern!r} reaches {os.sep.join(g for _, g in pairs[: i + 1])!r}, a "
+                f"folder of the hive-partitioned folder {root!r} (key=value/ subfolders): "
+                "its files alone would lose the keys that the folder names hold; read "
+                f"{root!r} itself, whose keys become columns (filters=[(key, '==', value)] "
+                "reads some of its folders)"
+            )
 
 
 def _folder_files(fs: pafs.FileSystem, root: str) -> Found:

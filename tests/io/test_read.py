@@ -6,6 +6,7 @@ import datetime
 import decimal
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -155,10 +156,23 @@ def test_a_recursive_glob_reads_every_level(tmp_path: Path) -> None:
     # Folders the pattern matches are read whole, once (b is inside a).
     got = dask_cosim.read_parquet(str(root / "**" / "[ab]")).compute()
     assert sorted(got["id"]) == [1, 1, 2, 2]
-    # Through a hive folder's key=value/ folders, whose files alone would lose the keys.
-    pd.DataFrame({"g": ["x", "y"], "v": [1, 2]}).to_parquet(tmp_path / "hive", partition_cols=["g"])
-    with pytest.raises(ValueError, match=r"g=x', a folder of a hive-partitioned folder"):
-        dask_cosim.read_parquet(str(tmp_path / "**"))
+    # Through a hive folder's key=value/ folders, whose files alone would lose the keys:
+    # a wildcard that matches such a folder, on the way to the files or as the folder
+    # read, is refused (the files of hive/**/*.parquet were read without their keys).
+    hive = tmp_path / "hive"
+    pd.DataFrame({"g": ["x", "y"], "v": [1, 2]}).to_parquet(hive, partition_cols=["g"])
+    for pattern in ("**", "hive/**/*.parquet", "hive/*/*.parquet", "hive/*", "hive/g=*/*"):
+        with pytest.raises(
+            ValueError,
+            match=re.escape(
+                f"reaches {str(hive / 'g=x')!r}, a folder of the hive-partitioned "
+                f"folder {str(hive)!r} (key=value/ subfolders)"
+            ),
+        ):
+            dask_cosim.read_parquet(str(tmp_path / pattern))
+    # A key=value folder spelt out is read as named (its key, known to the reader, left).
+    got = dask_cosim.read_parquet(str(hive / "g=x" / "*.parquet")).compute()
+    assert got.columns.tolist() == ["v"] and got["v"].tolist() == [1]
 
 
 def test_a_path_that_exists_is_no_glob(tmp_path: Path) -> None:
