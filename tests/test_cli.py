@@ -347,6 +347,14 @@ class _Garbage(socketserver.BaseRequestHandler):
         self.request.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
 
 
+class _QuietHTTP(http.server.SimpleHTTPRequestHandler):
+    """An HTTP server's handler that logs nothing (it logs to stderr, which the command
+    run in this process shares)."""
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
 @pytest.mark.parametrize("server", ["http", "garbage"])
 def test_scheduler_address_that_is_not_a_scheduler(tmp_path: Path, server: str) -> None:
     # A dashboard's port (an HTTP server) kept the CLI waiting for ever: distributed
@@ -354,7 +362,7 @@ def test_scheduler_address_that_is_not_a_scheduler(tmp_path: Path, server: str) 
     # was decoded as frames (a MemoryError).
     a, b = random_pairs(10, 4)
     pairs = write_pairs(tmp_path / "pairs", a, b, files=1)
-    handler = http.server.SimpleHTTPRequestHandler if server == "http" else _Garbage
+    handler = _QuietHTTP if server == "http" else _Garbage
     with socketserver.ThreadingTCPServer(("127.0.0.1", 0), handler) as httpd:
         threading.Thread(target=httpd.serve_forever, daemon=True).start()
         port = httpd.server_address[1]
