@@ -227,6 +227,7 @@ def _folder_files(fs: pafs.FileSystem, root: str) -> Found:
                 "upgrade dask_cosim"
             )
         files = [f"{root}/{part['path']}" for part in manifest["files"]]
+        _check_listed(fs, root, files)
         # Ours: one partition each.
         return Found(fs, files, [0] * len(files), manifest, version=tokenize(manifest))
     entries = fs.get_file_info(pafs.FileSelector(root))
@@ -241,6 +242,36 @@ def _folder_files(fs: pafs.FileSystem, root: str) -> Found:
         raise FileNotFoundError(f"no Parquet files in {root!r}")
     paths, sizes = [e.path for e in infos], [e.size or 0 for e in infos]
     return Found(fs, paths, sizes, None, version=stamp(infos))
+
+
+def _check_listed(fs: pafs.FileSystem, root: str, files: list[str]) -> None:
+    """The files of a folder that ``to_parquet`` wrote are those its manifest lists
+    (``files``), whatever else the folder holds.  Where another tool changed the folder
+    since: FileNotFoundError for a listed file that is gone, and a warning for Parquet
+    files it does not list (not read), each with what to do."""
+    entries = fs.get_file_info(pafs.FileSelector(root))
+    there = {e.path for e in entries if e.type == pafs.FileType.File}
+    gone = [f for f in files if f not in there]
+    manifest = f"{root}/{MANIFEST}"
+    if gone:
+        raise FileNotFoundError(
+            f"{gone[0]!r} is gone ({len(gone)} of the {len(files)} files that {manifest!r} "
+            "lists): the folder was changed after dask_cosim wrote it; write it again, or "
+            f"delete {MANIFEST} to read the Parquet files it holds now, as any folder's"
+        )
+    listed = set(files)
+    added = sorted(
+        (e.path for e in entries if e.path not in listed and e.type == pafs.FileType.File
+         and not e.base_name.startswith((".", "_"))),
+        key=natural_sort_key,
+    )  # fmt: skip
+    if added:
+        warnings.warn(
+            f"{root!r} holds {len(added)} file(s) that its manifest {MANIFEST} does not "
+            f"list, added after dask_cosim wrote it ({added[0]!r}): they are not read; "
+            f"delete {MANIFEST} to read every Parquet file of the folder",
+            stacklevel=errors.caller_stacklevel(),
+        )
 
 
 _NOT_PARQUET = ("magic bytes", "file size is 0 bytes", "smaller than the minimum file footer")

@@ -294,6 +294,34 @@ def test_a_reader_of_a_replaced_folder_fails_rather_than_mixing(tmp_path: Path) 
     assert len(dask_cosim.read_parquet(out).compute()) == 30
 
 
+def test_a_folder_changed_by_another_tool_says_how_its_manifest_reads_it(tmp_path: Path) -> None:
+    """The manifest names the files a read takes.  A file another tool added beside them
+    was skipped without a word; one deleted failed when its partition was read, advising
+    to read the folder again, which failed alike (the manifest still lists it)."""
+    a, b = random_pairs(40, 4)
+    out = tmp_path / "p"
+    dask_cosim.to_parquet(dask_cosim.from_pandas(pairs_frame(a, b, "list"), npartitions=2), out)
+    extra = out / "extra.parquet"  # as `COPY ... TO 'p/extra.parquet'` in DuckDB adds one
+    pairs_frame(a[:3], b[:3], "list").to_parquet(extra)
+    with pytest.warns(UserWarning, match=re.escape(
+        f"{str(out)!r} holds 1 file(s) that its manifest _dask_cosim.json does not list, "
+        f"added after dask_cosim wrote it ({str(extra)!r}): they are not read; delete "
+        "_dask_cosim.json to read every Parquet file of the folder"
+    )):  # fmt: skip
+        assert len(dask_cosim.read_parquet(out).compute()) == 40
+    extra.unlink()
+    first = sorted(out.glob("part.*.parquet"))[0]
+    first.unlink()
+    with pytest.raises(FileNotFoundError, match=re.escape(
+        f"{str(first)!r} is gone (1 of the 2 files that {str(out / '_dask_cosim.json')!r} "
+        "lists): the folder was changed after dask_cosim wrote it; write it again, or "
+        "delete _dask_cosim.json to read the Parquet files it holds now"
+    )):  # fmt: skip
+        dask_cosim.read_parquet(out)
+    (out / "_dask_cosim.json").unlink()
+    assert len(dask_cosim.read_parquet(out).compute()) == 20
+
+
 def test_an_overwrite_killed_between_its_moves_is_undone_by_the_next_write(
     tmp_path: Path,
 ) -> None:
