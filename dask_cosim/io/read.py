@@ -10,6 +10,7 @@ import dask.config
 import dask.dataframe as dd
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
@@ -419,18 +420,91 @@ def _as_first(
         if pa.types.is_null(field.type):  # no file looked at had a value there: as it is
             field = table.schema.field(field.name)
         elif column.type != field.type:
-            try:
-                column = column.cast(field.type)
-            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
-                raise ValueError(
-                    f"column {field.name!r} of {file!r} holds {column.type}, but the first "
-                    f"file of the read, {first!r}, has {field.type}, which the frame "
-                    "takes from it: read the files of each schema on their own (a list "
-                    "or a glob), or rewrite this one with the first file's types"
-                ) from None
+            column = _cast_as_first(column, field, file, first)
         columns.append(column)
         fields.append(field)
     return pa.table(columns, schema=pa.schema(fields, metadata=table.schema.metadata))
+
+
+def _cast_as_first(column: pa.ChunkedArray, field: pa.Field, file: str, first: str) -> Any:
+    """``column`` of ``file`` cast to the type ``field`` of the read's ``first`` file has,
+    where the two hold values of one kind (:func:`_kind`: numbers as numbers, text as
+    text, lists of numbers as lists of numbers) and the cast loses none: an integer that
+    does not fit, a fraction cast to an integer, a float beyond a narrower float's range
+    (pyarrow made it inf) are refused, as is a change of kind (pyarrow parsed text as
+    numbers, "00123" as 123, and made timestamps and booleans numbers); a column of no
+    value (Arrow null) takes any type.  ValueError naming both files and the fix."""
+    refused = (
+        f"column {field.name!r} of {file!r} holds {column.type}, but the first file of the "
+        f"read, {first!r}, has {field.type}, which the frame takes from it"
+    )
+    fix = (
+        "read the files of each schema on their own (a list or a glob), or rewrite this "
+        "one with the first file's types"
+    )
+    if not pa.types.is_null(column.type) and _kind(column.type) != _kind(field.type):
+        raise ValueError(f"{refused}: {fix}")
+    try:
+        cast = column.cast(field.type)  # safe: integers that do not fit, fractions refused
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as err:
+        raise ValueError(f"{refused} ({err}): {fix}") from None
+    before, after = _numbers(column), _numbers(cast)
+    if after is not None and before is not None and pa.types.is_floating(after.type):
+        if _infinities(after) > _infinities(before):  # pyarrow made the too large inf
+            largest = pc.max(pc.abs(pc.filter(before, _finite(before)))).as_py()
+            raise ValueError(
+                f"{refused}; its values exceed that type's range (up to {largest!r} in size): {fix}"
+            )
+    return cast
+
+
+def _infinities(values: pa.Array) -> int:
+    return int(pc.sum(pc.is_inf(values)).as_py() or 0) if pa.types.is_floating(values.type) else 0
+
+
+def _finite(values: pa.Array) -> pa.Array:
+    if pa.types.is_floating(values.type):
+        return pc.is_finite(values)
+    return pc.is_valid(values)
+
+
+def _kind(t: pa.DataType) -> str:
+    """What a value of type ``t`` is, as :func:`_cast_as_first` compares them: "number"
+    (integers, floats, decimals), "text", "bytes", "boolean", "timestamp", "date",
+    "time", "duration", "list of <kind>" (any list layout), else the type itself; a
+    dictionary's kind is its values'."""
+    if pa.types.is_dictionary(t):
+        return _kind(t.value_type)
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+        return f"list of {_kind(t.value_type)}"
+    for kind, test in (
+        ("number", lambda t: pa.types.is_integer(t) or pa.types.is_floating(t)
+         or pa.types.is_decimal(t)),
+        ("text", lambda t: pa.types.is_string(t) or pa.types.is_large_string(t)),
+        ("bytes", lambda t: pa.types.is_binary(t) or pa.types.is_large_binary(t)
+         or pa.types.is_fixed_size_binary(t)),
+        ("boolean", pa.types.is_boolean), ("timestamp", pa.types.is_timestamp),
+        ("date", pa.types.is_date), ("time", pa.types.is_time),
+        ("duration", pa.types.is_duration),
+    ):  # fmt: skip
+        if test(t):
+            return kind
+    return str(t)
+
+
+def _numbers(column: Any) -> Any:
+    """The numbers of ``column``: its values (those of its lists, nested), as one array;
+    None where it holds something else."""
+    values = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    while (
+        pa.types.is_list(values.type)
+        or pa.types.is_large_list(values.type)
+        or (pa.types.is_fixed_size_list(values.type))
+    ):
+        values = values.flatten()
+    if pa.types.is_integer(values.type) or pa.types.is_floating(values.type):
+        return values
+    return None
 
 
 def _field_names(columns: list[Any] | None) -> list[str] | None:

@@ -609,6 +609,55 @@ def test_files_of_a_folder_are_read_with_the_first_files_types(tmp_path: Path) -
         assert got.index.tolist() == [10, 11, 0, 1] and got["x"].tolist() == [1, 2, 3, 4]
 
 
+@pytest.mark.parametrize(
+    ("first", "later", "message"),
+    [
+        # pyarrow's cast made these inf, silently: the rows dropped out of every search.
+        (pa.float32(), np.full(8, 1e300), "its values exceed that type's range (up to 1e+300"),
+        (pa.float16(), np.full(8, 1e6), "its values exceed that type's range (up to 1000000.0"),
+        # ... and parsed text as numbers ("00123" as 123), made timestamps and booleans
+        # numbers.
+        (pa.int64(), pa.array(["00123", "7"]), "holds string, but the first file"),
+        (pa.int64(), pa.array([1, 2], pa.timestamp("us")), "holds timestamp[us], but"),
+        (pa.float64(), pa.array([True, False]), "holds bool, but the first file"),
+        (pa.int32(), pa.array([2**40, 1]), "(Integer value 1099511627776 not in range"),
+        (pa.int64(), pa.array([3.5, 1.0]), "(Float value 3.5"),
+    ],
+)
+def test_a_later_file_whose_values_the_first_files_type_cannot_hold_is_refused(
+    tmp_path: Path, first: pa.DataType, later: Any, message: str
+) -> None:
+    def column(values: Any, t: pa.DataType | None = None) -> pa.Array:
+        if isinstance(values, pa.Array):
+            return values
+        return pa.FixedSizeListArray.from_arrays(pa.array(values, t), 4)  # vectors
+
+    (tmp_path / "in").mkdir()
+    vectors = not isinstance(later, pa.Array)
+    head = column(np.ones(8), first) if vectors else pa.array([1, 2]).cast(first)
+    pq.write_table(pa.table({"x": head}), tmp_path / "in" / "f0.parquet")
+    pq.write_table(pa.table({"x": column(later, pa.float64())}), tmp_path / "in" / "f1.parquet")
+    with pytest.raises(ValueError, match=re.escape(message)) as info:
+        dask_cosim.read_parquet(tmp_path / "in").compute()
+    assert f"column 'x' of {str(tmp_path / 'in' / 'f1.parquet')!r} holds " in str(info.value)
+    assert str(info.value).endswith("or rewrite this one with the first file's types")
+
+
+def test_a_later_file_of_numbers_of_another_type_takes_the_first_files(tmp_path: Path) -> None:
+    for name, first, later in (
+        ("floats", pa.array([1.5, 2.5]), pa.array([3, 4])),
+        ("integers", pa.array([1, 2]), pa.array([3.0, 4.0])),
+        ("text", pa.array(["a", "b"]).dictionary_encode(), pa.array(["c", "d"], pa.large_string())),
+        ("vectors", pa.array([[1, 2]], pa.list_(pa.float32(), 2)), pa.array([[1e30, 3]])),
+    ):  # fmt: skip
+        (tmp_path / name).mkdir()
+        pq.write_table(pa.table({"x": first}), tmp_path / name / "f0.parquet")
+        pq.write_table(pa.table({"x": later}), tmp_path / name / "f1.parquet")
+        got = dask_cosim.read_parquet(tmp_path / name).compute()["x"]
+        want = pa.concat_arrays([first.cast(first.type), later.cast(first.type)])
+        assert [np.asarray(v).tolist() if np.ndim(v) else v for v in got] == want.to_pylist()
+
+
 def test_a_column_the_first_file_holds_no_value_of_takes_a_later_files_type(
     tmp_path: Path,
 ) -> None:
