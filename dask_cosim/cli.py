@@ -244,6 +244,15 @@ def info(inputs: tuple[str, ...]) -> None:
             f"  {_vectors(meta['dim'], meta['values'], 'vectors of ')}" if "dim" in meta else ""
         )
         click.echo(f"  {column:24} {meta['dtype']}{vector}")
+        for other in meta.get("elsewhere", ()):
+            how = "lacked by" if other["type"] == "absent" else f"{other['type']} in"
+            click.echo(f"  {'':24} {how} {count(other['files'], 'file')} ({other['first']})")
+    if any("elsewhere" in meta for meta in described["columns"].values()):
+        click.echo(
+            "the read takes the first file's types: it casts a later file's column where no "
+            "value changes, reads a column a file lacks as null, and fails naming the file "
+            "otherwise"
+        )
 
 
 @main.command()

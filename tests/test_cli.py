@@ -637,6 +637,40 @@ def test_a_reader_that_goes_away_ends_the_command_quietly() -> None:
     assert proc.stdout == "line 0\n" and proc.stderr == "", proc.stderr
 
 
+def test_info_shows_columns_later_files_store_otherwise(tmp_path: Path) -> None:
+    """Files written on different days: `info` described the first file alone ("vectors
+    of 4") and the read failed later, on the file of 8."""
+
+    def vectors(d: int) -> pa.Array:
+        return pa.FixedSizeListArray.from_arrays(pa.array(np.ones(2 * d), pa.float32()), d)
+
+    folder = tmp_path / "days"
+    folder.mkdir()
+    pq.write_table(pa.table({"id": [1, 2], "emb": vectors(4)}), folder / "1.parquet")
+    pq.write_table(pa.table({"id": [3, 4], "emb": vectors(8)}), folder / "2.parquet")
+    pq.write_table(pa.table({"emb": vectors(8)}), folder / "3.parquet")
+    described = io.describe_parquet(folder)["columns"]
+    assert described["id"]["elsewhere"] == [
+        {"type": "absent", "files": 1, "first": str(folder / "3.parquet")}
+    ]
+    assert described["emb"]["elsewhere"] == [
+        {"type": "fixed_size_list<element: float>[8]", "files": 2, "first": str(folder / "2.parquet")}
+    ]  # fmt: skip
+    proc = cli_here("info", str(folder))
+    assert proc.returncode == 0, proc.stdout
+    text, lines = proc.stdout, proc.stdout.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.strip().startswith("id "))
+    assert lines[at + 1].strip() == f"lacked by 1 file ({folder / '3.parquet'})"
+    assert f"fixed_size_list<element: float>[8] in 2 files ({folder / '2.parquet'})" in text
+    assert lines[-1].startswith("the read takes the first file's types: it casts")
+    same = tmp_path / "same"
+    same.mkdir()
+    for i in range(2):
+        pq.write_table(pa.table({"emb": vectors(4)}), same / f"{i}.parquet")
+    assert "elsewhere" not in io.describe_parquet(same)["columns"]["emb"]
+    assert "the read takes" not in cli_here("info", str(same)).stdout
+
+
 def test_a_vector_column_without_a_vector_is_shown_without_a_length(tmp_path: Path) -> None:
     """A list column whose every row is null has no D: convert printed "emb 0 x float32"
     and info "vectors of None x float32"."""

@@ -22,7 +22,11 @@ def describe_parquet(path: Any) -> dict[str, Any]:
     our folders, else None), ``index``: one {"name", "dtype"} per level of a stored index,
     named as the read names it (None where the files store none: the read numbers the
     rows), ``columns``: name -> {"dtype", "dim", "values"} (dim and values only for
-    vector columns; a hive folder's keys are "category" columns).
+    vector columns; a hive folder's keys are "category" columns), and "elsewhere" where
+    later files store the column otherwise than the first file (whose types the read
+    takes): one {"type", "files", "first"} per other Arrow type ("absent": the file lacks
+    the column), with the count of such files and the first of them.  (Files that
+    ``to_parquet`` wrote are alike: their footers are not opened.)
     """
     found = parquet_files(path)
     if found is None:
@@ -62,6 +66,9 @@ def describe_parquet(path: Any) -> dict[str, Any]:
                 lengths = [] if batch is None else batch.column(0).value_lengths().drop_null()
                 dim = int(lengths[0].as_py()) if len(lengths) else None
             info.update(dim=dim, values=spec.dtype.name)
+        elsewhere = _elsewhere(str(name), files, opened)
+        if elsewhere:
+            info["elsewhere"] = elsewhere
         columns[str(name)] = info
     return {
         "rows": rows,
@@ -71,6 +78,27 @@ def describe_parquet(path: Any) -> dict[str, Any]:
         "index": [{"name": i.name, "dtype": str(i.dtype)} for i in levels] if stored else None,
         "columns": columns,
     }
+
+
+def _elsewhere(
+    name: str, files: list[str], opened: dict[str, pq.ParquetFile]
+) -> list[dict[str, Any]]:
+    """The types other than the first file's that the files in ``opened`` store the
+    column ``name`` with: [{"type", "files", "first"}], in the order of the files."""
+    if not opened:
+        return []
+
+    def stored(file: str) -> str:
+        schema = opened[file].schema_arrow
+        return str(schema.field(name).type) if name in schema.names else "absent"
+
+    first = stored(files[0])
+    others: dict[str, dict[str, Any]] = {}
+    for file in dict.fromkeys(files):
+        kind = stored(file)
+        if kind != first:
+            others.setdefault(kind, {"type": kind, "files": 0, "first": file})["files"] += 1
+    return list(others.values())
 
 
 def _open(file: str, fs: pafs.FileSystem) -> pq.ParquetFile:
