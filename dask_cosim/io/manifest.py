@@ -53,6 +53,11 @@ def written_row(
     )
 
 
+def _number(file: str) -> int:
+    """The partition a file ``part.NNNNN.<write>.parquet`` holds."""
+    return int(file.split(".")[1])
+
+
 def write_manifest(
     written: pd.DataFrame, fs: pafs.FileSystem, staging: str, layout: str
 ) -> dict[str, Any]:
@@ -66,10 +71,12 @@ def write_manifest(
             if not first["dim"]:  # no rows, or only null ones, of a variable list: no D
                 first.update(dim=dim, dtype=dtype, file=file)
             if (first["dim"], first["dtype"]) != (dim, dtype) and dim:
+                # Named by partition: the files are the staging folder's, given up.
                 raise ValueError(
-                    f"column {column!r}: {file} holds {dim}-long {dtype} vectors but "
-                    f"{first['file']} holds {first['dim']}-long {first['dtype']} ones; every "
-                    "partition needs the same D and dtype"
+                    f"column {column!r}: partition {_number(file)} holds {dim}-long {dtype} "
+                    f"vectors but partition {_number(first['file'])} holds {first['dim']}-long "
+                    f"{first['dtype']} ones; every partition needs the same D and dtype (a "
+                    "read of files of several: read those of each D on their own)"
                 )
     for spec in vectors.values():
         del spec["file"]

@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.fs as pafs
+import pyarrow.parquet as pq
 import pytest
 
 import dask_cosim
@@ -292,6 +293,21 @@ def test_a_reader_of_a_replaced_folder_fails_rather_than_mixing(tmp_path: Path) 
                        r"read listed its files"):  # fmt: skip
         listed.compute()
     assert len(dask_cosim.read_parquet(out).compute()) == 30
+
+
+def test_partitions_of_vectors_of_two_lengths_are_named_by_partition(tmp_path: Path) -> None:
+    """A folder of list files of two D (read, then written): the error named the
+    staging folder's files (part.00001.<write>.parquet), gone with it."""
+    (tmp_path / "in").mkdir()
+    for name, d in (("a", 4), ("b", 8)):
+        rows = pa.array([list(np.ones(d))] * 2, pa.list_(pa.float32()))
+        pq.write_table(pa.table({"emb": rows}), tmp_path / "in" / f"{name}.parquet")
+    with pytest.raises(ValueError, match=re.escape(
+        "column 'emb': partition 1 holds 8-long float32 vectors but partition 0 holds 4-long "
+        "float32 ones; every partition needs the same D and dtype"
+    )):  # fmt: skip
+        dask_cosim.to_parquet(dask_cosim.read_parquet(tmp_path / "in"), tmp_path / "out")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in"]
 
 
 def test_a_folder_changed_by_another_tool_says_how_its_manifest_reads_it(tmp_path: Path) -> None:
