@@ -60,16 +60,20 @@ class Summary:
     def format(self, seconds: float | None = None, embedding_bytes: int | None = None) -> str:
         """The summary as lines of text, with a histogram of ``#`` bars (bin labels, bars
         and counts each in a column of their own; the last bin includes its right edge).
+        Mean, min and max read "none" where there is no value (no rows, or all null).
 
         With ``seconds`` (how long the run took), a line of time and throughput (pairs/s,
         and GB/s of ``embedding_bytes`` read) comes before the histogram.
         """
-        lines = [
-            f"rows        {self.rows:,}",
-            f"nulls       {self.nulls:,}",
-            f"mean        {self.mean:+.6f}",
-            f"min / max   {self.min:+.6f} / {self.max:+.6f}",
-        ]
+        lines = [f"rows        {self.rows:,}", f"nulls       {self.nulls:,}"]
+        if self.rows > self.nulls:
+            lines += [
+                f"mean        {self.mean:+.6f}",
+                f"min / max   {self.min:+.6f} / {self.max:+.6f}",
+            ]
+        else:  # no value to average: "+nan" read as a result
+            none = "none (no rows)" if self.rows == 0 else "none (every row is null)"
+            lines += [f"mean        {none}", f"min / max   {none}"]
         if seconds is not None:
             rate = f"{self.rows / seconds:,.0f} pairs/s"
             if embedding_bytes is not None:

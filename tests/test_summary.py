@@ -96,6 +96,13 @@ def test_all_null_and_empty() -> None:
     assert summary == dask_cosim.summarize(pd.Series([np.nan, np.nan]))
     with pytest.raises(TypeError, match="unhashable"):
         hash(summary)
+    # No value to average: said so, where "+nan" read as a result.
+    assert summary.format().splitlines()[2:4] == [
+        "mean        none (every row is null)", "min / max   none (every row is null)"
+    ]  # fmt: skip
+    assert empty.format().splitlines()[2:4] == [
+        "mean        none (no rows)", "min / max   none (no rows)"
+    ]  # fmt: skip
 
 
 @pytest.mark.parametrize("npartitions", [None, 1, 2])
