@@ -428,12 +428,12 @@ def _as_first(
 
 def _cast_as_first(column: pa.ChunkedArray, field: pa.Field, file: str, first: str) -> Any:
     """``column`` of ``file`` cast to the type ``field`` of the read's ``first`` file has,
-    where the two hold values of one kind (:func:`_kind`: numbers as numbers, text as
-    text, lists of numbers as lists of numbers) and the cast loses none: an integer that
-    does not fit, a fraction cast to an integer, a float beyond a narrower float's range
-    (pyarrow made it inf) are refused, as is a change of kind (pyarrow parsed text as
-    numbers, "00123" as 123, and made timestamps and booleans numbers); a column of no
-    value (Arrow null) takes any type.  ValueError naming both files and the fix."""
+    where the two hold values of one kind (:func:`_same_kind`: numbers as numbers, text
+    as text, lists of numbers as lists of numbers) and the cast loses none: an integer
+    that does not fit, a fraction cast to an integer or a decimal, a number beyond a
+    narrower float's range (pyarrow made it inf), a time of day cast to a date are
+    refused, as is a change of kind (pyarrow parsed text as numbers, "00123" as 123, and
+    made timestamps and booleans numbers).  ValueError naming both files and the fix."""
     refused = (
         f"column {field.name!r} of {file!r} holds {column.type}, but the first file of the "
         f"read, {first!r}, has {field.type}, which the frame takes from it"
@@ -442,12 +442,16 @@ def _cast_as_first(column: pa.ChunkedArray, field: pa.Field, file: str, first: s
         "read the files of each schema on their own (a list or a glob), or rewrite this "
         "one with the first file's types"
     )
-    if not pa.types.is_null(column.type) and _kind(column.type) != _kind(field.type):
+    if not _same_kind(column.type, field.type):
         raise ValueError(f"{refused}: {fix}")
     try:
         cast = column.cast(field.type)  # safe: integers that do not fit, fractions refused
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as err:
         raise ValueError(f"{refused} ({err}): {fix}") from None
+    if _kind(field.type) in ("moment", "time", "duration") and not cast.cast(column.type).equals(
+        column
+    ):  # a timestamp's time of day, cast to a date: dropped without a word
+        raise ValueError(f"{refused}, which changes its values: {fix}")
     before, after = _numbers(column), _numbers(cast)
     if after is not None and before is not None and pa.types.is_floating(after.type):
         if _infinities(after) > _infinities(before):  # pyarrow made the too large inf
@@ -468,40 +472,61 @@ def _finite(values: pa.Array) -> pa.Array:
     return pc.is_valid(values)
 
 
+def _is_list(t: pa.DataType) -> bool:
+    return pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
+
+
+def _same_kind(got: pa.DataType, want: pa.DataType) -> bool:
+    """Whether values of type ``got`` are what a column of type ``want`` holds, as
+    :func:`_cast_as_first` lets pyarrow cast them: numbers and numbers (but floats as
+    decimals, which pyarrow rounds), text and text, bytes and bytes, dates and
+    timestamps, lists of such (any list layout), dictionaries as their values; no value
+    (Arrow null, at any depth: pandas stores a column of empty lists as list<null>) as
+    anything.  Structs, maps and other nested types are left to pyarrow's cast."""
+    if pa.types.is_null(got) or pa.types.is_null(want):
+        return True
+    if pa.types.is_dictionary(got) or pa.types.is_dictionary(want):
+        value = lambda t: t.value_type if pa.types.is_dictionary(t) else t  # noqa: E731
+        return _same_kind(value(got), value(want))
+    if _is_list(got) or _is_list(want):
+        return _is_list(got) and _is_list(want) and _same_kind(got.value_type, want.value_type)
+    if pa.types.is_floating(got) and pa.types.is_decimal(want):
+        return False
+    return _kind(got) == _kind(want)
+
+
 def _kind(t: pa.DataType) -> str:
-    """What a value of type ``t`` is, as :func:`_cast_as_first` compares them: "number"
-    (integers, floats, decimals), "text", "bytes", "boolean", "timestamp", "date",
-    "time", "duration", "list of <kind>" (any list layout), else the type itself; a
-    dictionary's kind is its values'."""
-    if pa.types.is_dictionary(t):
-        return _kind(t.value_type)
-    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
-        return f"list of {_kind(t.value_type)}"
+    """What a value of the flat type ``t`` is: "number" (integers, floats, decimals),
+    "text", "bytes", "boolean", "moment" (dates and timestamps), "time", "duration";
+    "other" for the rest (structs, maps, unions: left to pyarrow's cast)."""
     for kind, test in (
         ("number", lambda t: pa.types.is_integer(t) or pa.types.is_floating(t)
          or pa.types.is_decimal(t)),
         ("text", lambda t: pa.types.is_string(t) or pa.types.is_large_string(t)),
         ("bytes", lambda t: pa.types.is_binary(t) or pa.types.is_large_binary(t)
          or pa.types.is_fixed_size_binary(t)),
-        ("boolean", pa.types.is_boolean), ("timestamp", pa.types.is_timestamp),
-        ("date", pa.types.is_date), ("time", pa.types.is_time),
-        ("duration", pa.types.is_duration),
+        ("boolean", pa.types.is_boolean),
+        ("moment", lambda t: pa.types.is_timestamp(t) or pa.types.is_date(t)),
+        ("time", pa.types.is_time), ("duration", pa.types.is_duration),
     ):  # fmt: skip
         if test(t):
             return kind
-    return str(t)
+    return "other"
 
 
 def _numbers(column: Any) -> Any:
-    """The numbers of ``column``: its values (those of its lists, nested), as one array;
-    None where it holds something else."""
+    """The numbers of ``column``: its values (those of its lists, nested; a dictionary's
+    decoded), as one array, decimals as float64; None where it holds something else."""
     values = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
-    while (
-        pa.types.is_list(values.type)
-        or pa.types.is_large_list(values.type)
-        or (pa.types.is_fixed_size_list(values.type))
-    ):
-        values = values.flatten()
+    while True:
+        if pa.types.is_dictionary(values.type):
+            values = values.dictionary_decode()
+        elif _is_list(values.type):
+            values = values.flatten()
+        else:
+            break
+    if pa.types.is_decimal(values.type):
+        return values.cast(pa.float64())
     if pa.types.is_integer(values.type) or pa.types.is_floating(values.type):
         return values
     return None

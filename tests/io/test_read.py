@@ -622,6 +622,14 @@ def test_files_of_a_folder_are_read_with_the_first_files_types(tmp_path: Path) -
         (pa.float64(), pa.array([True, False]), "holds bool, but the first file"),
         (pa.int32(), pa.array([2**40, 1]), "(Integer value 1099511627776 not in range"),
         (pa.int64(), pa.array([3.5, 1.0]), "(Float value 3.5"),
+        (pa.float32(), pa.array([decimal.Decimal("1e50")] * 2, pa.decimal256(76, 0)), "range"),
+        (pa.decimal128(5, 2), pa.array([0.123, 1.0]), "holds double, but the first file"),
+        (pa.float32(), pa.array([1e300, 1e300]).dictionary_encode(), "exceed that type's range"),
+        (
+            pa.date32(),
+            pa.array([datetime.datetime(2024, 1, 2, 3)] * 2, pa.timestamp("ms")),
+            "which changes its values",
+        ),
     ],
 )
 def test_a_later_file_whose_values_the_first_files_type_cannot_hold_is_refused(
@@ -634,7 +642,12 @@ def test_a_later_file_whose_values_the_first_files_type_cannot_hold_is_refused(
 
     (tmp_path / "in").mkdir()
     vectors = not isinstance(later, pa.Array)
-    head = column(np.ones(8), first) if vectors else pa.array([1, 2]).cast(first)
+    if vectors:
+        head = column(np.ones(8), first)
+    elif pa.types.is_date(first):
+        head = pa.array([datetime.date(2024, 1, 1)] * 2, first)
+    else:
+        head = pa.array([decimal.Decimal(1)] * 2 if pa.types.is_decimal(first) else [1, 2], first)
     pq.write_table(pa.table({"x": head}), tmp_path / "in" / "f0.parquet")
     pq.write_table(pa.table({"x": column(later, pa.float64())}), tmp_path / "in" / "f1.parquet")
     with pytest.raises(ValueError, match=re.escape(message)) as info:
@@ -649,6 +662,12 @@ def test_a_later_file_of_numbers_of_another_type_takes_the_first_files(tmp_path:
         ("integers", pa.array([1, 2]), pa.array([3.0, 4.0])),
         ("text", pa.array(["a", "b"]).dictionary_encode(), pa.array(["c", "d"], pa.large_string())),
         ("vectors", pa.array([[1, 2]], pa.list_(pa.float32(), 2)), pa.array([[1e30, 3]])),
+        # What pyarrow's cast takes exactly, as it did before kinds were compared.
+        ("empty lists", pa.array([[1, 2]], pa.list_(pa.float32())), pa.array([[]])),
+        ("structs", pa.array([{"a": 1, "b": "x"}]), pa.array([{"b": "y", "a": 2}])),
+        ("dates", pa.array([datetime.date(2024, 1, 1)]),
+         pa.array([datetime.datetime(2024, 1, 2)], pa.timestamp("ms"))),
+        ("decimals", pa.array([1.5]), pa.array([decimal.Decimal("2.25")])),
     ):  # fmt: skip
         (tmp_path / name).mkdir()
         pq.write_table(pa.table({"x": first}), tmp_path / name / "f0.parquet")
