@@ -58,6 +58,8 @@ def discover(
         if info.type == pafs.FileType.File
         and not any(p.startswith(("_", ".")) for p in info.path[len(root) :].split("/"))
     ]
+    # In natural order: pyarrow unifies the keys' types with the first file's schema.
+    entries.sort(key=lambda info: natural_sort_key(info.path))
     size_of = {info.path: info.size or 0 for info in entries}
     if not size_of:
         raise FileNotFoundError(f"no Parquet files in {root!r}")
@@ -84,19 +86,26 @@ def discover(
 
 
 def _partitioning(fs: pafs.FileSystem, root: str, paths: list[str]) -> ds.PartitioningFactory:
-    """The hive partitioning of ``paths``: each key typed as pyarrow infers it from the
-    folder names (int32 for numbers, else strings), but a key the first file also holds
-    as a column typed as that column (polars' ``partition_by`` keeps the key, int64, in
-    each file: pyarrow's own discovery failed, "Unable to merge: Field key has
-    incompatible types: int64 vs int32")."""
+    """The hive partitioning of ``paths`` (in natural order): each key typed as pyarrow
+    infers it from the folder names (int32 for numbers, else strings), but a key the
+    first file also holds values of typed as that column (polars' ``partition_by`` keeps
+    the key, int64, in each file: pyarrow's own discovery failed, "Unable to merge:
+    Field key has incompatible types: int64 vs int32")."""
+    from dask_cosim.io.files import naming_non_parquet  # (files imports this module)
+
     options = ds.FileSystemFactoryOptions(partition_base_dir=root)
     options.partitioning_factory = ds.HivePartitioning.discover()
     factory = ds.FileSystemDatasetFactory(fs, paths, ds.ParquetFileFormat(), options)
     inferred = factory.inspect(fragments=0)  # the keys alone: no file is opened
-    first = min(paths, key=natural_sort_key)
-    stored = pq.read_schema(first, filesystem=fs)
-    fields = [stored.field(f.name) if f.name in stored.names else f for f in inferred]
-    return ds.HivePartitioning.discover(schema=pa.schema(fields))
+    with naming_non_parquet(paths[0]):  # a stray file, named
+        stored = pq.read_schema(paths[0], filesystem=fs)
+
+    def typed(key: pa.Field) -> pa.Field:
+        # A key the file holds no value of (Arrow null: an all-None column): as inferred.
+        held = stored.field(key.name) if key.name in stored.names else None
+        return key if held is None or pa.types.is_null(held.type) else held
+
+    return ds.HivePartitioning.discover(schema=pa.schema([typed(f) for f in inferred]))
 
 
 def kept(keys: Keys, filters: Any) -> set[str] | None:

@@ -165,6 +165,13 @@ def test_null_keys_plain_subfolders_and_keys_the_files_hold(tmp_path: Path) -> N
     (tmp_path / "held" / "lang=en").mkdir(parents=True)
     pq.write_table(table.slice(0, 1), tmp_path / "held" / "lang=en" / "x.parquet")
     assert dask_cosim.read_parquet(tmp_path / "held").columns.tolist() == ["id", "lang"]
+    # The first file holding the key as no value (Arrow null: pandas' all-None column).
+    for value, held in (("__HIVE_DEFAULT_PARTITION__", pa.nulls(1)), ("en", pa.array(["en"]))):
+        (tmp_path / "nulls_held" / f"lang={value}").mkdir(parents=True)
+        rows = pa.table({"id": [len(value)], "lang": held})
+        pq.write_table(rows, tmp_path / "nulls_held" / f"lang={value}" / "x.parquet")
+    got = dask_cosim.read_parquet(tmp_path / "nulls_held").compute()
+    assert got["lang"].isna().tolist() == [True, False] and got["lang"].iloc[1] == "en"
 
 
 @pytest.mark.parametrize(
