@@ -248,7 +248,8 @@ def _check_listed(fs: pafs.FileSystem, root: str, files: list[str]) -> None:
     """The files of a folder that ``to_parquet`` wrote are those its manifest lists
     (``files``), whatever else the folder holds.  Where another tool changed the folder
     since: FileNotFoundError for a listed file that is gone, and a warning for Parquet
-    files it does not list (not read), each with what to do."""
+    files (named .parquet, .parq, .pq) it does not list (not read), each with what to
+    do."""
     entries = fs.get_file_info(pafs.FileSelector(root))
     there = {e.path for e in entries if e.type == pafs.FileType.File}
     gone = [f for f in files if f not in there]
@@ -256,12 +257,14 @@ def _check_listed(fs: pafs.FileSystem, root: str, files: list[str]) -> None:
     if gone:
         raise FileNotFoundError(
             f"{gone[0]!r} is gone ({len(gone)} of the {len(files)} files that {manifest!r} "
-            "lists): the folder was changed after dask_cosim wrote it; write it again, or "
-            f"delete {MANIFEST} to read the Parquet files it holds now, as any folder's"
+            "lists): the folder is being replaced (an overwrite: read it again), or was "
+            "changed after dask_cosim wrote it (write it again, or delete "
+            f"{MANIFEST} to read the Parquet files it holds now, as any folder's)"
         )
     listed = set(files)
     added = sorted(
         (e.path for e in entries if e.path not in listed and e.type == pafs.FileType.File
+         and e.extension.lower() in ("parquet", "parq", "pq")
          and not e.base_name.startswith((".", "_"))),
         key=natural_sort_key,
     )  # fmt: skip

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -98,7 +99,7 @@ def test_to_parquet_is_atomic(tmp_path: Path) -> None:
     short = dask_cosim.from_pandas(pairs_frame(a[:, :2], b[:, :2], "object_numpy"))
     mixed = dd.concat([dask_cosim.from_pandas(pdf), short])
     with pytest.raises(
-        ValueError, match=r"part\.00001\.[0-9a-f]{12}\.parquet holds 2-long float32 vectors but"
+        ValueError, match=r"partition 1 holds 2-long float32 vectors but partition 0 holds"
     ):
         dask_cosim.to_parquet(mixed, out, overwrite=True, vectors=["embeds_a", "embeds_b"])
     assert [p.name for p in tmp_path.iterdir()] == ["p"]
@@ -326,12 +327,18 @@ def test_a_folder_changed_by_another_tool_says_how_its_manifest_reads_it(tmp_pat
     )):  # fmt: skip
         assert len(dask_cosim.read_parquet(out).compute()) == 40
     extra.unlink()
+    (out / "README.md").write_text("not data")  # not Parquet: no word
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert len(dask_cosim.read_parquet(out).compute()) == 40
+    (out / "README.md").unlink()
     first = sorted(out.glob("part.*.parquet"))[0]
     first.unlink()
     with pytest.raises(FileNotFoundError, match=re.escape(
         f"{str(first)!r} is gone (1 of the 2 files that {str(out / '_dask_cosim.json')!r} "
-        "lists): the folder was changed after dask_cosim wrote it; write it again, or "
-        "delete _dask_cosim.json to read the Parquet files it holds now"
+        "lists): the folder is being replaced (an overwrite: read it again), or was changed "
+        "after dask_cosim wrote it (write it again, or delete _dask_cosim.json to read the "
+        "Parquet files it holds now"
     )):  # fmt: skip
         dask_cosim.read_parquet(out)
     (out / "_dask_cosim.json").unlink()
