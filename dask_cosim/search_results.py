@@ -103,11 +103,12 @@ def _ranks(groups: np.ndarray) -> np.ndarray:
 
 def castable(dtype: Any) -> Any:
     """The dtype to cast result values to for the meta's ``dtype``: itself, except for a
-    categorical of unknown categories (dask's meta of a categorical read from Parquet),
-    which stands for whatever categories the values have; cast to it, every value would
-    become null (it holds only the placeholder category)."""
+    categorical of unknown categories (dask's meta of a categorical read from Parquet)
+    or of none (its meta of a dictionary column read from plain Parquet, as pyarrow and
+    polars write it, which says "known" but lists no category), which stands for
+    whatever categories the values have; cast to it, every value would become null."""
     if isinstance(dtype, pd.CategoricalDtype) and dtype.categories is not None:
-        if UNKNOWN_CATEGORIES in dtype.categories:
+        if UNKNOWN_CATEGORIES in dtype.categories or len(dtype.categories) == 0:
             return pd.CategoricalDtype(ordered=dtype.ordered)
     return dtype
 

@@ -14,6 +14,8 @@ import dask
 import dask.dataframe as dd
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from dask.dataframe.utils import UNKNOWN_CATEGORIES, assert_eq, has_known_categories
 
@@ -132,6 +134,36 @@ def test_topk_of_unknown_categories_keeps_their_values(tmp_path: Path, where: st
     want = pdf.cosim.topk(queries, "emb", k=4, columns=["id", "kind"])
     assert got["kind"].notna().all() and got["match"].notna().all()
     pd.testing.assert_frame_equal(as_values(got), as_values(want), check_dtype=False)
+
+
+def test_dictionary_columns_of_plain_parquet_keep_their_values(tmp_path: Path) -> None:
+    """A dictionary column of plain Parquet (pyarrow or polars wrote it, no pandas
+    metadata): dask's meta says its categories are known, and lists none.  Every
+    search cast its carried values, and a categorical index's labels, to that meta, and
+    all became null."""
+    pdf = frame().reset_index(drop=True)
+    table = pa.Table.from_pandas(pdf, preserve_index=False).replace_schema_metadata(None)
+    (tmp_path / "plain").mkdir()
+    for i, rows in enumerate(np.array_split(np.arange(N), 3)):
+        pq.write_table(table.take(rows), tmp_path / "plain" / f"{i}.parquet")
+    df = dask_cosim.read_parquet(tmp_path / "plain")
+    assert has_known_categories(df._meta["kind"]) and len(df._meta["kind"].cat.categories) == 0
+    with dask.config.set(scheduler="sync"):
+        for search in ("join_k", "neighbors_threshold", "dedup_removed"):
+            got = SEARCHES[search](df, ["kind"]).compute()
+            want = SEARCHES[search](pdf, ["kind"])
+            assert len(want) and got["left_kind"].notna().all(), search
+            pd.testing.assert_frame_equal(
+                as_values(got).reset_index(drop=True), as_values(want).reset_index(drop=True),
+                check_dtype=False,
+            )  # fmt: skip
+        queries = search_vectors(3, D, seed=1)
+        got = df.cosim.topk(queries, "emb", k=4, columns=["kind"])
+        want = pdf.cosim.topk(queries, "emb", k=4, columns=["kind"])
+        pd.testing.assert_frame_equal(as_values(got), as_values(want), check_dtype=False)
+        with pytest.warns(dask_cosim.errors.RepeatedLabelsWarning):  # (they do repeat)
+            by_kind = df.set_index("kind", sort=False).cosim.topk(queries, "emb", k=4)
+        assert by_kind["match"].astype(object).tolist() == want["kind"].astype(object).tolist()
 
 
 @pytest.mark.parametrize("layout", ["binary", "list"])
