@@ -431,8 +431,9 @@ def _cast_as_first(column: pa.ChunkedArray, field: pa.Field, file: str, first: s
     where the two hold values of one kind (:func:`_same_kind`: numbers as numbers, text
     as text, lists of numbers as lists of numbers) and the cast loses none: an integer
     that does not fit, a fraction cast to an integer or a decimal, a number beyond a
-    narrower float's range (pyarrow made it inf), a time of day cast to a date are
-    refused, as is a change of kind (pyarrow parsed text as numbers, "00123" as 123, and
+    narrower float's range (pyarrow made it inf, or 0), a time of day cast to a date are
+    refused (rounding to a narrower float is not: a float32 first file reads float64
+    vectors as float32), as is a change of kind (pyarrow parsed text as numbers, "00123" as 123, and
     made timestamps and booleans numbers).  ValueError naming both files and the fix."""
     refused = (
         f"column {field.name!r} of {file!r} holds {column.type}, but the first file of the "
@@ -448,22 +449,43 @@ def _cast_as_first(column: pa.ChunkedArray, field: pa.Field, file: str, first: s
         cast = column.cast(field.type)  # safe: integers that do not fit, fractions refused
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as err:
         raise ValueError(f"{refused} ({err}): {fix}") from None
-    if _kind(field.type) in ("moment", "time", "duration") and not cast.cast(column.type).equals(
-        column
-    ):  # a timestamp's time of day, cast to a date: dropped without a word
-        raise ValueError(f"{refused}, which changes its values: {fix}")
+    if _kind(_innermost(field.type)) in ("moment", "time", "duration"):
+        if not cast.cast(column.type).equals(column):
+            # A timestamp's time of day, cast to a date: dropped without a word.
+            raise ValueError(f"{refused}, which changes its values: {fix}")
     before, after = _numbers(column), _numbers(cast)
     if after is not None and before is not None and pa.types.is_floating(after.type):
-        if _infinities(after) > _infinities(before):  # pyarrow made the too large inf
+        if _count(pc.is_inf, after) > _count(pc.is_inf, before):  # pyarrow made them inf
             largest = pc.max(pc.abs(pc.filter(before, _finite(before)))).as_py()
             raise ValueError(
                 f"{refused}; its values exceed that type's range (up to {largest!r} in size): {fix}"
             )
+        if _count(_is_zero, after) > _count(_is_zero, before):  # ... and made them 0
+            raise ValueError(
+                f"{refused}; some of its values are too small for that type, which makes "
+                f"them 0: {fix}"
+            )
     return cast
 
 
-def _infinities(values: pa.Array) -> int:
-    return int(pc.sum(pc.is_inf(values)).as_py() or 0) if pa.types.is_floating(values.type) else 0
+def _innermost(t: pa.DataType) -> pa.DataType:
+    """The type of the values of ``t``'s lists (nested) and dictionaries; ``t`` itself
+    where it is neither."""
+    while _is_list(t) or pa.types.is_dictionary(t):
+        t = t.value_type
+    return t
+
+
+def _is_zero(values: pa.Array) -> pa.Array:
+    return pc.equal(values, 0)
+
+
+def _count(test: Any, values: pa.Array) -> int:
+    """How many of the numbers ``values`` pass ``test`` (is_inf, :func:`_is_zero`);
+    integers are never inf."""
+    if test is pc.is_inf and not pa.types.is_floating(values.type):
+        return 0
+    return int(pc.sum(test(values)).as_py() or 0)
 
 
 def _finite(values: pa.Array) -> pa.Array:

@@ -630,6 +630,12 @@ def test_files_of_a_folder_are_read_with_the_first_files_types(tmp_path: Path) -
             pa.array([datetime.datetime(2024, 1, 2, 3)] * 2, pa.timestamp("ms")),
             "which changes its values",
         ),
+        (
+            pa.list_(pa.date32()),
+            pa.array([[datetime.datetime(2024, 1, 2, 3)]] * 2, pa.list_(pa.timestamp("ms"))),
+            "which changes its values",
+        ),
+        (pa.float32(), np.full(8, 1e-50), "some of its values are too small for that type"),
     ],
 )
 def test_a_later_file_whose_values_the_first_files_type_cannot_hold_is_refused(
@@ -646,6 +652,8 @@ def test_a_later_file_whose_values_the_first_files_type_cannot_hold_is_refused(
         head = column(np.ones(8), first)
     elif pa.types.is_date(first):
         head = pa.array([datetime.date(2024, 1, 1)] * 2, first)
+    elif pa.types.is_list(first):
+        head = pa.array([[datetime.date(2024, 1, 1)]] * 2, first)
     else:
         head = pa.array([decimal.Decimal(1)] * 2 if pa.types.is_decimal(first) else [1, 2], first)
     pq.write_table(pa.table({"x": head}), tmp_path / "in" / "f0.parquet")
