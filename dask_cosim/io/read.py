@@ -501,10 +501,10 @@ def _is_list(t: pa.DataType) -> bool:
 def _same_kind(got: pa.DataType, want: pa.DataType) -> bool:
     """Whether values of type ``got`` are what a column of type ``want`` holds, as
     :func:`_cast_as_first` lets pyarrow cast them: numbers and numbers (but floats as
-    decimals, which pyarrow rounds), text and text, bytes and bytes, dates and
-    timestamps, lists of such (any list layout), dictionaries as their values; no value
-    (Arrow null, at any depth: pandas stores a column of empty lists as list<null>) as
-    anything.  Structs, maps and other nested types are left to pyarrow's cast."""
+    decimals, which pyarrow rounds), text and bytes, dates and timestamps, lists of such
+    (any list layout), dictionaries as their values; no value (Arrow null, at any depth:
+    pandas stores a column of empty lists as list<null>) as anything.  Structs, maps and
+    other nested types are left to pyarrow's cast."""
     if pa.types.is_null(got) or pa.types.is_null(want):
         return True
     if pa.types.is_dictionary(got) or pa.types.is_dictionary(want):
@@ -519,13 +519,14 @@ def _same_kind(got: pa.DataType, want: pa.DataType) -> bool:
 
 def _kind(t: pa.DataType) -> str:
     """What a value of the flat type ``t`` is: "number" (integers, floats, decimals),
-    "text", "bytes", "boolean", "moment" (dates and timestamps), "time", "duration";
+    "text" (and bytes), "boolean", "moment" (dates and timestamps), "time", "duration";
     "other" for the rest (structs, maps, unions: left to pyarrow's cast)."""
     for kind, test in (
         ("number", lambda t: pa.types.is_integer(t) or pa.types.is_floating(t)
          or pa.types.is_decimal(t)),
-        ("text", lambda t: pa.types.is_string(t) or pa.types.is_large_string(t)),
-        ("bytes", lambda t: pa.types.is_binary(t) or pa.types.is_large_binary(t)
+        # (Bytes cast to text are checked as UTF-8 by pyarrow.)
+        ("text", lambda t: pa.types.is_string(t) or pa.types.is_large_string(t)
+         or pa.types.is_binary(t) or pa.types.is_large_binary(t)
          or pa.types.is_fixed_size_binary(t)),
         ("boolean", pa.types.is_boolean),
         ("moment", lambda t: pa.types.is_timestamp(t) or pa.types.is_date(t)),

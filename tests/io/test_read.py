@@ -676,6 +676,7 @@ def test_a_later_file_of_numbers_of_another_type_takes_the_first_files(tmp_path:
         ("dates", pa.array([datetime.date(2024, 1, 1)]),
          pa.array([datetime.datetime(2024, 1, 2)], pa.timestamp("ms"))),
         ("decimals", pa.array([1.5]), pa.array([decimal.Decimal("2.25")])),
+        ("bytes", pa.array(["a", "b"]), pa.array([b"c", b"d"])),
     ):  # fmt: skip
         (tmp_path / name).mkdir()
         pq.write_table(pa.table({"x": first}), tmp_path / name / "f0.parquet")
