@@ -433,8 +433,9 @@ def _cast_as_first(column: pa.ChunkedArray, field: pa.Field, file: str, first: s
     that does not fit, a fraction cast to an integer or a decimal, a number beyond a
     narrower float's range (pyarrow made it inf, or 0), a time of day cast to a date are
     refused (rounding to a narrower float is not: a float32 first file reads float64
-    vectors as float32), as is a change of kind (pyarrow parsed text as numbers, "00123" as 123, and
-    made timestamps and booleans numbers).  ValueError naming both files and the fix."""
+    vectors as float32), as is a change of kind (pyarrow parsed text as numbers, "00123"
+    as 123, and made timestamps and booleans numbers).  ValueError naming both files and
+    the fix."""
     refused = (
         f"column {field.name!r} of {file!r} holds {column.type}, but the first file of the "
         f"read, {first!r}, has {field.type}, which the frame takes from it"
@@ -456,7 +457,7 @@ def _cast_as_first(column: pa.ChunkedArray, field: pa.Field, file: str, first: s
     before, after = _numbers(column), _numbers(cast)
     if after is not None and before is not None and pa.types.is_floating(after.type):
         if _count(pc.is_inf, after) > _count(pc.is_inf, before):  # pyarrow made them inf
-            largest = pc.max(pc.abs(pc.filter(before, _finite(before)))).as_py()
+            largest = pc.max(pc.abs(pc.filter(before, pc.is_finite(before)))).as_py()
             raise ValueError(
                 f"{refused}; its values exceed that type's range (up to {largest!r} in size): {fix}"
             )
@@ -481,17 +482,8 @@ def _is_zero(values: pa.Array) -> pa.Array:
 
 
 def _count(test: Any, values: pa.Array) -> int:
-    """How many of the numbers ``values`` pass ``test`` (is_inf, :func:`_is_zero`);
-    integers are never inf."""
-    if test is pc.is_inf and not pa.types.is_floating(values.type):
-        return 0
+    """How many of the numbers ``values`` pass ``test`` (is_inf, :func:`_is_zero`)."""
     return int(pc.sum(test(values)).as_py() or 0)
-
-
-def _finite(values: pa.Array) -> pa.Array:
-    if pa.types.is_floating(values.type):
-        return pc.is_finite(values)
-    return pc.is_valid(values)
 
 
 def _is_list(t: pa.DataType) -> bool:
