@@ -75,7 +75,7 @@ def parquet_files(path: Any) -> Found | None:
     texts = [_home_expanded(os.fspath(p)) for p in paths]
     # A path that exists is that path, whatever its name holds ("run[1]" is no pattern
     # for "run1"): as pandas and pyarrow read it, and as to_parquet wrote it.
-    patterns = [t for t in texts if any(c in t for c in "*?[") and not os.path.exists(t)]
+    patterns = [t for t in texts if _has_wildcard(t) and not os.path.exists(t)]
     if patterns:
         if any("://" in t for t in texts):
             return None
@@ -170,6 +170,11 @@ def _matches(pattern: str) -> list[str]:
     return [m for m, n in zip(found, normal) if not any(n.startswith(f + os.sep) for f in folders)]
 
 
+def _has_wildcard(text: str) -> bool:
+    """Whether ``text`` holds a glob's wildcard (``*``, ``?`` or ``[``)."""
+    return any(c in text for c in "*?[")
+
+
 def _aligned(pattern: str, match: str) -> list[tuple[str, str]]:
     """The components of a glob's ``match`` beside those of ``pattern`` that matched
     them.  A ``**`` matches any number of folders: the components before it align from
@@ -204,7 +209,7 @@ def _check_no_keys_lost(pattern: str, match: str) -> None:
     pairs = _aligned(pattern, match)
     folders = pairs if os.path.isdir(match) else pairs[:-1]
     for i, (part, got) in enumerate(folders):
-        if "=" in got and any(c in part for c in "*?["):
+        if "=" in got and _has_wildcard(part):
             root = os.sep.join(g for _, g in pairs[:i]) or os.sep
             raise ValueError(
                 f"{pattern!r} reaches {os.sep.join(g for _, g in pairs[: i + 1])!r}, a "
@@ -217,7 +222,8 @@ def _check_no_keys_lost(pattern: str, match: str) -> None:
 
 def _folder_files(fs: pafs.FileSystem, root: str) -> Found:
     manifest_path = f"{root}/{MANIFEST}"
-    if fs.get_file_info(manifest_path).type == pafs.FileType.File:
+    entries = fs.get_file_info(pafs.FileSelector(root))  # once: the manifest checks it too
+    if any(e.base_name == MANIFEST and e.type == pafs.FileType.File for e in entries):
         with fs.open_input_stream(manifest_path) as f:
             manifest = json.loads(f.read())
         if manifest.get("format") != "dask_cosim" or manifest.get("version", 0) > FORMAT_VERSION:
@@ -227,10 +233,9 @@ def _folder_files(fs: pafs.FileSystem, root: str) -> Found:
                 "upgrade dask_cosim"
             )
         files = [f"{root}/{part['path']}" for part in manifest["files"]]
-        _check_listed(fs, root, files)
+        _check_listed(root, files, entries)
         # Ours: one partition each.
         return Found(fs, files, [0] * len(files), manifest, version=tokenize(manifest))
-    entries = fs.get_file_info(pafs.FileSelector(root))
     # Hidden and "_" names are not data (_metadata, _SUCCESS, our staging folders).
     visible = [e for e in entries if not e.base_name.startswith((".", "_"))]
     if any(e.type == pafs.FileType.Directory for e in visible):
@@ -244,13 +249,12 @@ def _folder_files(fs: pafs.FileSystem, root: str) -> Found:
     return Found(fs, paths, sizes, None, version=stamp(infos))
 
 
-def _check_listed(fs: pafs.FileSystem, root: str, files: list[str]) -> None:
+def _check_listed(root: str, files: list[str], entries: list[pafs.FileInfo]) -> None:
     """The files of a folder that ``to_parquet`` wrote are those its manifest lists
-    (``files``), whatever else the folder holds.  Where another tool changed the folder
-    since: FileNotFoundError for a listed file that is gone, and a warning for Parquet
-    files (named .parquet, .parq, .pq) it does not list (not read), each with what to
-    do."""
-    entries = fs.get_file_info(pafs.FileSelector(root))
+    (``files``), whatever else the folder holds (its listing's ``entries``).  Where
+    another tool changed the folder since: FileNotFoundError for a listed file that is
+    gone, and a warning for Parquet files (named .parquet, .parq, .pq) it does not list
+    (not read), each with what to do."""
     there = {e.path for e in entries if e.type == pafs.FileType.File}
     gone = [f for f in files if f not in there]
     manifest = f"{root}/{MANIFEST}"
