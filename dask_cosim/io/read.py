@@ -149,7 +149,10 @@ def _read_files(
         missing = [c for c in columns if c not in names]
         if missing:
             raise errors.column_not_found(missing, names, "columns", where=files[0])
-    _check_filters(filters, given_filters, names, files[0])
+    key_fields = [
+        pa.field(name, pa.dictionary(pa.int32(), d.type)) for name, d in dictionaries.items()
+    ]
+    _check_filters(filters, given_filters, names, files[0], pa.schema([*schema, *key_fields]))
     # The meta comes from the schema alone: no data is read to build the graph.
     empty = _projected(schema, hive.file_columns(columns, dictionaries)).empty_table()
     empty = _in_order(hive.add_keys(empty, dictionaries, {}, columns), columns)
@@ -570,12 +573,22 @@ def _named_filters(filters: Any) -> Any:
     ]
 
 
-def _check_filters(filters: Any, given: Any, names: list[str], where: str) -> None:
-    """Filters in list form (:func:`_named_filters` of ``given``, the caller's) checked
-    when the graph is built, as pyarrow and dask check them: ValueError for a malformed
+def _check_filters(
+    filters: Any, given: Any, names: list[str], where: str, schema: pa.Schema
+) -> None:
+    """Filters (:func:`_named_filters` of ``given``, the caller's) checked when the graph
+    is built, as pyarrow and dask check those in list form: ValueError for a malformed
     one or an operator pyarrow has not ("is"), KeyError for a column ``names`` (of the
-    first file ``where``) lacks; they failed only inside ``compute``."""
+    first file ``where``) lacks; they failed only inside ``compute``.  A value that
+    cannot be compared with its column's type in ``schema`` (the first file's, and the
+    hive keys': "1" with an int64 column, a date string with a timestamp) is a TypeError
+    naming the column, its type and the value to give; pyarrow raised "Function 'equal'
+    has no kernel matching input types" inside ``compute`` (on a key: when the graph was
+    built).  An expression is tried likewise, as a whole."""
+    if filters is None:
+        return
     if not isinstance(filters, list):
+        _check_compares(schema, filters, f"filters={given!r}")
         return
     try:
         pq.filters_to_expression(filters)
@@ -588,6 +601,48 @@ def _check_filters(filters: Any, given: Any, names: list[str], where: str) -> No
     missing = [c for c in dict.fromkeys(compared) if c not in names]
     if missing:
         raise errors.column_not_found(missing, names, "filters", where=where)
+    for term in (term for conjunction in filters for term in conjunction):
+        _check_compares(schema, pq.filters_to_expression([term]), f"filters={given!r}", term)
+
+
+def _check_compares(
+    schema: pa.Schema, expression: Any, what: str, term: tuple[Any, ...] | None = None
+) -> None:
+    """Raise TypeError where pyarrow cannot evaluate ``expression`` (one ``term`` of
+    filters in list form, or a whole expression) on rows of ``schema``: tried on no rows."""
+    try:
+        schema.empty_table().filter(expression)
+    except (pa.ArrowNotImplementedError, pa.ArrowInvalid, pa.ArrowTypeError) as error:
+        if term is None:
+            types = ", ".join(f"{f.name}: {_values_type(f.type)}" for f in schema)
+            raise TypeError(
+                f"{what}: pyarrow cannot evaluate it on the columns ({types}): "
+                + str(error).splitlines()[0]
+            ) from None
+        name, _, value = term
+        kind = _values_type(schema.field(name).type)
+        raise TypeError(
+            f"{what}: column {name!r} holds {kind}, which pyarrow cannot compare with "
+            f"{value!r} ({type(value).__name__}): {error}; give {_value_like(kind, value)}"
+        ) from None
+
+
+def _values_type(kind: pa.DataType) -> pa.DataType:
+    """The type of a column's values: a categorical's (dictionary's) categories'."""
+    return kind.value_type if pa.types.is_dictionary(kind) else kind
+
+
+def _value_like(kind: pa.DataType, value: Any) -> str:
+    """How to write a filter's ``value`` for a column of type ``kind`` (a hint)."""
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+        return f"text, e.g. {str(value)!r}" if not isinstance(value, (list, set)) else "text"
+    if pa.types.is_timestamp(kind) or pa.types.is_date(kind):
+        return "a pandas.Timestamp or datetime, e.g. pd.Timestamp('2024-01-31')"
+    if pa.types.is_decimal(kind):
+        return "a float or decimal.Decimal, e.g. 1.0"
+    if pa.types.is_integer(kind) or pa.types.is_floating(kind):
+        return "a number, e.g. 1 rather than '1'"
+    return f"a value of type {kind}"
 
 
 def _filtered_columns(columns: list[str] | None, filters: Any) -> list[str] | None:

@@ -15,6 +15,7 @@ import dask.dataframe as dd
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
@@ -808,3 +809,36 @@ def test_filters_are_checked_when_the_graph_is_built(tmp_path: Path) -> None:
             tmp_path / "b", filters=[[("rid", ">", 10)], [("s", "==", "en")]]
         )
     assert ok.compute().index.tolist() == [10, 11]
+
+
+def test_filters_of_the_wrong_type_name_the_column_and_the_value_to_give(tmp_path: Path) -> None:
+    """A value pyarrow cannot compare with its column ("1" with int64, a date string with
+    a timestamp, a number with a hive key of text) fails when the read is built, naming
+    the column, its type and what to give; it was pyarrow's bare "Function 'equal' has no
+    kernel matching input types", inside ``compute`` (for a key: when the graph was built,
+    still bare)."""
+    pdf = pd.DataFrame(
+        {
+            "n": [1, 2],
+            "s": ["en", "fr"],
+            "t": pd.to_datetime(["2024-01-01", "2024-02-01"]),
+            "emb": list(np.eye(2, dtype="f4")),
+        }
+    )
+    dask_cosim.to_parquet(dask_cosim.from_pandas(pdf, npartitions=1), tmp_path / "b")
+    pq.write_to_dataset(pa.Table.from_pandas(pdf), tmp_path / "hive", partition_cols=["s"])
+    with no_computes():
+        for path, filters, says in (
+            ("b", [("n", ">", 0), ("n", "==", "1")], r"column 'n' holds int64, .* '1' \(str\)"),
+            ("b", [("t", ">", "2024-01-15")], r"'t' holds timestamp.*give a pandas.Timestamp"),
+            ("b", [[("s", "==", 1)]], r"column 's' holds .*string.*give text, e.g. '1'"),
+            ("hive", [("s", "==", 1)], r"column 's' holds string.*give text, e.g. '1'"),
+            ("b", pc.field("n") == "1", r"cannot evaluate it on the columns \(n: int64, "),
+        ):
+            with pytest.raises(TypeError, match=says):
+                dask_cosim.read_parquet(tmp_path / path, filters=filters)
+    for path in ("b", "hive"):
+        got = dask_cosim.read_parquet(tmp_path / path, filters=[("s", "==", "fr")]).compute()
+        assert got["n"].tolist() == [2], path
+    late = dask_cosim.read_parquet(tmp_path / "b", filters=[("t", ">", pd.Timestamp("2024-01-15"))])
+    assert late.compute()["n"].tolist() == [2]
