@@ -419,7 +419,7 @@ def prepare(df: Any, on: str) -> Any:
     """See :meth:`dask_cosim.CosimAccessor.prepare`."""
     check_column(df, on)
     opts = _options()
-    fn = functools.partial(sp.prepare_columns, column=on, eps=opts.eps, device=opts.device)
+    fn = functools.partial(sp.prepare_columns, column=on, device=opts.device)
     if not dask.is_dask_collection(df):
         return fn(df)
     # Without dask's metadata enforcement, which gives an empty partition the meta itself:

@@ -138,17 +138,20 @@ def companion(column: str, what: str) -> str:
     return f"{column}.cosim.{what}"
 
 
-def prepare_columns(df: Any, column: str, *, eps: float, device: str = "auto") -> Any:
+def prepare_columns(df: Any, column: str, *, device: str = "auto") -> Any:
     """``df`` with :data:`COMPANIONS` beside ``column``: what a search would compute
     from its vectors on every call (:class:`~dask_cosim.search_kernels.Prepared`),
-    computed once.  The norms do not depend on ``eps``; unit rows are stored only for
-    rows on the CPU that are not already of norm 1 (on a GPU they are quick to redo)."""
+    computed once, for any ``cosim.eps``: the norms do not depend on it, and the unit rows
+    are over |x| (eps 0), as :func:`~dask_cosim.search_kernels.from_norms` reads them
+    under any eps (over max(|x|, eps) they were too short for a search under a smaller
+    eps, which then lost those rows' matches).  Unit rows are stored only for rows on the
+    CPU that are not already of norm 1 (on a GPU they are quick to redo)."""
     v = backends.to_vectors(df[column], column)
     x = v.blocks[0] if len(v.blocks) == 1 else torch.cat(v.blocks)
     null = v.null
     if null is not None and not isinstance(null, torch.Tensor):
         null = torch.from_numpy(np.asarray(null))
-    p = sk.prepare(x, null, eps=eps, device=partition.resolve_device(device, x.device))
+    p = sk.prepare(x, null, eps=0.0, device=partition.resolve_device(device, x.device))
     assert p.norm is not None
     n = len(p)
     # Stored only where a search reads them back (from_norms: float32/float64 rows on a

@@ -119,15 +119,20 @@ def test_parquet_keeps_a_prepared_frame(tmp_path: Path) -> None:
 
 
 def test_another_eps_after_prepare() -> None:
-    """The stored norms do not depend on eps: a search under another eps gives that
-    eps's answer, rows shorter than eps included (those sides are prepared again)."""
+    """What prepare stores does not depend on eps: a search under another eps, larger or
+    smaller, gives that eps's answer, rows shorter than eps included (those sides are
+    prepared again).  The unit rows were stored over max(|x|, eps of the prepare): under a
+    smaller eps a search read rows too short, and lost their matches."""
     x, null = rows(False)
     x[20:23] *= np.float32(1e-7)  # norms ~1e-7: below eps = 1e-6, above 1e-8
+    x[24] = x[23] * np.float32(1e-7)  # ... a duplicate of row 23 among them
     plain = search_frame(x, null=null)
-    prepared = plain.cosim.prepare("emb")
-    for eps in (1e-8, 1e-6):
-        with dask.config.set({"cosim.eps": eps}):
-            assert_same(searches(plain), searches(prepared))
+    for at_prepare in (1e-8, 1e-6):
+        with dask.config.set({"cosim.eps": at_prepare}):
+            prepared = plain.cosim.prepare("emb")
+        for eps in (0.0, 1e-8, 1e-6):
+            with dask.config.set({"cosim.eps": eps}):
+                assert_same(searches(plain), searches(prepared))
 
 
 def test_mixed_and_float64_columns() -> None:
