@@ -234,8 +234,11 @@ def _folder_files(fs: pafs.FileSystem, root: str) -> Found:
             )
         files = [f"{root}/{part['path']}" for part in manifest["files"]]
         _check_listed(root, files, entries)
-        # Ours: one partition each.
-        return Found(fs, files, [0] * len(files), manifest, version=tokenize(manifest))
+        # Ours: one partition each; its version their stamp too, as for any folder (a file
+        # rewritten in place by another tool, same rows, was answered from old results).
+        listed = set(files)
+        version = tokenize(manifest, stamp([e for e in entries if e.path in listed]))
+        return Found(fs, files, [0] * len(files), manifest, version=version)
     # Hidden and "_" names are not data (_metadata, _SUCCESS, our staging folders).
     visible = [e for e in entries if not e.base_name.startswith((".", "_"))]
     if any(e.type == pafs.FileType.Directory for e in visible):
