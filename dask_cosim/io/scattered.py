@@ -20,9 +20,11 @@ missing.
 
 from __future__ import annotations
 
+import atexit
 import threading
 import weakref
 from collections.abc import MutableMapping
+from contextlib import suppress
 from typing import Any
 
 from dask._task_spec import DataNode
@@ -46,7 +48,34 @@ def scatter(client: Any, data: Any, **kwargs: Any) -> Any:
         for future in futures_of(futures):
             _SCATTERED[future.key] = future
         _register()
+        if not _AT_EXIT:  # (distributed is imported by now: this hook runs before its own)
+            atexit.register(_release_at_exit)
+            _AT_EXIT.append(True)
     return futures
+
+
+_AT_EXIT: list[bool] = []
+
+
+def _release_at_exit() -> None:
+    """Close the clients that still hold scattered data, before distributed's exit hooks
+    close a script's clusters (they close the clusters first, then the clients): a
+    scheduler losing the workers that held scattered data logs an ERROR ("caused the
+    cluster to lose scattered data") at the exit of a script that left its own client
+    open, where ``dd.from_pandas`` says nothing.  A client's close releases its data and
+    waits for the scheduler (a cancel does not wait: the cluster went first).
+    :func:`dask_cosim.local_cluster`'s clients are closed at exit for the same reason."""
+    with _LOCK:
+        futures = [f for f in list(_SCATTERED.values()) if f is not None]
+    by_client: dict[int, list[Any]] = {}
+    for future in futures:
+        by_client.setdefault(id(future.client), []).append(future)
+    for group in by_client.values():
+        client = group[0].client
+        if client.asynchronous or client.status != "running":
+            continue  # (an event loop's client: nothing can wait for it here)
+        with suppress(Exception):  # as distributed's own exit hooks: nothing left to tell
+            client.close()
 
 
 class _LocalReads(Callback):
