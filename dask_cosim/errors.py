@@ -398,6 +398,11 @@ class QueryWarning(UserWarning):
     """A query of ``topk`` that cannot find what the caller looks for."""
 
 
+class StalePreparedWarning(UserWarning):
+    """The columns ``prepare`` added beside a vector column are not its vectors' (it
+    changed since): a search normalises the vectors itself."""
+
+
 def _shown(labels: list[Any]) -> str:
     """The first five of ``labels`` as a message names them, "..." after."""
     return ", ".join(repr(x) for x in labels[:5]) + (", ..." if len(labels) > 5 else "")

@@ -14,6 +14,7 @@ depend on how a frame is partitioned.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -187,14 +188,57 @@ def _from_companions(
     df: Any, column: str, x: torch.Tensor, null: torch.Tensor | None, eps: float
 ) -> sk.Prepared | None:
     """The side from :func:`prepare_columns`' numbers (None: they cannot stand for it,
-    see :func:`~dask_cosim.search_kernels.from_norms`)."""
+    see :func:`~dask_cosim.search_kernels.from_norms`, or they are not ``column``'s:
+    :func:`_stale`)."""
     inv = backends.to_numbers(df[companion(column, "inv")])
     norm = backends.to_numbers(df[companion(column, "norm")])
+    if _stale(x, null, inv, norm, column):
+        return None
     u = backends.to_vectors(df[companion(column, "unit")], companion(column, "unit"))
     unit = None
     if u.null is None and u.length == len(x) and u.dim == x.shape[1]:
         unit = u.blocks[0] if len(u.blocks) == 1 else torch.cat(u.blocks)
     return sk.from_norms(x, null, inv, norm, unit, eps=eps)
+
+
+# Rows of a partition whose norms are checked against the prepared ones.
+_CHECKED_ROWS = 8
+
+
+def _stale(
+    x: torch.Tensor, null: torch.Tensor | None, inv: torch.Tensor, norm: torch.Tensor, column: str
+) -> bool:
+    """Whether the prepared ``norm`` (|x * inv|) of a few rows spread over the partition
+    differs from their vectors' (warned: the search then normalises them itself).  A
+    column assigned again after ``prepare`` (the vectors of another model) kept the
+    companions of the old one, and searches trusted them: scores above 1, or the old
+    vectors' matches.  A few rows cost nothing beside the search, and tell a replaced
+    column; rows changed one by one need ``prepare`` again (its docstring says so)."""
+    n = len(x)
+    if n == 0 or len(norm) != n or len(inv) != n:
+        return False
+    rows = torch.unique(torch.linspace(0, n - 1, min(n, _CHECKED_ROWS)).round().long())
+    held = norm.to(torch.float64)[rows].cpu()
+    scaled = x[rows].to(torch.float64).cpu() * inv.to(torch.float64)[rows].cpu()[:, None]
+    now = torch.linalg.vector_norm(scaled, dim=1)
+    # Rows that never match (null, NaN, inf) are held as NaN.
+    never = ~torch.isfinite(now)
+    if null is not None:
+        never |= torch.as_tensor(null)[rows].cpu().to(torch.bool)
+    now = torch.where(never, torch.full_like(now, float("nan")), now)
+    same = torch.isclose(now, held, rtol=1e-9, atol=0.0, equal_nan=True)
+    if bool(same.all()):
+        return False
+    # One message for every partition: Python's default filter shows it once.
+    warnings.warn(
+        f"the columns prepare added beside {column!r} ({companion(column, 'norm')}, ...) "
+        f"are not its vectors' (their norms differ): {column!r} changed after prepare; "
+        f"the search normalises its vectors itself. Call prepare({column!r}) again, or "
+        "drop those columns",
+        errors.StalePreparedWarning,
+        stacklevel=2,
+    )
+    return True
 
 
 def query_side(queries: Any, eps: float) -> Side:

@@ -4,6 +4,7 @@ another eps, and without normalising the vectors again."""
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ import pytest
 import torch
 
 import dask_cosim
-from dask_cosim import search_partition
+from dask_cosim import errors, search_partition
 from tests.helpers import brute, no_computes, search_frame, search_vectors, to_dask
 
 COMPANIONS = ["emb.cosim.inv", "emb.cosim.norm", "emb.cosim.unit"]
@@ -133,6 +134,38 @@ def test_another_eps_after_prepare() -> None:
         for eps in (0.0, 1e-8, 1e-6):
             with dask.config.set({"cosim.eps": eps}):
                 assert_same(searches(plain), searches(prepared))
+
+
+def test_a_column_assigned_again_after_prepare_is_searched_as_it_is_now() -> None:
+    """Vectors of another model assigned to the prepared column: the searches see that
+    the stored norms are not theirs (a few rows checked per partition), warn, and give
+    the new vectors' answers.  They trusted the old numbers: on a dask frame new vectors
+    scored over old norms (a score of 1 for a pair at 0.71), on pandas the old vectors'
+    matches."""
+    x, null = rows(False)
+    other, _ = rows(False)
+    other = other[::-1].copy()  # the same kinds of rows, elsewhere
+    plain = search_frame(x, null=null)
+    prepared = plain.cosim.prepare("emb")
+    for frame in (prepared, to_dask(prepared, 3)):
+        new = search_frame(other, null=null)["emb"]
+        swapped = frame.assign(emb=to_dask(new, 3) if dask.is_dask_collection(frame) else new)
+        want = searches(search_frame(other, null=null))
+        with pytest.warns(errors.StalePreparedWarning, match=r"'emb' changed after prepare"):
+            got = searches(swapped)
+        assert_same(want, got)
+
+
+def test_a_prepared_frame_is_not_taken_for_a_changed_one() -> None:
+    """Every row checked (partitions of at most 8 rows): null, NaN, inf, zero rows and
+    float64 rows near the ends of its range agree with what prepare stored."""
+    x, null = rows(False, np.float64)
+    x[10], x[11], x[12] = np.inf, x[12] * 1e-300, x[13] * 1e300
+    plain = search_frame(x[:40], null=null[:40])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", errors.StalePreparedWarning)
+        for frame in (plain.cosim.prepare("emb"), to_dask(plain, 5).cosim.prepare("emb")):
+            assert_same(searches(plain), searches(frame))
 
 
 def test_mixed_and_float64_columns() -> None:
