@@ -109,6 +109,12 @@ def directions(prep: sk.Prepared) -> tuple[torch.Tensor, torch.Tensor, float]:
     than ``eps``, whose unit rows are shorter than 1) are their float64 values over
     their float64 norm.  Zero rows and invalid rows have none; with a threshold above 0
     they match nothing.
+
+    The distance returned is that of any rows of this D (:func:`~dask_cosim.
+    search_kernels.largest_err`), not of these rows' ``err``, which is larger where
+    every row serves as its own unit row: a partition's rows routed in pieces must have
+    the delta its radii were computed with, whichever rows each piece holds (a piece of
+    rows of norm 1 cut from a partition with one row that is not failed the route).
     """
     d, has = prep.unit, prep.valid.clone()
     length = _lengths(prep.unit)
@@ -120,7 +126,8 @@ def directions(prep: sk.Prepared) -> tuple[torch.Tensor, torch.Tensor, float]:
         d = d.clone()
         d[short] = (rows / norm.clamp(min=1e-300)).to(torch.float32)
         has[short] = norm[:, 0] > 0
-    return d, has, max(4.0 * prep.err + 2.0**-30, 2.0 * U32)
+    err = max(prep.err, sk.largest_err(prep.dim))
+    return d, has, max(4.0 * err + 2.0**-30, 2.0 * U32)
 
 
 def _chunk_rows(k: int, chunk_bytes: int) -> int:

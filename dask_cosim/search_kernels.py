@@ -66,13 +66,14 @@ from dask_cosim.search_prepare import (
     RAW_UNIT_TOLERANCE,
     Prepared,
     from_norms,
+    largest_err,
     margin,
     prepare,
     rescore,
     rescore_error,
 )
 
-# Prepared, from_norms, margin, prepare, rescore, rescore_error: re-exported from
+# Prepared, from_norms, largest_err, margin, prepare, rescore, rescore_error: re-exported from
 # dask_cosim.search_prepare.
 __all__ = [
     "RAW_UNIT_TOLERANCE",
@@ -81,6 +82,7 @@ __all__ = [
     "bfloat16_bound",
     "bfloat16_rows",
     "from_norms",
+    "largest_err",
     "margin",
     "prepare",
     "rescore",

@@ -207,6 +207,15 @@ def _rounding(dim: int) -> float:
     return (dim + 9) * 2.0**-53
 
 
+def largest_err(dim: int) -> float:
+    """The largest :attr:`Prepared.err` of rows of ``dim`` values, whatever rows share
+    the side: that of rows serving as their own unit rows, up to RAW_UNIT_TOLERANCE from
+    norm 1 (a normalised copy's, ``_U`` plus the norm's rounding, and the torch path's,
+    ``2 _U`` plus it, are smaller).  For bounds that must not depend on which rows were
+    prepared together (:func:`~dask_cosim.clustered_kernels.directions`)."""
+    return RAW_UNIT_TOLERANCE * (1 + 2.0**-40) + 2 * _rounding(dim)
+
+
 def _with_units(
     fast: ModuleType,
     work: torch.Tensor,

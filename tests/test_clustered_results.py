@@ -121,6 +121,29 @@ def test_partitions_routed_in_pieces() -> None:
     assert clustered._pieces(ddf, "emb", p)[0].npartitions == 3  # 256MiB: one piece each
 
 
+def test_pieces_of_rows_of_norm_1_cut_from_a_partition_with_one_row_that_is_not() -> None:
+    """Rows written normalised serve as their own unit rows, with a larger error bound
+    than a normalised copy's: a piece of such rows, cut from a partition whose one other
+    row made the copy, had a larger delta than the partition's radii were computed with,
+    and the route failed ("torch's float32 matrix products here may round their
+    inputs...").  Every piece now has the delta of any rows of its D."""
+    x = np.random.default_rng(0).standard_normal((2000, 64)).astype(np.float32)
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    x[-1] *= 3
+    pdf = frame(x)
+    ddf = to_dask(pdf, 1)
+    with dask.config.set(
+        {
+            "cosim.search.clustered.route-bytes": "64KiB",
+            "cosim.search.clustered.exact-when-cheaper": False,
+            "scheduler": "sync",
+        }
+    ):
+        assert clustered._pieces(ddf, "emb", clustered.plan(ddf, "emb", 0.5))[0].npartitions > 1
+        got = clustered.neighbors(ddf, "emb", threshold=0.5)
+        assert_same(got.compute(), pdf.cosim.neighbors("emb", threshold=0.5), True)
+
+
 def test_generated_embeddings_every_partition_count() -> None:
     pdf, planted = make_embeddings(3000, 24, directions=60, duplicates=0.1, seed=2)
     want = pdf.cosim.neighbors("emb", threshold=0.9)
