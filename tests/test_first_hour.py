@@ -475,6 +475,11 @@ def test_from_pandas_given_something_else_says_what_to_do() -> None:
             "from_pandas expects a pandas.DataFrame, got pandas.Series; pass a frame, e.g. from_pandas(series.to_frame())",
         ),
         ([1, 2], "from_pandas expects a pandas.DataFrame, got list"),
+        (
+            pdf.set_axis(pd.MultiIndex.from_product([[1, 2], ["x", "y"]], names=["k", None])),
+            "the pandas frame's index is a MultiIndex (levels ['k', None]), which dask has "
+            "not: keep its levels as columns, with pdf.reset_index() first",
+        ),
     ]
     for obj, message in cases:
         with pytest.raises(TypeError, match=re.escape(message) + "$"):

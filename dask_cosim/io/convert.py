@@ -140,7 +140,8 @@ def from_pandas(
     Raises
     ------
     TypeError
-        A vector column holds a non-numeric cell (names the column and row label).
+        A vector column holds a non-numeric cell (names the column and row label); the
+        index is a MultiIndex (dask has none: ``reset_index()`` first).
     ValueError
         Ragged rows (names the column, the row label and both lengths, and, for rows of
         integers, how to keep a column of lists that are no embeddings); a name two
@@ -148,6 +149,11 @@ def from_pandas(
     """
     if not isinstance(pdf, pd.DataFrame):
         raise TypeError(_not_pandas_message(pdf))
+    if isinstance(pdf.index, pd.MultiIndex):  # dask's own error: "isna is not defined for"
+        raise TypeError(
+            f"the pandas frame's index is a MultiIndex (levels {list(pdf.index.names)}), "
+            "which dask has not: keep its levels as columns, with pdf.reset_index() first"
+        )
     for column in pdf.columns[pdf.columns.duplicated()][:1]:  # each is converted by its name
         backends.check_named_once(pdf.columns, column)
     converted = pdf.copy(deep=False)
