@@ -105,10 +105,10 @@ def to_parquet(
 
     The files go to a hidden folder next to ``path``, which is renamed to ``path`` only
     after every partition is written (a failed or interrupted run leaves ``path`` as it
-    was).  The folder holds ``part.00000.<write>.parquet``... files (zero-padded, so
-    every reader lists them in order; ``<write>`` differs from write to write, so that a
-    reader of the folder an overwrite replaced fails rather than mixing the two) and a
-    manifest, ``_dask_cosim.json``
+    was).  The folder holds ``part.00000.<write>.parquet``... files (zero-padded to 5
+    digits, more from 100,001 partitions on, so that every reader lists them in order;
+    ``<write>`` differs from write to write, so that a reader of the folder an overwrite
+    replaced fails rather than mixing the two) and a manifest, ``_dask_cosim.json``
     (layout, each vector column's D and dtype, rows and index range per file), which
     :func:`read_parquet` uses to read the folder back, with divisions when the index was
     sorted.  pandas metadata is written only for the non-vector columns and the index.
@@ -330,6 +330,8 @@ def _stage(
         files,
         write_index,
         opened,
+        # Digits for every partition's number: names that sort as text sort as numbers.
+        digits=max(5, len(str(df.npartitions - 1))),
         partition_info=True,
         meta=WRITTEN_META,
         enforce_metadata=False,
@@ -383,15 +385,17 @@ def _write_partition(
     write_index: bool | None,
     opened: None = None,
     partition_info: dict[str, Any] | None = None,
+    digits: int = 5,
 ) -> pd.DataFrame:
     """Write partition ``df`` into ``files.staging``, which must exist (``opened``: the
-    task that made it), and is still open after the write (:func:`.files.check_open`)."""
+    task that made it), and is still open after the write (:func:`.files.check_open`);
+    its number zero-padded to ``digits``."""
     number = partition_info["number"] if partition_info else 0
     staging, layout, vectors = files.staging, files.layout, files.vectors
     # Each write's own names (the staging folder's random tail): a reader that listed the
     # files of the folder an overwrite replaced finds them gone, rather than reading the
     # new folder's files of the same name mixed with the old ones it had read.
-    name = f"part.{number:05d}.{staging.rsplit('-', 1)[-1]}.parquet"
+    name = f"part.{number:0{digits}d}.{staging.rsplit('-', 1)[-1]}.parquet"
     index_stored = write_index is not False  # a default index left out is its positions
     if write_index is None:
         write_index = not _default_index(df.index)

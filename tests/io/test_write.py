@@ -482,3 +482,25 @@ def test_ragged_lists_that_are_no_embeddings_are_named_out_of_the_vectors(
     dask_cosim.to_parquet(df, tmp_path / "b", vectors=["emb"])
     back = dask_cosim.read_parquet(tmp_path / "b").compute()
     assert [list(i) for i in back["ids"]] == [[1, 2], [3], [4, 5, 6], [7]]
+
+
+def test_file_names_sort_as_text_past_100000_partitions(tmp_path: Path) -> None:
+    """Partition numbers are padded to the digits of the largest (at least 5): pandas,
+    pyarrow's datasets and DuckDB list a folder's files as text, and with 5 digits
+    part.100000 came between part.10000 and part.10001.  (The writer's partition
+    function, given the digits to_parquet gives it for 100,001 partitions.)"""
+    from dask_cosim.io import files, write
+    from dask_cosim.io.vector_dims import FileWriter
+
+    staging = tmp_path / ".out.cosim-abc"
+    staging.mkdir()
+    (staging / files.OPEN_MARKER).touch()
+    writer = FileWriter(pafs.LocalFileSystem(), str(staging), "list", [], "snappy", None)
+    for number in (99_999, 9_999, 100_000, 10_000):
+        part = pd.DataFrame({"p": [number]})
+        write._write_partition(part, writer, False, None, {"number": number}, digits=6)
+    (staging / files.OPEN_MARKER).unlink()
+    assert pd.read_parquet(staging)["p"].tolist() == [9_999, 10_000, 99_999, 100_000]
+    frame = dask_cosim.from_pandas(pd.DataFrame({"p": range(12)}), npartitions=12)
+    dask_cosim.to_parquet(frame, tmp_path / "small")
+    assert sorted(p.name[:10] for p in (tmp_path / "small").glob("*.parquet"))[-1] == "part.00011"
