@@ -609,9 +609,12 @@ def _check_compares(
     schema: pa.Schema, expression: Any, what: str, term: tuple[Any, ...] | None = None
 ) -> None:
     """Raise TypeError where pyarrow cannot evaluate ``expression`` (one ``term`` of
-    filters in list form, or a whole expression) on rows of ``schema``: tried on no rows."""
+    filters in list form, or a whole expression) on rows of ``schema``: tried on one row
+    of nulls (on no rows, pyarrow let a naive timestamp pass for a column with a time
+    zone, which failed inside ``compute``)."""
+    row = pa.table({f.name: pa.nulls(1, f.type) for f in schema})
     try:
-        schema.empty_table().filter(expression)
+        row.filter(expression)
     except (pa.ArrowNotImplementedError, pa.ArrowInvalid, pa.ArrowTypeError) as error:
         if term is None:
             types = ", ".join(f"{f.name}: {_values_type(f.type)}" for f in schema)
@@ -636,6 +639,10 @@ def _value_like(kind: pa.DataType, value: Any) -> str:
     """How to write a filter's ``value`` for a column of type ``kind`` (a hint)."""
     if pa.types.is_string(kind) or pa.types.is_large_string(kind):
         return f"text, e.g. {str(value)!r}" if not isinstance(value, (list, set)) else "text"
+    if pa.types.is_timestamp(kind) and kind.tz is not None:
+        return (
+            f"a pandas.Timestamp with a time zone, e.g. pd.Timestamp('2024-01-31', tz={kind.tz!r})"
+        )
     if pa.types.is_timestamp(kind) or pa.types.is_date(kind):
         return "a pandas.Timestamp or datetime, e.g. pd.Timestamp('2024-01-31')"
     if pa.types.is_decimal(kind):

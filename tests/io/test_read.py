@@ -831,6 +831,7 @@ def test_filters_of_the_wrong_type_name_the_column_and_the_value_to_give(tmp_pat
             "n": [1, 2],
             "s": ["en", "fr"],
             "t": pd.to_datetime(["2024-01-01", "2024-02-01"]),
+            "tz": pd.to_datetime(["2024-01-01", "2024-02-01"]).tz_localize("UTC"),
             "emb": list(np.eye(2, dtype="f4")),
         }
     )
@@ -841,6 +842,9 @@ def test_filters_of_the_wrong_type_name_the_column_and_the_value_to_give(tmp_pat
             ("b", [("n", ">", 0), ("n", "==", "1")], r"column 'n' holds int64, .* '1' \(str\)"),
             ("b", [("t", ">", "2024-01-15")], r"'t' holds timestamp.*give a pandas.Timestamp"),
             ("b", [[("s", "==", 1)]], r"column 's' holds .*string.*give text, e.g. '1'"),
+            # Passed on no rows, failed in compute: tried on a row of nulls.
+            ("b", [("tz", ">", pd.Timestamp("2024-01-15"))], r"tz=UTC.*, tz='UTC'\)$"),
+            ("b", [("t", ">", pd.Timestamp("2024-01-15", tz="UTC"))], r"column 't' holds"),
             ("hive", [("s", "==", 1)], r"column 's' holds string.*give text, e.g. '1'"),
             ("b", pc.field("n") == "1", r"cannot evaluate it on the columns \(n: int64, "),
         ):
@@ -851,3 +855,7 @@ def test_filters_of_the_wrong_type_name_the_column_and_the_value_to_give(tmp_pat
         assert got["n"].tolist() == [2], path
     late = dask_cosim.read_parquet(tmp_path / "b", filters=[("t", ">", pd.Timestamp("2024-01-15"))])
     assert late.compute()["n"].tolist() == [2]
+    zoned = pd.Timestamp("2024-01-15", tz="UTC")
+    assert dask_cosim.read_parquet(tmp_path / "b", filters=[("tz", ">", zoned)]).compute()[
+        "n"
+    ].tolist() == [2]
