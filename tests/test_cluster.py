@@ -296,22 +296,25 @@ if "__main__" == __name__:
 
 
 _UNCLOSED = """\
+import atexit
+
 import numpy as np
 import pandas as pd
+from distributed import Client
 
 import dask_cosim
 
 if __name__ == "__main__":
-    client = dask_cosim.local_cluster(1, gpus=False, dashboard_address=None)
     pdf = pd.DataFrame({"a": [np.ones(3)] * 4, "b": [np.ones(3)] * 4})
+    # The user's own client (in-process workers), left open, and an exit hook of the
+    # user's that it serves, registered before dask_cosim's (so it runs after it).
+    own = Client(processes=False, n_workers=1, threads_per_worker=1, dashboard_address=None)
+    atexit.register(lambda: print("at exit", own.status))
+    mine = dask_cosim.from_pandas(pdf)  # scattered to own's worker, held to the end
+    print(mine.cosim.pairwise("a", "b").sum().compute())
+    client = dask_cosim.local_cluster(1, gpus=False, dashboard_address=None)
     df = dask_cosim.from_pandas(pdf)  # scattered to the worker
     print(df.cosim.pairwise("a", "b").sum().compute())
-    # The user's own client (in-process workers), left open too: the default client now.
-    from distributed import Client
-
-    own = Client(processes=False, n_workers=1, threads_per_worker=1, dashboard_address=None)
-    mine = dask_cosim.from_pandas(pdf)  # held to the end, as df is
-    print(mine.cosim.pairwise("a", "b").sum().compute())
 """
 
 
@@ -356,10 +359,11 @@ def test_script_that_never_closes_its_client_exits_quietly(tmp_path: Path) -> No
     """docs/first-hour.md's script ends without client.close(): at exit the client goes
     before its cluster, so the scheduler does not log an ERROR about scattered data lost.
     So does a client of the user's own that holds what from_pandas scattered (it logged
-    that ERROR; dd.from_pandas scatters nothing)."""
+    that ERROR; dd.from_pandas scatters nothing): that data is released, the client left
+    open for the user's exit hooks."""
     proc = _run_script(tmp_path, _UNCLOSED)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.split() == ["4.0", "4.0"]
+    assert proc.stdout.split() == ["4.0", "4.0", "at", "exit", "running"]
     assert "ERROR" not in proc.stderr and "lose scattered data" not in proc.stderr, proc.stderr
 
 

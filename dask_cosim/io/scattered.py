@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import atexit
 import threading
+import time
 import weakref
 from collections.abc import MutableMapping
 from contextlib import suppress
@@ -58,12 +59,14 @@ _AT_EXIT: list[bool] = []
 
 
 def _release_at_exit() -> None:
-    """Close the clients that still hold scattered data, before distributed's exit hooks
-    close a script's clusters (they close the clusters first, then the clients): a
+    """Release what dask_cosim scattered, client by client, before distributed's exit
+    hooks close a script's clusters (they close the clusters first, then the clients): a
     scheduler losing the workers that held scattered data logs an ERROR ("caused the
     cluster to lose scattered data") at the exit of a script that left its own client
-    open, where ``dd.from_pandas`` says nothing.  A client's close releases its data and
-    waits for the scheduler (a cancel does not wait: the cluster went first).
+    open, where ``dd.from_pandas`` says nothing.  Only those futures are cancelled: the
+    client stays open for exit hooks of the user's that run after this one.  The cancel
+    travels on the client's batched stream, which nothing waits for: this asks the
+    scheduler until it holds none of them (2 s at most).
     :func:`dask_cosim.local_cluster`'s clients are closed at exit for the same reason."""
     with _LOCK:
         futures = [f for f in list(_SCATTERED.values()) if f is not None]
@@ -75,7 +78,14 @@ def _release_at_exit() -> None:
         if client.asynchronous or client.status != "running":
             continue  # (an event loop's client: nothing can wait for it here)
         with suppress(Exception):  # as distributed's own exit hooks: nothing left to tell
-            client.close()
+            keys = [f.key for f in group]
+            client.cancel(group)
+            deadline = time.monotonic() + 2.0
+            # (The scheduler's who_has by key: the client's refuses cancelled futures.)
+            while time.monotonic() < deadline and any(
+                client.sync(client.scheduler.who_has, keys=keys).values()
+            ):
+                time.sleep(0.01)
 
 
 class _LocalReads(Callback):
