@@ -144,8 +144,9 @@ class CosimAccessor:
         read these instead of normalising, with the same results.  The columns follow the
         rows through filters, repartitions and Parquet; prepare again after changing the
         vectors of ``on``: a search checks a few rows of each partition and, for a column
-        assigned again, warns (:class:`~dask_cosim.errors.StalePreparedWarning`) and
-        normalises the vectors itself, but rows changed one by one may escape that check
+        assigned again, warns (:class:`~dask_cosim.errors.StalePreparedWarning`, in the
+        process running the task: a worker's log on a cluster) and normalises the vectors
+        itself, but rows changed one by one may escape that check
         and be scored with their old norms.  Lazy for a dask frame, else eager.
         """
         return search.prepare(self._obj, on)

@@ -229,7 +229,8 @@ def _stale(
     same = torch.isclose(now, held, rtol=1e-9, atol=0.0, equal_nan=True)
     if bool(same.all()):
         return False
-    # One message for every partition: Python's default filter shows it once.
+    # One message for every partition: Python's default filter shows it once a process
+    # (a worker's, on a distributed cluster: in its log, not the client's).
     warnings.warn(
         f"the columns prepare added beside {column!r} ({companion(column, 'norm')}, ...) "
         f"are not its vectors' (their norms differ): {column!r} changed after prepare; "

@@ -237,7 +237,8 @@ def _folder_files(fs: pafs.FileSystem, root: str) -> Found:
         # Ours: one partition each; its version their stamp too, as for any folder (a file
         # rewritten in place by another tool, same rows, was answered from old results).
         named = set(files)
-        version = tokenize(manifest, stamp([e for e in entries if e.path in named]))
+        theirs = sorted((e for e in entries if e.path in named), key=lambda e: e.path)
+        version = tokenize(manifest, stamp(theirs))
         return Found(fs, files, [0] * len(files), manifest, version=version)
     # Hidden and "_" names are not data (_metadata, _SUCCESS, our staging folders).
     visible = [e for e in entries if not e.base_name.startswith((".", "_"))]
