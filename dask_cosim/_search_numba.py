@@ -239,9 +239,20 @@ def _norms64(x, null, eps, inv, nrm, scale, valid):  # type: ignore[no-untyped-d
     return _norms(x, null, eps, inv, nrm, scale, valid, False)
 
 
-@numba.njit(nogil=True, cache=True, fastmath=_FASTMATH, boundscheck=False)
-def units(x, inv, scale, valid, unit):  # type: ignore[no-untyped-def]  # pragma: no cover
-    """unit[i] = x[i] * inv[i] * scale[i] in float32 (rows of norm 1; 0 for invalid)."""
+def units(x: np.ndarray, *args: Any) -> None:
+    """``units(x, inv, scale, valid, unit)``: unit[i] = (x[i] * inv[i]) * scale[i] in
+    float32 (rows of norm 1; 0 for invalid), ``x`` float32 or float64.  For float64 rows
+    in that order, never inv * scale first: for a row whose largest value is below TINY
+    (inv capped at 1 / TINY) and eps 0, that product overflows (a row of 1e-310 gave
+    inf unit rows, which matched nothing)."""
+    if x.dtype == np.float32:
+        _units32(x, *args)
+    else:
+        _units64(x, *args)
+
+
+@numba.njit(inline="always", nogil=True, cache=True, boundscheck=False)
+def _units(x, inv, scale, valid, unit):  # type: ignore[no-untyped-def]  # pragma: no cover
     n, d = x.shape
     for i in range(n):
         out = unit[i]
@@ -249,9 +260,19 @@ def units(x, inv, scale, valid, unit):  # type: ignore[no-untyped-def]  # pragma
             out[:] = 0.0
             continue
         row = x[i]
-        g = inv[i] * scale[i]
+        a, b = inv[i], scale[i]
         for j in range(d):
-            out[j] = np.float32(np.float64(row[j]) * g)
+            out[j] = np.float32((np.float64(row[j]) * a) * b)
+
+
+@numba.njit(nogil=True, cache=True, fastmath=_FASTMATH, boundscheck=False)
+def _units32(x, inv, scale, valid, unit):  # type: ignore[no-untyped-def]  # pragma: no cover
+    _units(x, inv, scale, valid, unit)  # (inv is 1 for float32 rows: any order will do)
+
+
+@numba.njit(nogil=True, cache=True, fastmath=_EXACT, boundscheck=False)
+def _units64(x, inv, scale, valid, unit):  # type: ignore[no-untyped-def]  # pragma: no cover
+    _units(x, inv, scale, valid, unit)
 
 
 @numba.njit(nogil=True, cache=True, fastmath=_FASTMATH, boundscheck=False)

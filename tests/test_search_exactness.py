@@ -425,6 +425,28 @@ def test_zero_rows_with_eps_zero_score_zero_as_with_any_eps(kernel_name: str, dt
     assert scores[pdf.index[0], pdf.index[3]] == pytest.approx(0.6, abs=1e-15)
 
 
+@pytest.mark.parametrize("kernel_name", KERNELS)
+def test_float64_rows_below_the_range_factor_cap_with_eps_zero(kernel_name: str) -> None:
+    """A float64 row whose largest value is below 2**-1000 (its range factor capped at
+    2**1000) with ``cosim.eps = 0``: its unit row was inv * scale * x with inv * scale
+    past float64's range, inf, and it matched no row with a zero or a value of the other
+    sign (inf * 0, inf - inf: NaN).  Its scores are those of its direction, (1, 1)."""
+    s = 2**-0.5
+    x = np.array([[1e-310, 1e-310], [1.0, 0.0], [-1.0, 1.0], [3e-320, 3e-320]])
+    pdf = search_frame(x)
+    ids = pdf.index
+    with kernel(kernel_name), dask.config.set({"cosim.eps": 0.0}):
+        for frame in (pdf, pdf.cosim.prepare("emb")):
+            pairs = frame.cosim.neighbors("emb", threshold=0.5)
+            assert list(zip(pairs["left"], pairs["right"])) == [
+                (ids[0], ids[1]), (ids[0], ids[3]), (ids[1], ids[3])
+            ]  # fmt: skip
+            np.testing.assert_allclose(pairs["score"], [s, 1.0, s], rtol=1e-15)
+            ranked = frame.cosim.neighbors("emb", k=1)
+            assert ranked["right"].tolist() == [ids[3], ids[0], ids[0], ids[0]]
+            assert frame.cosim.dedup("emb", 0.7)["id"].tolist() == [0, 2]
+
+
 # --------------------------------------------------------------------------- seeded mix
 
 # (dim, dtype, column format, index, partition sizes, clusters): frames larger than the
