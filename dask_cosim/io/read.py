@@ -3,6 +3,7 @@ give is described by :mod:`.describe`)."""
 
 from __future__ import annotations
 
+import re
 from typing import Any, overload
 
 import dask
@@ -588,7 +589,7 @@ def _check_filters(
     if filters is None:
         return
     if not isinstance(filters, list):
-        _check_compares(schema, filters, f"filters={given!r}")
+        _check_compares(schema, filters, f"filters={given!r}", where=where)
         return
     try:
         pq.filters_to_expression(filters)
@@ -606,16 +607,26 @@ def _check_filters(
 
 
 def _check_compares(
-    schema: pa.Schema, expression: Any, what: str, term: tuple[Any, ...] | None = None
+    schema: pa.Schema,
+    expression: Any,
+    what: str,
+    term: tuple[Any, ...] | None = None,
+    where: str | None = None,
 ) -> None:
     """Raise TypeError where pyarrow cannot evaluate ``expression`` (one ``term`` of
     filters in list form, or a whole expression) on rows of ``schema``: tried on one row
     of nulls (on no rows, pyarrow let a naive timestamp pass for a column with a time
-    zone, which failed inside ``compute``)."""
+    zone, which failed inside ``compute``).  An expression naming no column of
+    ``schema`` (of the file ``where``) is a KeyError, as filters in list form are."""
     row = pa.table({f.name: pa.nulls(1, f.type) for f in schema})
     try:
         row.filter(expression)
     except (pa.ArrowNotImplementedError, pa.ArrowInvalid, pa.ArrowTypeError) as error:
+        missing = re.match(r"No match for FieldRef\.Name\((.*?)\) in ", str(error))
+        if term is None and missing:
+            raise errors.column_not_found(
+                [missing.group(1)], schema.names, "filters", where=where
+            ) from None
         if term is None:
             types = ", ".join(f"{f.name}: {_values_type(f.type)}" for f in schema)
             raise TypeError(

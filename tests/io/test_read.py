@@ -814,6 +814,11 @@ def test_filters_are_checked_when_the_graph_is_built(tmp_path: Path) -> None:
             dask_cosim.read_parquet(tmp_path / "b", filters=[("s", "is", None)])
         with pytest.raises(ValueError, match=r"filters=\[\[\]\]: Malformed filters"):
             dask_cosim.read_parquet(tmp_path / "b", filters=[[]])
+        # An expression too (it failed inside compute, then was a TypeError).
+        with pytest.raises(
+            KeyError, match=r"filters \['nope'\] not found .* \['s', 'emb', 'rid'\]"
+        ):
+            dask_cosim.read_parquet(tmp_path / "b", filters=pc.field("nope") == 1)
         ok = dask_cosim.read_parquet(
             tmp_path / "b", filters=[[("rid", ">", 10)], [("s", "==", "en")]]
         )
