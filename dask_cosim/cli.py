@@ -23,7 +23,7 @@ import sys
 import tempfile
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -325,6 +325,7 @@ def _search(
     cluster: Cluster,
     *,
     inputs: Sequence[str],
+    vectors: Collection[str],
     rows_of_input: bool = False,
     removed: str | None = None,
     on_cluster: bool = False,
@@ -336,7 +337,9 @@ def _search(
     prints rows, time and the output paths.  ``build`` returns the result, or (kept
     rows, removed rows) with ``removed``; ``rows_of_input``: the result's rows are the
     input's (dedup), index included; ``on_cluster``: build computes (a clustered
-    search's plan), so it runs on the cluster only."""
+    search's plan), so it runs on the cluster only.  ``vectors``: the results' columns
+    that hold the embedding (``--on``, its carried left_/right_ copies); other list
+    columns are written as they are (tags, token ids: rows of any length)."""
     from dask_cosim import runs
 
     runs.check_output(out.output, out.overwrite, inputs)
@@ -358,7 +361,7 @@ def _search(
                 warnings.simplefilter("ignore")
             jobs = jobs_of(build())
         written = runs.write_all(jobs, overwrite=out.overwrite, progress=out.progress,
-                                 layout=out.layout)  # fmt: skip
+                                 layout=out.layout, vectors=vectors)  # fmt: skip
         # Said before the cluster shuts down: the outputs are in place already.
         for (_, path, _), w in zip(jobs, written):
             counted = f"{w.rows:,} rows, " if w.rows is not None else ""
@@ -420,7 +423,7 @@ def topk(
         # Checked from the metadata now; the data is read once the cluster runs.
         return lambda: df.cosim.topk(dask.compute(queries)[0], on, k, columns=list(keep))
 
-    _search(build, out, cluster, inputs=[*inputs, queries_path])
+    _search(build, out, cluster, inputs=[*inputs, queries_path], vectors=[on])
 
 
 @main.command()
@@ -452,7 +455,8 @@ def join(
     _search(lambda: left.cosim.join(right, on, right_on=right_on, k=k, threshold=threshold,
                                     columns=list(columns),
                                     right_columns=list(right_columns) or None), out, cluster,
-            inputs=[left_path, right_path])  # fmt: skip
+            inputs=[left_path, right_path],
+            vectors=[f"left_{on}", f"right_{right_on or on}"])  # fmt: skip
 
 
 @main.command()
@@ -476,8 +480,9 @@ def neighbors(
     df = runs.read_inputs(inputs, _READS)
     _search(lambda: df.cosim.neighbors(on, k=k, threshold=threshold, columns=list(columns),
                                        method=method, n_probe=n_probe, clusters=clusters),
-            out, cluster, inputs=inputs, on_cluster=clustered(method, k=k, threshold=threshold,
-                                               n_probe=n_probe, clusters=clusters))  # fmt: skip
+            out, cluster, inputs=inputs, vectors=[f"left_{on}", f"right_{on}"],
+            on_cluster=clustered(method, k=k, threshold=threshold, n_probe=n_probe,
+                                 clusters=clusters))  # fmt: skip
 
 
 @main.command()
@@ -511,7 +516,8 @@ def dedup(
     _search(lambda: df.cosim.dedup(on, threshold, return_removed=removed is not None,
                                    columns=list(columns), method=method, n_probe=n_probe,
                                    clusters=clusters),
-            out, cluster, inputs=inputs, rows_of_input=True, removed=removed, on_cluster=clustered(
+            out, cluster, inputs=inputs, vectors=[on, f"left_{on}", f"right_{on}"],
+            rows_of_input=True, removed=removed, on_cluster=clustered(
                 method, threshold=threshold, n_probe=n_probe, clusters=clusters))  # fmt: skip
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -129,26 +129,38 @@ def write(
     progress: bool,
     layout: str = "binary",
     index: bool = True,
+    vectors: Collection[str] = (),
 ) -> Written:
     """Compute ``result`` (a dask or pandas frame, or a function returning one: results
     that are computed eagerly, like ``topk``'s) and write it to ``output`` in ``layout``,
-    with its index unless ``index`` is False (search results, numbered per partition)."""
+    with its index unless ``index`` is False (search results, numbered per partition).
+    Its columns named in ``vectors`` are stored as vectors; other list columns (tags,
+    token ids: rows of any length) as they are."""
     return write_all([(result, output, index)], overwrite=overwrite, progress=progress,
-                     layout=layout)[0]  # fmt: skip
+                     layout=layout, vectors=vectors)[0]  # fmt: skip
 
 
 def write_all(
-    results: Sequence[tuple[Any, str, bool]], *, overwrite: bool, progress: bool, layout: str
+    results: Sequence[tuple[Any, str, bool]],
+    *,
+    overwrite: bool,
+    progress: bool,
+    layout: str,
+    vectors: Collection[str] = (),
 ) -> list[Written]:
     """:func:`write` for several (result, output, index), computed together: work they
     share (dedup's pairs, for the kept and the removed rows) is done once.  The outputs
     are committed together (:func:`dask_cosim.io.to_parquet_together`): a failure, of
-    the computation or of any output's commit, leaves every output as it was."""
+    the computation or of any output's commit, leaves every output as it was.  The
+    columns named in ``vectors`` are each result's vectors (a column of lists of other
+    lengths was refused as a ragged embedding column)."""
     t0 = time.perf_counter()
+    frames = [(r() if callable(r) else r, out, index) for r, out, index in results]
     writes = [
-        (r() if callable(r) else r, out,
-         {"layout": layout, "write_index": None if index else False, "overwrite": overwrite})
-        for r, out, index in results
+        (frame, out,
+         {"layout": layout, "write_index": None if index else False, "overwrite": overwrite,
+          "vectors": [c for c in frame.columns if c in vectors]})
+        for frame, out, index in frames
     ]  # fmt: skip
     manifests = io.to_parquet_together(writes, progress=progress)
     seconds = time.perf_counter() - t0
@@ -233,7 +245,8 @@ def pairwise(
     spec = check_column(df, a)
 
     def run(progress: bool = False) -> Written:
-        written = write(out, output, overwrite=overwrite, progress=progress, layout=layout)
+        written = write(out, output, overwrite=overwrite, progress=progress, layout=layout,
+                        vectors=(a, b))  # fmt: skip
         summary = summarize(io.read_parquet(output, columns=[name])[name])
         embedding_bytes = None
         if spec.dim is not None and spec.dtype is not None:

@@ -397,3 +397,46 @@ def test_a_removed_folder_appearing_meanwhile_leaves_no_kept_output(
             write_pair(*dedup_outputs(data[0]), tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["removed", "rows"]
     assert [p.name for p in (tmp_path / "removed").iterdir()] == ["theirs"]
+
+
+def test_a_column_of_lists_of_any_length_is_carried_as_it_is(
+    tmp_path: Path, shared_cluster: str
+) -> None:
+    """A column of tags or token ids (lists of any length, some empty) beside the
+    embedding: the commands store only the embedding (and its carried copies) as
+    vectors.  Every list column was taken for one, and the write failed after the search
+    ("row 2 has 0 values but row 1 has 1 ... name the columns that do: vectors=[...]",
+    which no option of the command line gives); dedup, which writes every column, could
+    not run on such a table at all."""
+    x = np.random.default_rng(0).standard_normal((60, 8)).astype(np.float32)
+    x[30:33] = x[0]  # duplicates of row 0
+    tags = [list(range(i % 3)) for i in range(60)]
+    frame = pd.DataFrame({"emb": list(x), "tags": tags, "id": range(60)})
+    frame.to_parquet(tmp_path / "docs.parquet")
+    np.save(tmp_path / "q.npy", x[:2])
+    running = ["--scheduler", shared_cluster, "--quiet"]
+    docs = str(tmp_path / "docs.parquet")
+    for command in (
+        ["dedup", docs, "--on", "emb", "--threshold", "0.99", "--removed", "r", "--columns",
+         "tags"],
+        ["neighbors", docs, "--on", "emb", "--threshold", "0.99", "--columns", "tags",
+         "--columns", "emb"],
+        ["topk", docs, "--on", "emb", "--queries", str(tmp_path / "q.npy"), "--keep", "tags",
+         "--keep", "emb"],
+        ["pairwise", docs, "-a", "emb", "-b", "emb", "--keep", "tags"],
+    ):  # fmt: skip
+        out = tmp_path / command[0]
+        command = [c if c != "r" else str(tmp_path / "r") for c in command]
+        proc = cli_here(*command, "-o", str(out), *running)
+        assert proc.returncode == 0, (command, proc.stdout)
+    kept = dask_cosim.read_parquet(tmp_path / "dedup").compute()
+    assert kept["id"].tolist() == [i for i in range(60) if i not in (30, 31, 32)]
+    assert [list(t) for t in kept["tags"]] == [tags[i] for i in kept["id"]]
+    assert isinstance(kept["emb"].dtype, pd.ArrowDtype)  # stored as vectors still
+    removed = dask_cosim.read_parquet(tmp_path / "r").compute()
+    assert [list(t) for t in removed["right_tags"]] == [tags[i] for i in (30, 31, 32)]
+    pairs = dask_cosim.read_parquet(tmp_path / "neighbors").compute()
+    assert [list(t) for t in pairs["left_tags"]] == [tags[i] for i in pairs["left"]]
+    top = dask_cosim.read_parquet(tmp_path / "topk").compute()
+    assert [list(t) for t in top["tags"]] == [tags[i] for i in top["match"]]
+    assert len(dask_cosim.read_parquet(tmp_path / "pairwise").compute()) == 60
