@@ -133,6 +133,8 @@ _SPELLINGS: list[tuple[re.Pattern[str], Any]] = [
         lambda m: ("-" if len(m[1]) == 1 else "--") + m[1].replace("_", "-"),
     ),
     (re.compile(r"(?<=: )right_columns=(?= names others\))"), "--right-columns"),
+    # topk's queries whose length the metadata did not tell, found on a worker.
+    (re.compile(r"\bargument 'queries'"), "--queries"),
     # A config key named as the switch of a choice: the environment variable that sets it.
     (
         re.compile(r"\(cosim\.search\.clustered\.exact-when-cheaper\)"),

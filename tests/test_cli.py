@@ -594,6 +594,10 @@ def test_library_errors_in_cli_spellings() -> None:
         "cosim.search.max-result-bytes where": "raise the threshold, give -k to keep each "
         "row's k best matches, or set a larger DASK_COSIM__SEARCH__MAX_RESULT_BYTES where",
         "(cosim.search.max-result-bytes=1024)": "(DASK_COSIM__SEARCH__MAX_RESULT_BYTES=1024)",
+        # topk's queries of another D, found on a worker (list-layout files tell no D).
+        "argument 'queries' holds vectors of 32 values and column 'emb' (partition 0) of 16": (
+            "--queries holds vectors of 32 values and column 'emb' (partition 0) of 16"
+        ),
         # Column names, paths and functions that hold "cosim." are no config keys, nor
         # is a quoted name that is one.
         "column 'emb.cosim.unit' of dask_cosim.read_parquet": "column 'emb.cosim.unit' of "
