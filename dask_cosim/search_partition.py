@@ -143,9 +143,9 @@ def prepare_columns(df: Any, column: str, *, device: str = "auto") -> Any:
     """``df`` with :data:`COMPANIONS` beside ``column``: what a search would compute
     from its vectors on every call (:class:`~dask_cosim.search_kernels.Prepared`),
     computed once, for any ``cosim.eps``: the norms do not depend on it, and the unit rows
-    are over |x| (eps 0), as :func:`~dask_cosim.search_kernels.from_norms` reads them
-    under any eps (over max(|x|, eps) they were too short for a search under a smaller
-    eps, which then lost those rows' matches).  Unit rows are stored only for rows on the
+    are over ``|x|`` (eps 0), as :func:`~dask_cosim.search_kernels.from_norms` reads them
+    under any eps (over ``max(|x|, eps)`` they were too short for a search under a
+    smaller eps, which then lost those rows' matches).  Unit rows are stored only for rows on the
     CPU that are not already of norm 1 (on a GPU they are quick to redo)."""
     v = backends.to_vectors(df[column], column)
     x = v.blocks[0] if len(v.blocks) == 1 else torch.cat(v.blocks)
@@ -208,7 +208,7 @@ _CHECKED_ROWS = 8
 def _stale(
     x: torch.Tensor, null: torch.Tensor | None, inv: torch.Tensor, norm: torch.Tensor, column: str
 ) -> bool:
-    """Whether the prepared ``norm`` (|x * inv|) of a few rows spread over the partition
+    """Whether the prepared ``norm`` (``|x * inv|``) of a few rows spread over the partition
     differs from their vectors' (warned: the search then normalises them itself).  A
     column assigned again after ``prepare`` (the vectors of another model) kept the
     companions of the old one, and searches trusted them: scores above 1, or the old
