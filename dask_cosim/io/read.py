@@ -504,8 +504,7 @@ def _same_kind(got: pa.DataType, want: pa.DataType) -> bool:
     if pa.types.is_null(got) or pa.types.is_null(want):
         return True
     if pa.types.is_dictionary(got) or pa.types.is_dictionary(want):
-        value = lambda t: t.value_type if pa.types.is_dictionary(t) else t  # noqa: E731
-        return _same_kind(value(got), value(want))
+        return _same_kind(_values_type(got), _values_type(want))
     if _is_list(got) or _is_list(want):
         return _is_list(got) and _is_list(want) and _same_kind(got.value_type, want.value_type)
     if pa.types.is_floating(got) and pa.types.is_decimal(want):
@@ -588,8 +587,10 @@ def _check_filters(
     built).  An expression is tried likewise, as a whole."""
     if filters is None:
         return
+    # One row of nulls, which each comparison is tried on (see _check_compares).
+    row = pa.table({f.name: pa.nulls(1, f.type) for f in schema})
     if not isinstance(filters, list):
-        _check_compares(schema, filters, f"filters={given!r}", where=where)
+        _check_compares(row, filters, f"filters={given!r}", where=where)
         return
     try:
         pq.filters_to_expression(filters)
@@ -603,22 +604,22 @@ def _check_filters(
     if missing:
         raise errors.column_not_found(missing, names, "filters", where=where)
     for term in (term for conjunction in filters for term in conjunction):
-        _check_compares(schema, pq.filters_to_expression([term]), f"filters={given!r}", term)
+        _check_compares(row, pq.filters_to_expression([term]), f"filters={given!r}", term)
 
 
 def _check_compares(
-    schema: pa.Schema,
+    row: pa.Table,
     expression: Any,
     what: str,
     term: tuple[Any, ...] | None = None,
     where: str | None = None,
 ) -> None:
     """Raise TypeError where pyarrow cannot evaluate ``expression`` (one ``term`` of
-    filters in list form, or a whole expression) on rows of ``schema``: tried on one row
-    of nulls (on no rows, pyarrow let a naive timestamp pass for a column with a time
-    zone, which failed inside ``compute``).  An expression naming no column of
-    ``schema`` (of the file ``where``) is a KeyError, as filters in list form are."""
-    row = pa.table({f.name: pa.nulls(1, f.type) for f in schema})
+    filters in list form, or a whole expression) on ``row``, one row of nulls of the
+    read's columns (on no rows, pyarrow let a naive timestamp pass for a column with a
+    time zone, which failed inside ``compute``).  An expression naming no column (of the
+    file ``where``) is a KeyError, as filters in list form are."""
+    schema = row.schema
     try:
         row.filter(expression)
     except (pa.ArrowNotImplementedError, pa.ArrowInvalid, pa.ArrowTypeError) as error:
