@@ -70,10 +70,7 @@ def _release_at_exit() -> None:
     :func:`dask_cosim.local_cluster`'s clients are closed at exit for the same reason."""
     with _LOCK:
         futures = [f for f in list(_SCATTERED.values()) if f is not None]
-    by_client: dict[int, list[Any]] = {}
-    for future in futures:
-        by_client.setdefault(id(future.client), []).append(future)
-    for group in by_client.values():
+    for group in _by_client(futures):
         client = group[0].client
         if client.asynchronous or client.status != "running":
             continue  # (an event loop's client: nothing can wait for it here)
@@ -98,10 +95,7 @@ class _LocalReads(Callback):
             return
         named = set().union(*(getattr(node, "dependencies", ()) for node in dsk.values()))
         futures = [f for key, f in held.items() if key in named and f is not None]
-        by_client: dict[int, list[Any]] = {}
-        for future in futures:
-            by_client.setdefault(id(future.client), []).append(future)
-        for group in by_client.values():
+        for group in _by_client(futures):
             client = group[0].client
             try:
                 values = client.gather(group)
@@ -109,6 +103,14 @@ class _LocalReads(Callback):
                 raise _unreadable([f.key for f in group], client, err) from err
             for future, value in zip(group, values):
                 dsk[future.key] = DataNode(future.key, value)
+
+
+def _by_client(futures: list[Any]) -> list[list[Any]]:
+    """``futures`` in groups of one client's each (a gather or cancel is per client)."""
+    groups: dict[int, list[Any]] = {}
+    for future in futures:
+        groups.setdefault(id(future.client), []).append(future)
+    return list(groups.values())
 
 
 def _unreadable(keys: list[Any], client: Any, err: Exception) -> RuntimeError:
