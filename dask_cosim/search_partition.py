@@ -14,7 +14,6 @@ depend on how a frame is partitioned.
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -229,9 +228,12 @@ def _stale(
     same = torch.isclose(now, held, rtol=1e-9, atol=0.0, equal_nan=True)
     if bool(same.all()):
         return False
-    # One message for every partition: Python's default filter shows it once a process
-    # (a worker's, on a distributed cluster: in its log, not the client's).
-    warnings.warn(
+    # One message for every partition: Python's default filter shows it once a process.
+    # distributed's warn also sends it from a worker to the clients (a notebook's cell),
+    # where warnings.warn would leave it in the worker's log; elsewhere it is that.
+    from distributed import warn
+
+    warn(
         f"the columns prepare added beside {column!r} ({companion(column, 'norm')}, ...) "
         f"are not its vectors' (their norms differ): {column!r} changed after prepare; "
         f"the search normalises its vectors itself. Call prepare({column!r}) again, or "

@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 import warnings
 
 import dask
@@ -64,6 +65,27 @@ def test_queries_and_eager_frames_go_to_the_workers_outside_the_graph(
     pd.testing.assert_frame_equal(got, pdf.cosim.topk(x, "emb", k=1))
     want = pdf.cosim.join(pdf, "emb", k=1)
     pd.testing.assert_frame_equal(pairs.reset_index(drop=True), want.reset_index(drop=True))
+
+
+def test_a_stale_prepared_column_is_told_to_the_client(shared_client: Client) -> None:
+    """A search of a prepared frame whose column was assigned again warns in the client
+    (StalePreparedWarning) when a worker process finds it: the warning had stayed in the
+    worker's log, and the notebook's user never saw why the search normalised again."""
+    x = vectors(400, 16, seed=5)
+    prepared = dask_cosim.from_pandas(frame(x), npartitions=2).cosim.prepare("emb")
+    swapped = prepared.assign(emb=dask_cosim.from_pandas(frame(x[::-1].copy()), 2)["emb"])
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        got = swapped.cosim.neighbors("emb", k=1).compute()
+        # The worker's event reaches the client beside the result, not before it.
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not any(
+            issubclass(w.category, dask_cosim.errors.StalePreparedWarning) for w in seen
+        ):
+            time.sleep(0.05)
+    stale = [w for w in seen if issubclass(w.category, dask_cosim.errors.StalePreparedWarning)]
+    assert stale and "'emb' changed after prepare" in str(stale[0].message)
+    assert len(got) == len(x)
 
 
 def test_peak_memory_of_a_pair_task_is_bounded_by_the_tile() -> None:
