@@ -213,12 +213,14 @@ def convert(
     )
 
 
-def _vectors(dim: int | None, dtype: str, lead: str = "") -> str:
-    """ "6 x float32" after ``lead``, or where no row holds a vector (every row null) no D
-    to show."""
-    return (
-        f"{lead}{dim} x {dtype}" if dim else f"{dtype} vectors of unknown length (no row holds one)"
-    )
+def _vectors(dim: int | None, dtype: str, lead: str = "", none: str = "no row holds one") -> str:
+    """ "6 x float32" after ``lead``, or where no row holds a vector (every row null or
+    empty; ``none`` says which rows) no D to show."""
+    return f"{lead}{dim} x {dtype}" if dim else f"{dtype} vectors of unknown length ({none})"
+
+
+# What info says of a list column without a vector in the first file (the one it reads).
+_NONE_IN_FIRST = "no row of the first file holds one"
 
 
 @main.command()
@@ -241,7 +243,9 @@ def info(inputs: tuple[str, ...]) -> None:
     click.echo("columns")
     for column, meta in described["columns"].items():
         vector = (
-            f"  {_vectors(meta['dim'], meta['values'], 'vectors of ')}" if "dim" in meta else ""
+            f"  {_vectors(meta['dim'], meta['values'], 'vectors of ', _NONE_IN_FIRST)}"
+            if "dim" in meta
+            else ""
         )
         click.echo(f"  {column:24} {meta['dtype']}{vector}")
         for other in meta.get("elsewhere", ()):

@@ -679,8 +679,18 @@ def test_a_vector_column_without_a_vector_is_shown_without_a_length(tmp_path: Pa
                  ["info", str(tmp_path / "out")]):  # fmt: skip
         shown = CliRunner().invoke(main, args)
         assert shown.exit_code == 0, shown.output
-        assert "float32 vectors of unknown length (no row holds one)" in shown.output
+        assert "float32 vectors of unknown length (no row " in shown.output
         assert "None" not in shown.output and " 0 x " not in shown.output
+
+
+def test_info_finds_the_length_past_empty_and_null_rows(tmp_path: Path) -> None:
+    """A list column whose first rows are empty or null (more than one batch of them)
+    shows the length of its first vector: an empty first row had made info say "vectors
+    of unknown length (no row holds one)" of a column of 3-vectors."""
+    rows = [[]] * 1500 + [None] * 600 + [[1.0, 2.0, 3.0], [0.5, 0.1, 0.2]]
+    pq.write_table(pa.table({"emb": pa.array(rows, pa.list_(pa.float32()))}), tmp_path / "a.pq")
+    assert io.describe_parquet(tmp_path / "a.pq")["columns"]["emb"]["dim"] == 3
+    assert "vectors of 3 x float32" in cli_here("info", str(tmp_path / "a.pq")).stdout
 
 
 def test_columns_help_says_where_each_command_carries_them() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
@@ -16,7 +17,8 @@ __all__ = ["describe_parquet"]
 
 def describe_parquet(path: Any) -> dict[str, Any]:
     """What :func:`.read_parquet` would give, from the files' metadata (no data is read,
-    except one row per variable-length list column to learn its D).
+    except, per variable-length list column, the first file's rows up to its first
+    vector, to learn its D).
 
     Returns a dict: ``rows``, ``files``, ``partitions``, ``layout`` ("binary"/"list" for
     our folders, else None), ``index``: one {"name", "dtype"} per level of a stored index,
@@ -60,11 +62,8 @@ def describe_parquet(path: Any) -> dict[str, Any]:
             pass
         if spec is not None and spec.dtype is not None:
             dim = spec.dim
-            if dim is None:  # a variable list: the first stored row tells
-                first = opened.get(files[0]) or _open(files[0], fs)
-                batch = next(first.iter_batches(batch_size=16, columns=[name]), None)
-                lengths = [] if batch is None else batch.column(0).value_lengths().drop_null()
-                dim = int(lengths[0].as_py()) if len(lengths) else None
+            if dim is None:  # a variable list: the first file's first vector tells
+                dim = _first_length(opened.get(files[0]) or _open(files[0], fs), name)
             info.update(dim=dim, values=spec.dtype.name)
         elsewhere = _elsewhere(str(name), files, opened)
         if elsewhere:
@@ -78,6 +77,18 @@ def describe_parquet(path: Any) -> dict[str, Any]:
         "index": [{"name": i.name, "dtype": str(i.dtype)} for i in levels] if stored else None,
         "columns": columns,
     }
+
+
+def _first_length(file: pq.ParquetFile, name: str) -> int | None:
+    """The length of the first vector (list neither null nor empty) in the column ``name``
+    of ``file``, read a batch at a time until one holds it; None where no row does.  (An
+    empty first row had been taken for "no vectors" when every other row held one.)"""
+    for batch in file.iter_batches(batch_size=1024, columns=[name]):
+        lengths = pc.drop_null(batch.column(0).value_lengths())
+        held = pc.filter(lengths, pc.greater(lengths, 0))
+        if len(held):
+            return int(held[0].as_py())
+    return None
 
 
 def _elsewhere(
