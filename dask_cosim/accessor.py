@@ -438,8 +438,11 @@ class CosimAccessor:
             "clustered" on a dask frame whose routing shuffle has no room for the rows'
             copies.
         ResultTooLargeError
-            At compute time (when called, for an eager frame): a task found more pairs
-            than ``cosim.search.max-result-bytes`` lets it hold.
+            With "clustered", at compute time (when called, for an eager frame): a task
+            found more pairs than ``cosim.search.max-result-bytes`` lets it hold.  The
+            exact method's tasks keep one row a match of those pairs whatever their
+            number (a task past that budget, all pairs of many identical rows, searches
+            its rows again by blocks, keeping the matched rows block by block).
         """
         return search.dedup(self._obj, on, threshold, return_removed=return_removed,
                             columns=columns, method=method, n_probe=n_probe,
@@ -453,10 +456,13 @@ class CosimAccessor:
         NaN row, is a group of its own.
 
         Lazy for a dask frame (same partitions and divisions), else eager.  The pairs are
-        found partition pair by partition pair as :meth:`neighbors` finds them; the
-        components are then computed by ``scipy.sparse.csgraph.connected_components`` in
-        one task, which holds every pair (about 40 bytes each) and 16 bytes per row: 100
-        million pairs need about 4 GB in that task.
+        found partition pair by partition pair as :meth:`neighbors` finds them, and each
+        pair task keeps of them only edges that connect its rows as they do, fewer than
+        its rows (a task past ``cosim.search.max-result-bytes`` searches its rows again
+        by blocks, keeping those edges block by block); the components are then
+        computed by ``scipy.sparse.csgraph.connected_components`` in one task, which
+        holds every task's edges (about 40 bytes each: at most the rows of each
+        partition pair) and 16 bytes per row.
 
         Parameters
         ----------
@@ -483,9 +489,9 @@ class CosimAccessor:
         ValueError
             ``threshold`` missing or outside [-1, 1], or ``name`` is a column already.
         ResultTooLargeError
-            At compute time (when called, for an eager frame): a task found more pairs
-            than ``cosim.search.max-result-bytes`` lets it hold, the one that gathers
-            every pair included.
+            At compute time (when called, for an eager frame): the edges of every pair
+            task together are more than ``cosim.search.max-result-bytes`` lets the task
+            that gathers them hold.
         """
         return search.groups(self._obj, on, threshold, name=name)
 

@@ -339,7 +339,7 @@ def dedup(
         combine: Callable[..., Any] = sd.best_matches
         drop: Callable[..., Any] = sd.drop_matched
     else:
-        pair = functools.partial(build(sp.pair_threshold), positions=True,
+        pair = functools.partial(build(sp.pair_threshold), keep="rows",
                                  precision=opts.precision, budget=budget)  # fmt: skip
         combine, drop = sr.union_positions, sr.drop_rows
     outs, removed = [], []

@@ -8,6 +8,8 @@ its tiles find them (:class:`~dask_cosim._search_sweep.PairLimit`) and stops wit
 :class:`~dask_cosim.errors.ResultTooLargeError` once they would take more than
 ``cosim.search.max-result-bytes``, instead of running its worker out of memory (which
 dask answers by restarting the worker, then ``KilledWorker``, without a word about why).
+A task of ``dedup`` or ``groups``, which keep at most one entry a row of the pairs,
+searches its rows again by blocks instead (:mod:`dask_cosim.search_reduced`).
 
 The clustered search (``method="clustered"``, :mod:`dask_cosim.clustered`) counts its
 pairs the same way: each task searching blocks, and each task holding the pairs gathered
@@ -17,7 +19,7 @@ Pairs are counted at :data:`PAIR_BYTES` each, what one takes in a task's frame o
 pairs.  Finding the pairs and framing them, and sorting a merged partition's pairs
 (with them), take up to about 1.9 times as much at their peak (measured,
 ``python -m benchmarks.pair_memory``).  The merge of an output partition receives the
-pairs of every pair task that feeds it (groups: every edge, in one task), each task
+pairs of every pair task that feeds it (groups: every task's edges, in one task), each task
 within the budget: :func:`check_total` sums their counts before they move
 (:meth:`~dask_cosim.search_graph.Builder.checked`), so that a merge past the budget
 never gathers them.  Hence the share "auto" takes:

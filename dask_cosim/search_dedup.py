@@ -11,7 +11,8 @@ position: frame order), never by index labels, which may repeat.
   turns them into the rows of ``dedup(..., return_removed=True)``'s second frame, and
   :func:`drop_matched` removes the matched rows from the partition.
 - :func:`earlier_matches` with ``edges`` and :func:`components`: the threshold graph's
-  edges as pairs of keys, then its connected components (scipy, in one task), one array
+  edges (a spanning forest's per pair task) as pairs of keys, then its connected
+  components (scipy, in one task), one array
   of group ids per block; :func:`with_group` puts a partition's share beside its rows.
 """
 
@@ -55,13 +56,16 @@ def earlier_matches(
     """For each row of ``r`` (of ``q`` when ``r`` is None: then only earlier rows of
     ``q`` count) with a row of ``q`` scoring at least ``threshold``: the best such row
     (float64 score, ties to the earlier row), one pair per right row; with ``edges``
-    every such pair instead, as an (E, 2) array of the two rows' ordering keys.
+    instead edges that connect the rows as every such pair does (at most one per row:
+    :func:`~dask_cosim.search_reduced.spanning`), as an (E, 2) array of the two rows'
+    ordering keys.
     ``budget``: as :func:`~dask_cosim.search_partition.pair_threshold` takes it."""
-    pairs = sp.pair_threshold(q, r, threshold, tile_bytes, exact_scores=not edges,
+    if edges:
+        return sp.pair_threshold(q, r, threshold, tile_bytes, keep="forest",
+                                 precision=precision, budget=budget)  # fmt: skip
+    pairs = sp.pair_threshold(q, r, threshold, tile_bytes, exact_scores=True, keep="best",
                               precision=precision, budget=budget)  # fmt: skip
     pairs["_lkey"] = (np.int64(q.part) << sp.POS_BITS) + pairs["_l"].to_numpy(np.int64)
-    if edges:
-        return pairs[["_lkey", "_key"]].to_numpy(np.int64).reshape(-1, 2)
     return best_matches(pairs)
 
 

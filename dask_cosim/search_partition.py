@@ -24,6 +24,7 @@ import torch
 
 from dask_cosim import backends, errors, partition, search_twopass, staging
 from dask_cosim import search_kernels as sk
+from dask_cosim._search_sweep import TooManyPairs
 from dask_cosim.search_budget import Budget, collecting
 
 __all__ = [
@@ -437,7 +438,7 @@ def pair_threshold(
     tile_bytes: dict[str, int],
     *,
     exact_scores: bool = False,
-    positions: bool = False,
+    keep: str | None = None,
     precision: str = "fp32",
     budget: Budget | None = None,
 ) -> Any:
@@ -446,31 +447,58 @@ def pair_threshold(
     ``r`` None: ``q`` with itself, each unordered pair once, the earlier row (frame
     order) on the left, no row with itself (a self-join's diagonal partition pair).
     Returns the pairs as a frame (float64 scores with ``exact_scores``, else float32 ones
-    away from the threshold), or with ``positions`` only the sorted positions in ``r``
-    (``q`` when ``r`` is None) of the right rows: those dedup drops.  With ``precision``
-    "exact" every reported score is the float64 one, on any device ("fast" too, but on
-    CUDA).  ``budget``: the pairs the task may hold, past which it raises
-    :class:`~dask_cosim.errors.ResultTooLargeError`.
+    away from the threshold), or what ``keep`` (:mod:`dask_cosim.search_reduced`) keeps
+    of them: "rows", the sorted positions in ``r`` (``q`` when ``r`` is None) of the
+    right rows with a match (those dedup drops); "best", a frame holding at least each
+    right row's best pair (float64 scores); "forest", the (E, 2) ordering keys of edges
+    that connect the rows as the pairs do (groups).  With ``precision`` "exact" every
+    reported score is the float64 one, on any device ("fast" too, but on CUDA).
+
+    ``budget``: the pairs the task may hold, past which it raises
+    :class:`~dask_cosim.errors.ResultTooLargeError`; but with ``keep``, whose result has
+    at most one entry per row whatever the pairs, it searches again by blocks of rows
+    (:func:`~dask_cosim.search_reduced.by_blocks`), each reduced before the next.
     """
+    from dask_cosim import search_reduced
+
     other = q if r is None else r
     sides = _aligned(q, other)
     if sides is None:
-        return np.zeros(0, dtype=np.int64) if positions else _empty_pairs(q, other)
+        if keep == "rows":
+            return np.zeros(0, dtype=np.int64)
+        return np.zeros((0, 2), dtype=np.int64) if keep == "forest" else _empty_pairs(q, other)
     qp, rp = sides
     where = f"the task of {_named(q)} " + ("with itself" if r is None else f"with {_named(other)}")
+    tiles = _tile_bytes(tile_bytes, rp.unit.device)
+    s: torch.Tensor | None
     with collecting(budget, where) as limit:
-        i, j, s = sk.threshold_pairs(
-            qp,
-            rp,
-            threshold,
-            tile_bytes=_tile_bytes(tile_bytes, rp.unit.device),
-            mode="upper" if r is None else None,
-            # Positions need only the pair set; a float16 pass's score is none to report.
-            # ("fast" runs exact off CUDA: its low-precision pass is CUDA's alone.)
-            exact_scores=(exact_scores or precision != "fp32") and not positions,
-            precision=precision,
-            limit=limit,
-        )
-    if positions:
+        try:
+            i, j, s = sk.threshold_pairs(
+                qp,
+                rp,
+                threshold,
+                tile_bytes=tiles,
+                mode="upper" if r is None else None,
+                # Rows and edges need only the pair set; a float16 pass's score is none
+                # to report.  ("fast" runs exact off CUDA: its low-precision pass is
+                # CUDA's alone.)
+                exact_scores=(exact_scores or precision != "fp32") and keep in (None, "best"),
+                precision=precision,
+                limit=limit,
+            )
+        except TooManyPairs as stop:
+            if keep is None:
+                raise
+            i, j, s = search_reduced.by_blocks(
+                keep, qp, rp, threshold, upper=r is None, most=stop.most, tile_bytes=tiles,
+                precision=precision,
+            )  # fmt: skip
+    if keep == "rows":
         return np.unique(j.cpu().numpy())
+    if keep == "forest":
+        i_np, j_np = i.cpu().numpy(), j.cpu().numpy()
+        ends = search_reduced.spanning(i_np, j_np, len(qp), len(rp), upper=r is None)
+        parts = np.array([[q.part, other.part]], dtype=np.int64) << POS_BITS
+        return np.stack(ends, axis=1).astype(np.int64, copy=False) + parts
+    assert s is not None
     return _pairs_frame(q, other, i, j, s)

@@ -1,0 +1,148 @@
+"""dedup and groups keep at most one entry a row of the pairs they scan: the rows with
+a match, each row's best match, edges that connect the rows.  A pair task whose pairs
+pass its budget (all pairs of many identical rows) searches again by blocks of rows,
+keeping that much block by block, and gives the answer it gives within the budget;
+those tasks raised ResultTooLargeError."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import dask
+import numpy as np
+import pandas as pd
+import pytest
+from scipy.sparse import coo_matrix
+from scipy.sparse.csgraph import connected_components
+
+from dask_cosim import search_dedup as sd
+from dask_cosim import search_kernels as sk
+from dask_cosim import search_partition as sp
+from dask_cosim import search_reduced
+from dask_cosim.search_budget import PAIR_BYTES
+from tests.helpers import brute, prepare_rows, search_frame, search_vectors, to_dask
+
+THRESHOLD = 0.9
+
+
+def adversarial(n: int = 700, d: int = 16) -> tuple[np.ndarray, np.ndarray]:
+    """Rows past a few blocks of :data:`search_reduced._MIN_BLOCK`: 300 copies of one
+    direction (scaled: the same unit row), pairs a float32 ulp either side of the
+    threshold, duplicates of other rows, a NaN, a zero and a null row."""
+    x = search_vectors(n, d, seed=11).astype(np.float64)
+    rng = np.random.default_rng(12)
+    x[100:400] = x[3] * rng.uniform(0.5, 2.0, size=(300, 1))
+    for k, row in enumerate(range(450, 470)):  # cos(x[row], x[row + 20]) next to THRESHOLD
+        a = x[row] / np.linalg.norm(x[row])
+        b = rng.standard_normal(d)
+        b -= (b @ a) * a
+        b /= np.linalg.norm(b)
+        c = THRESHOLD + (k - 10) * 2.0**-24
+        x[row + 20] = c * a + np.sqrt(1 - c * c) * b
+    x[520:540] = x[600:620]
+    x[650], x[651] = np.nan, 0.0
+    null = np.zeros(n, dtype=bool)
+    null[652] = True
+    return x.astype(np.float32), null
+
+
+def _search(df: Any, op: str) -> Any:
+    if op == "groups":
+        out = df.cosim.groups("emb", THRESHOLD)
+    else:
+        out = df.cosim.dedup("emb", THRESHOLD, return_removed=op == "dedup-removed")
+    return dask.compute(out, scheduler="sync")[0]
+
+
+@pytest.mark.parametrize("op", ["dedup", "dedup-removed", "groups"])
+@pytest.mark.parametrize("npartitions", [None, 2])
+def test_past_the_budget_the_same_answer(op: str, npartitions: int | None) -> None:
+    x, null = adversarial()
+    pdf = search_frame(x, null=null)
+    df = pdf if npartitions is None else to_dask(pdf, npartitions)
+    want = _search(df, op)
+    # 2,000 pairs a task: the 300 copies alone make 44,850.
+    with dask.config.set({"cosim.search.max-result-bytes": 2000 * PAIR_BYTES}):
+        got = _search(df, op)
+    for w, g in zip(*(([want], [got]) if op != "dedup-removed" else (want, got)), strict=True):
+        pd.testing.assert_frame_equal(g, w)
+    if op == "dedup":  # and the answer is the float64 one
+        y = np.where(null[:, None], np.nan, x)
+        kept = ~np.tril(brute(y, y) >= THRESHOLD, -1).any(axis=1)
+        assert got["id"].tolist() == np.flatnonzero(kept).tolist()
+
+
+@pytest.mark.parametrize("keep", search_reduced.KEEPS)
+@pytest.mark.parametrize("upper", [True, False])
+def test_by_blocks_keeps_what_the_pairs_give(keep: str, upper: bool) -> None:
+    """Blocks of 256 rows (the fewest), over 700 x 700 or 700 x 600 rows."""
+    x, null = adversarial()
+    q = prepare_rows(x, null)
+    r = q if upper else prepare_rows(x[50:650], null[50:650])
+    i, j, s = sk.threshold_pairs(q, r, THRESHOLD, tile_bytes=2**16,
+                                 mode="upper" if upper else None)  # fmt: skip
+    got_i, got_j, got_s = search_reduced.by_blocks(
+        keep, q, r, THRESHOLD, upper=upper, most=1, tile_bytes=2**16
+    )
+    if keep == "rows":
+        assert got_j.tolist() == sorted(set(j.tolist()))
+    elif keep == "best":
+        order = np.lexsort((i.numpy(), -s.numpy(), j.numpy()))
+        first = np.r_[True, np.diff(j.numpy()[order]) != 0]
+        assert got_j.tolist() == j.numpy()[order][first].tolist()
+        assert got_i.tolist() == i.numpy()[order][first].tolist()
+        assert got_s is not None and got_s.tolist() == s.numpy()[order][first].tolist()
+    else:
+        _same_components(i.numpy(), j.numpy(), got_i.numpy(), got_j.numpy(), len(q), len(r), upper)
+
+
+def _labels(i: np.ndarray, j: np.ndarray, nq: int, nr: int, upper: bool) -> np.ndarray:
+    nodes = nq if upper else nq + nr
+    v = j if upper else j + nq
+    graph = coo_matrix((np.ones(len(i)), (i, v)), shape=(nodes, nodes))
+    return connected_components(graph, directed=False)[1]
+
+
+def _same_components(
+    i: np.ndarray, j: np.ndarray, fi: np.ndarray, fj: np.ndarray, nq: int, nr: int, upper: bool
+) -> None:
+    """The forest (fi, fj) joins what the pairs (i, j) join, and no more, with one edge
+    fewer than the rows of each set; each edge a left and a right row (upper: i < j)."""
+    want = _labels(i, j, nq, nr, upper)
+    got = _labels(fi, fj, nq, nr, upper)
+    # The same partition of the rows: each label of one maps to one label of the other.
+    pairs = set(zip(want.tolist(), got.tolist(), strict=True))
+    assert len(pairs) == len(set(want.tolist())) == len(set(got.tolist()))
+    touched = np.zeros(len(want), dtype=bool)
+    touched[i] = True
+    touched[j if upper else j + nq] = True
+    sets = len(set(want[touched].tolist()))
+    assert len(fi) == touched.sum() - sets
+    assert (fi >= 0).all() and (fi < nq).all()
+    assert (fj >= 0).all() and (fj < (nq if upper else nr)).all()
+    if upper:
+        assert (fi < fj).all()
+
+
+@pytest.mark.parametrize("upper", [True, False])
+def test_spanning_on_random_graphs(upper: bool) -> None:
+    rng = np.random.default_rng(5)
+    for _ in range(20):
+        nq, nr = rng.integers(1, 60, size=2)
+        nr = nq if upper else nr
+        e = int(rng.integers(0, 80))
+        i, j = rng.integers(0, nq, size=e), rng.integers(0, nr, size=e)
+        if upper:
+            keep = i != j
+            i, j = np.minimum(i, j)[keep], np.maximum(i, j)[keep]
+        fi, fj = search_reduced.spanning(i, j, int(nq), int(nr), upper)
+        _same_components(i, j, fi, fj, int(nq), int(nr), upper)
+
+
+def test_a_task_of_identical_rows_holds_a_row_each() -> None:
+    """groups' pair task returns the edges of a forest, not the 44,850 pairs of 300
+    copies of a row (nor the others'): fewer than its rows."""
+    x, null = adversarial()
+    side = sp.prepare_side(search_frame(x, null=null), "emb", 0, eps=1e-8)
+    edges = sd.earlier_matches(side, None, THRESHOLD, {"cpu": 2**20, "cuda": 2**20}, edges=True)
+    assert edges.shape[1] == 2 and 300 <= len(edges) < len(x)
