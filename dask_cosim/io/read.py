@@ -374,7 +374,7 @@ def _read_piece(
             # Our binary layout: pyarrow decodes the columns in parallel, and decoding is
             # a copy per column, so the whole-table read is faster than batches and peaks
             # no higher (benchmarks/NOTES.md, section 6).
-            table = pq.read_table(file, columns=stored, use_pandas_metadata=True, **where)
+            table = _read_whole(file, stored, where)
         else:
             table = pq.ParquetFile(file, **where).read_row_groups(
                 row_groups, columns=stored, use_pandas_metadata=True
@@ -701,6 +701,21 @@ _BATCH_BYTES = 16 * 2**20
 
 
 _READ_BUFFER = 2**20
+
+
+def _read_whole(file: str, columns: list[str] | None, where: dict[str, Any]) -> pa.Table:
+    """The file's ``columns`` by ``pq.read_table``; those it lacks left out (as
+    :func:`_read_batches` leaves them, for :func:`_as_first` to fill with nulls), where
+    read_table refused the read ("No match for FieldRef": a later folder's file without
+    a column of the first's)."""
+    try:
+        return pq.read_table(file, columns=columns, use_pandas_metadata=True, **where)
+    except pa.ArrowInvalid as error:
+        if columns is None or "No match for FieldRef" not in str(error):
+            raise
+    held = pq.ParquetFile(file, **where).schema_arrow.names
+    present = [c for c in columns if c in held]
+    return pq.read_table(file, columns=present, use_pandas_metadata=True, **where)
 
 
 def _read_batches(

@@ -610,6 +610,26 @@ def test_files_of_a_folder_are_read_with_the_first_files_types(tmp_path: Path) -
         assert got.index.tolist() == [10, 11, 0, 1] and got["x"].tolist() == [1, 2, 3, 4]
 
 
+@pytest.mark.parametrize("first", ["binary", "list"])
+def test_a_later_folder_without_a_column_of_the_first_reads_it_as_null(
+    tmp_path: Path, first: str
+) -> None:
+    """Two folders read together, the second without the first's vector column: its rows
+    have nulls there, as a later file's do (and info says).  With the first in the binary
+    layout its whole-file read asked pyarrow for the column: ArrowInvalid "No match for
+    FieldRef.Name(emb)" at compute."""
+    x = np.arange(12, dtype=np.float32).reshape(3, 4) + 1
+    pdf = pd.DataFrame({"id": [0, 1, 2], "emb": list(x)})
+    dask_cosim.to_parquet(dask_cosim.from_pandas(pdf, 1), tmp_path / "a", layout=first)
+    dask_cosim.to_parquet(dask_cosim.from_pandas(pdf[["id"]], 1), tmp_path / "b")
+    df = dask_cosim.read_parquet([tmp_path / "a", tmp_path / "b"])
+    got = df.compute()
+    assert got["id"].tolist() == [0, 1, 2] * 2
+    assert got["emb"].isna().tolist() == [False] * 3 + [True] * 3
+    cos = df.cosim.pairwise("emb", "emb").compute().to_numpy()
+    assert np.isnan(cos).tolist() == [False] * 3 + [True] * 3
+
+
 @pytest.mark.parametrize(
     ("first", "later", "message"),
     [
