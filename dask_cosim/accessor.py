@@ -193,8 +193,9 @@ class CosimAccessor:
             (``query`` cannot tell those queries apart); each names the queries.
         RepeatedLabelsWarning
             No ``columns`` are carried and the frame is a dask frame of several partitions
-            with unknown divisions, or an eager frame whose labels repeat: ``match`` may
-            not name rows uniquely, and the warning names the fix.
+            with unknown divisions, or an eager frame (or a dask frame of one in memory)
+            whose labels repeat: ``match`` may not name rows uniquely, and the warning
+            names the fix.
 
         Raises
         ------
@@ -258,8 +259,8 @@ class CosimAccessor:
         -----
         RepeatedLabelsWarning
             A side carries no columns and is a dask frame of several partitions with
-            unknown divisions, or an eager frame whose labels repeat: its labels may
-            repeat, and the warning names the fix.
+            unknown divisions, or an eager frame (or a dask frame of one in memory) whose
+            labels repeat: its labels may repeat, and the warning names the fix.
 
         Raises
         ------
@@ -324,8 +325,9 @@ class CosimAccessor:
         -----
         RepeatedLabelsWarning
             No ``columns`` are carried and the frame is a dask frame of several partitions
-            with unknown divisions, or an eager frame whose labels repeat: ``left`` and
-            ``right`` may not name rows uniquely, and the warning names the fix.
+            with unknown divisions, or an eager frame (or a dask frame of one in memory)
+            whose labels repeat: ``left`` and ``right`` may not name rows uniquely, and
+            the warning names the fix.
         UserWarning
             With "clustered": the plan expects exact all-pairs to cost no more (it then
             runs instead: the same pairs), or, with ``n_probe=None``, copies each row to
@@ -416,10 +418,10 @@ class CosimAccessor:
         -----
         RepeatedLabelsWarning
             With ``return_removed`` and no ``columns``: the frame is a dask frame of
-            several partitions with unknown divisions, or an eager frame whose labels
-            repeat, so ``left`` and ``right`` may not name rows uniquely; the warning
-            names the fix.  (The kept rows are the frame's own: nothing is said without
-            ``return_removed``.)
+            several partitions with unknown divisions, or an eager frame (or a dask frame
+            of one in memory) whose labels repeat, so ``left`` and ``right`` may not name
+            rows uniquely; the warning names the fix.  (The kept rows are the frame's own:
+            nothing is said without ``return_removed``.)
         UserWarning
             With "clustered": the plan expects exact all-pairs to cost no more (it then
             runs instead), or, with ``n_probe=None``, copies each row to many blocks.

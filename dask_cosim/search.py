@@ -149,14 +149,20 @@ def _pair_columns(
 def _warn_if_labels_repeat(sides: list[tuple[Any, str, str, str]]) -> None:
     """One warning for the first of ``sides`` (frame, what it is, the result columns
     naming its rows, the keyword that carries its columns) whose index labels may repeat:
-    a dask frame of several partitions with unknown divisions (known divisions may repeat
-    a label too, which only the data tell), or an eager frame whose labels repeat.  Sides
-    that carry columns are left out."""
+    a dask frame of several partitions with unknown divisions, or an eager frame whose
+    labels repeat, or a dask frame of ``dd.from_pandas`` (known divisions, or one
+    partition) whose frame in memory repeats them (other frames' known divisions may
+    repeat a label too, which only the data tell).  Sides that carry columns are left
+    out."""
     for frame, what, names, keyword in sides:
         if dask.is_dask_collection(frame):
             if frame.npartitions < 2 or frame.known_divisions:
-                continue
-            parts: int | None = frame.npartitions
+                index = backends.in_memory_index(frame)
+                if index is None or index.is_unique:
+                    continue
+                parts: int | None = None
+            else:
+                parts = frame.npartitions
         elif frame.index.is_unique:  # (pandas and cudf keep it once computed)
             continue
         else:

@@ -75,6 +75,7 @@ __all__ = [
     "expression_kinds",
     "frame_from_arrow",
     "frame_like",
+    "in_memory_index",
     "in_memory_sources",
     "is_device_frame",
     "is_vector_series",
@@ -286,13 +287,31 @@ def _pandas_source(obj: Any, column: Any) -> Any:
     collection's column is that one (selected, filtered, not computed anew: a column
     that ``df[c] = df[c].map(json.loads, ...)`` made is not the text it was made of),
     or None."""
+    data = _in_memory_frame(obj, column)
+    return data[column] if column in getattr(data, "columns", ()) else None
+
+
+def in_memory_index(obj: Any) -> Any:
+    """The index of the frame a ``dd.from_pandas`` collection ``obj`` holds in memory,
+    where each step above it keeps its rows' labels (a selection, a filter, ``assign``:
+    not ``set_index`` or ``reset_index``), or None."""
+    data = _in_memory_frame(obj)
+    return None if data is None else getattr(data, "index", None)
+
+
+_NO_COLUMN = object()
+
+
+def _in_memory_frame(obj: Any, column: Any = _NO_COLUMN) -> Any:
+    """The frame (pandas; cudf) a ``dd.from_pandas`` collection holds in memory, where
+    each step from it to ``obj`` keeps the rows' labels and, given ``column``, that
+    column (an ``assign`` of it makes another); else None."""
     expr = getattr(obj, "expr", None)
     while expr is not None:
         kinds = expression_kinds(expr)
         if "FromPandas" in kinds:
-            data = getattr(expr.frame, "_data", expr.frame)
-            return data[column] if column in getattr(data, "columns", ()) else None
-        if "Assign" in kinds and column in getattr(expr, "keys", ()):
+            return getattr(expr.frame, "_data", expr.frame)
+        if "Assign" in kinds and column is not _NO_COLUMN and column in getattr(expr, "keys", ()):
             return None
         if not kinds & (_PASSING | {"Assign"}):
             return None
