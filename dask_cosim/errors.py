@@ -273,10 +273,13 @@ def string_column(
             )
             message += (
                 f"Its cells are lists of numbers written as text, such as {short!r}, as "
-                f"read from a CSV or JSON file: parse them first, {parse}. If they were "
-                "lists before dd.from_pandas: "
+                f"read from a CSV or JSON file: parse them first, {parse}."
             )
-        message += _STRINGIFIED
+            # A frame in memory was read so; only a dask frame may have been made text.
+            if lazy:
+                message += " If they were lists before dd.from_pandas: " + _STRINGIFIED
+        else:
+            message += _STRINGIFIED
     elif text is not None:
         message = (
             f"column {column!r} holds text ({dtype}) such as {short!r}, not vectors: cosine "
