@@ -193,3 +193,7 @@ def test_frame_from_arrow_keeps_vectors_as_arrow_lists_and_restores_the_index() 
 def test_row_label_gives_plain_python_values() -> None:
     label = backends.row_label(pd.Index(np.array([5, 6], dtype=np.int64)), 1)
     assert label == 6 and type(label) is int
+    # A MultiIndex's label: each level's value (messages showed "('y', np.int64(2))").
+    label = backends.row_label(pd.MultiIndex.from_tuples([("x", 1), ("y", 2)]), 1)
+    assert label == ("y", 2) and [type(v) for v in label] == [str, int]
+    assert repr(label) == "('y', 2)"

@@ -362,6 +362,8 @@ def row_label(index: Any, position: int) -> Any:
     """The index label at ``position``, as a plain Python value (for error messages;
     a device index is copied to the host, which only error paths do)."""
     label = to_pandas(index)[position]
+    if isinstance(label, tuple):  # a MultiIndex's: each level's value plain too
+        return tuple(v.item() if hasattr(v, "item") else v for v in label)
     return label.item() if hasattr(label, "item") else label
 
 
