@@ -10,9 +10,9 @@ from __future__ import annotations
 import torch
 
 from dask_cosim import search_kernels as sk
-from dask_cosim._search_sweep import PairLimit, chunks, compact
+from dask_cosim._search_sweep import PairLimit, TooManyPairs, chunks, compact
 
-__all__ = ["MEMBER", "PROBE", "SIDE", "block_pairs", "rows"]
+__all__ = ["MEMBER", "PROBE", "SIDE", "block_pairs", "later_rows", "rows"]
 
 # Roles of a row in a block, in the order a block keeps its rows (see block_pairs).
 MEMBER, SIDE, PROBE = 0, 1, 2
@@ -28,6 +28,7 @@ def block_pairs(
     tile_bytes: int,
     precision: str = "fp32",
     limit: PairLimit | None = None,
+    member_pairs: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The pairs of one block scoring at least ``threshold`` in float64: (first, second,
     score), positions in ``prep`` with ``key[first] < key[second]``, found by tiles of
@@ -35,9 +36,10 @@ def block_pairs(
 
     The block's rows come in role order: ``members`` MEMBER rows sorted by ``key``, then
     ``sides`` SIDE rows, then PROBE rows.  Pairs are MEMBER x MEMBER (each unordered pair
-    once) and PROBE x (MEMBER or SIDE).  Each pair is re-scored with its earlier row
-    (smaller ``key``, frame order) first, as the all-pairs search scores it, so that a
-    pair at the threshold gets the same float64 score, and decision, in both.
+    once; not with ``member_pairs`` False) and PROBE x (MEMBER or SIDE).  Each pair is
+    re-scored with its earlier row (smaller ``key``, frame order) first, as the all-pairs
+    search scores it, so that a pair at the threshold gets the same float64 score, and
+    decision, in both.
 
     ``limit`` counts the candidate pairs as the kernels find them (and may be handed
     every block of a task): past its most, :class:`~dask_cosim._search_sweep.TooManyPairs`.
@@ -47,7 +49,7 @@ def block_pairs(
     # the rows swapped may differ from this one in the last bits.
     low = threshold - 2.0**-50
     first, second = [], []
-    if members > 1:
+    if members > 1 and member_pairs:
         pm = rows(prep, 0, members)
         i, j = sk.threshold_pairs(
             pm, pm, low, tile_bytes=tile_bytes, mode="upper", exact_scores=False,
@@ -79,6 +81,52 @@ def block_pairs(
     score = sk.rescore(prep, a, prep, b)
     a, b, score = compact(score >= threshold, a, b, score)
     return a, b, score
+
+
+def later_rows(
+    prep: sk.Prepared,
+    members: int,
+    sides: int,
+    key: torch.Tensor,
+    threshold: float,
+    *,
+    tile_bytes: int,
+    precision: str = "fp32",
+    most: int | None = None,
+) -> torch.Tensor:
+    """The later row (larger ``key``) of each pair of :func:`block_pairs` (the same
+    arguments), once each, sorted: the rows of one block that dedup drops.
+
+    They are at most the block's rows, whatever its pairs: where its MEMBER x MEMBER
+    pairs pass ``most`` (a cluster of many identical rows), the members are searched
+    again by blocks of rows, keeping the matched rows block by block
+    (:func:`~dask_cosim.search_reduced.by_blocks`); the PROBE pairs count against a
+    limit of ``most`` (:class:`~dask_cosim._search_sweep.TooManyPairs` past it)."""
+    from dask_cosim import search_reduced
+
+    found = []
+    if members > 1:
+        pm = rows(prep, 0, members)
+        # Members come sorted by key: the later row of a pair is its second, and the
+        # kernel's re-score takes the earlier first, as block_pairs does.
+        try:
+            j = sk.threshold_pairs(
+                pm, pm, threshold, tile_bytes=tile_bytes, mode="upper", exact_scores=False,
+                precision=precision, limit=None if most is None else PairLimit(most),
+            )[1]  # fmt: skip
+        except TooManyPairs:
+            j = search_reduced.by_blocks(
+                "rows", pm, pm, threshold, upper=True, most=int(most or 0),
+                tile_bytes=tile_bytes, precision=precision,
+            )[1]  # fmt: skip
+        found.append(torch.unique(j))
+    limit = None if most is None else PairLimit(most)
+    _, later, _ = block_pairs(
+        prep, members, sides, key, threshold, tile_bytes=tile_bytes, precision=precision,
+        limit=limit, member_pairs=False,
+    )  # fmt: skip
+    found.append(later)
+    return torch.unique(torch.cat(found))
 
 
 def rows(prep: sk.Prepared, start: int, stop: int) -> sk.Prepared:

@@ -337,7 +337,9 @@ def search_blocks(
     ``drops`` False: "_lkey", "_rkey" (frame-order keys, the earlier row first), "left",
     "right" (labels) and "score" (float64).  ``drops`` True: "_key", the later row of
     each pair (the row ``dedup`` drops).  ``budget``: the pairs the task may hold, over
-    all its blocks, past which it raises :class:`~dask_cosim.errors.ResultTooLargeError`.
+    all its blocks, past which it raises :class:`~dask_cosim.errors.ResultTooLargeError`;
+    with ``drops``, which keeps at most the rows, the pairs of one block's probes (its
+    members' are searched by blocks of rows past it: :func:`.clustered_blocks.later_rows`).
     """
     block_all, role_all = df["_block"].to_numpy(), df["_role"].to_numpy()
     # Each block's rows together, in role order, members by key (block_pairs).
@@ -361,6 +363,14 @@ def search_blocks(
     with collecting(budget, where, SMALLER_BLOCKS) as limit:
         for s, e in zip(starts, stops, strict=True):
             counts = np.bincount(role[s:e], minlength=3)
+            if drops:  # the rows dropped alone, at most the block's: each block its limit
+                later = cb.later_rows(
+                    cb.rows(prep, s, e), int(counts[cb.MEMBER]), int(counts[cb.SIDE]),
+                    key[s:e], threshold, tile_bytes=tile_bytes, precision=precision,
+                    most=None if limit is None else limit.most,
+                )  # fmt: skip
+                second.append(later.add_(s).cpu().numpy())
+                continue
             i, j, sc = cb.block_pairs(
                 cb.rows(prep, s, e),
                 int(counts[cb.MEMBER]),

@@ -166,3 +166,23 @@ def test_the_error_reaches_the_client_from_a_worker(pdf: pd.DataFrame, loop: obj
             result = _search(ddf, "neighbors")
         with pytest.raises(ResultTooLargeError, match=f"{GATHER} 0 of the frame found 59,900"):
             result.compute()
+
+
+def test_dedup_of_a_cluster_of_identical_rows_keeps_a_row_each() -> None:
+    """300 copies of one row (scaled) in one cluster, 2,000 pairs a task: dedup's block
+    task keeps the rows it drops, at most its rows, searching the cluster's members again
+    by blocks of rows past the budget; it raised ResultTooLargeError (44,850 pairs).
+    The rows kept are the exact method's, which does the same."""
+    rng = np.random.default_rng(8)
+    e1, e2 = np.eye(DIM)[0], np.eye(DIM)[1]
+    x = np.concatenate([
+        e1 * rng.uniform(0.5, 2.0, size=(300, 1)),
+        e1 + 0.2 * rng.standard_normal((100, DIM)),
+        e2 + 0.2 * rng.standard_normal((200, DIM)),
+    ]).astype(np.float32)  # fmt: skip
+    df = to_dask(search_frame(x[rng.permutation(len(x))]), 2)
+    want = df.cosim.dedup("emb", 0.9).compute(scheduler="sync")
+    with dask.config.set(_settings(2000)):
+        got = df.cosim.dedup("emb", 0.9, method="clustered", clusters=2)
+        got = got.compute(scheduler="sync")
+    assert list(got["id"]) == list(want["id"]) and len(want) < len(x) - 299
