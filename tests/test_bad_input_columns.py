@@ -17,6 +17,7 @@ import json
 from typing import Any
 
 import dask
+import dask.dataframe as dd
 import numpy as np
 import pandas as pd
 import pyarrow as pa
@@ -128,6 +129,27 @@ CASES = [
         lambda: frame(cells([*A[:3], "oops", *A[4:]]), fixed(B)),
         lambda: Raises(
             TypeError, f"column 'a': row 'r3' holds str 'oops', {NOT_NUMBERS}", "from_pandas"
+        ),
+    ),
+    Case(
+        # The text error said "holds text" of one string that came first (in the frame or a
+        # partition) and named the row of one that came later: both are one bad row.
+        "object column with a string in its first row",
+        lambda: frame(cells(["missing", *A[1:]]), fixed(B)),
+        lambda: Raises(
+            TypeError,
+            f"column 'a': row 'r0' holds str 'missing', {NOT_NUMBERS}",
+            "compute",  # from_pandas keeps a column whose first cell is a string as it is
+        ),
+    ),
+    Case(
+        "object column of text with a null",  # every non-null cell a string: text
+        lambda: frame(cells(["x", None, "y", "z", "u", "v"]), fixed(B)),
+        lambda: Raises(
+            TypeError,
+            r"column 'a' holds text \((str|object|string)\) such as 'x', not vectors: "
+            r"(?!.*from_pandas).*SentenceTransformer",
+            "graph",
         ),
     ),
     Case(
@@ -354,6 +376,19 @@ def test_eager_pandas(case: Case) -> None:
 @pytest.mark.parametrize("case", [pytest.param(c, id=c.id) for c in CASES])
 def test_dask(case: Case) -> None:
     check_dask(case)
+
+
+def test_a_string_first_in_a_partition_is_a_bad_row() -> None:
+    """A frame of ``dd.from_pandas`` with object columns kept: a string that comes first
+    in a partition other than the first is named by its row, as anywhere else (it was
+    called a column of text)."""
+    pdf = frame(cells([*A[:3], "missing", *A[4:]]), fixed(B))
+    with dask.config.set({"dataframe.convert-string": False}):
+        ddf = dd.from_pandas(pdf, npartitions=2)
+    assert ddf.divisions == ("r0", "r3", "r5")
+    lazy = ddf.cosim.pairwise("a", "b")
+    with pytest.raises(TypeError, match=f"column 'a': row 'r3' holds str 'missing', {NOT_NUMBERS}"):
+        lazy.compute()
 
 
 def test_from_pandas_makes_strings_only_of_strings() -> None:

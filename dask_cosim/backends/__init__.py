@@ -216,7 +216,10 @@ def check_named_once(columns: Any, column: Any, what: str = "column") -> None:
 def column_spec(obj: Any, column: Any) -> VectorSpec:
     """:func:`vector_spec` of ``obj[column]`` (a dask, pandas or cudf frame: its metadata),
     except that a column of strings raises saying what they hold, text or vectors written
-    as text: for that, and only then, the first rows of the first partitions are read."""
+    as text: for that, and only then, the first rows of the first partitions are read.
+    An object column raises so when it is in memory (eager, or behind ``dd.from_pandas``)
+    and every non-null cell is a string; one string among vectors is left to the row's
+    error when the vectors are read."""
     lazy = is_dask_collection(obj)
     meta = obj._meta if lazy else obj
     check_named_once(meta.columns, column)
@@ -227,11 +230,21 @@ def column_spec(obj: Any, column: Any) -> VectorSpec:
         raise string_column(column, err.dtype, sample, vector_columns(meta), lazy) from None
     if spec.dtype is None:
         # An object column could hold anything; pandas before 3.0 keeps text there. Its
-        # first cell, where reading it computes nothing, tells now rather than at compute.
+        # cells, where reading them computes nothing, tell now rather than at compute.
         cell = _first_cell(obj, column, cells=1000, compute=False)
-        if isinstance(cell, str):
+        if isinstance(cell, str) and _all_strings(obj, column):
             raise string_column(column, meta[column].dtype, cell, vector_columns(meta), lazy)
     return spec
+
+
+def _all_strings(obj: Any, column: Any) -> bool:
+    """Whether every non-null cell of ``obj[column]`` (an eager frame's, or the frame's in
+    memory behind a ``dd.from_pandas`` collection) is a string: a column of text.  A
+    string among vectors is one bad row, which reading the vectors names instead."""
+    series = _pandas_source(obj, column) if is_dask_collection(obj) else obj[column]
+    if series is None:
+        return False
+    return all(isinstance(cell, str) for cell in to_pandas(series).dropna())
 
 
 def _first_string(obj: Any, column: Any) -> str | None:

@@ -169,7 +169,9 @@ def stack_object_column(
     elements (a (300, 1) tensor is a 300-vector); None/NA/NaT/NaN cells are null rows;
     longdouble values are read as float64.  Ragged rows and cells that are not vectors of
     real numbers (strings, scalars, bool or complex values) raise, naming the column and
-    the row label.  One vectorised stack for the whole column: torch tensors stay torch
+    the row label; a column whose every non-null cell is a string raises
+    :class:`~dask_cosim.errors.StringColumnError` instead (text, or vectors written as
+    text).  One vectorised stack for the whole column: torch tensors stay torch
     (no numpy round trip), all else numpy.
     """
     n = len(values)
@@ -179,9 +181,11 @@ def stack_object_column(
     cells = values if null is None else values[positions]
     if len(cells) == 0:
         return np.zeros((n, 0), dtype=np.float32), null
-    if isinstance(cells[0], str):
+    if isinstance(cells[0], str) and all(isinstance(x, str) for x in cells):
         # A text column, or vectors that became text: pandas before 3.0 keeps strings in
-        # object columns, so this is where they are first seen.
+        # object columns, so this is where they are first seen.  A string among vectors
+        # (a placeholder such as 'missing') is one bad row, whichever row holds it: the
+        # checked stack names it.
         raise errors.string_column(column, values.dtype, cells[0])
 
     dense = _stack_uniform(cells)
