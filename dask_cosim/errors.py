@@ -161,15 +161,35 @@ def join_not_frame(right: Any, on: str, right_on: str) -> TypeError:
 
 def dims_differ(what_a: str, dim_a: int, what_b: str, dim_b: int, row: Any = None) -> ValueError:
     """Vectors of two lengths where one is needed: from the metadata (two columns, or a
-    column and the queries), or at ``row`` of one frame (two columns of that row)."""
+    column and the queries), or at ``row`` of one frame (two columns of that row; where
+    one is empty, a placeholder for a missing vector often, say to make it null)."""
     if row is None:
         return ValueError(
             f"{what_a} holds vectors of {dim_a} values and {what_b} of {dim_b}; cosine "
             "similarity needs vectors of the same length"
         )
+    empty = what_a if dim_a == 0 else what_b if dim_b == 0 else None
+    hint = (
+        ""
+        if empty is None
+        else f"; {empty} holds an empty vector there: for a row without a vector, store "
+        f"null (None), not an empty one: row {row!r} then scores null"
+    )
     return ValueError(
         f"row {row!r}: {what_a} has {dim_a} values and {what_b} has {dim_b}; both columns "
-        "need vectors of the same length"
+        f"need vectors of the same length{hint}"
+    )
+
+
+def empty_vectors(column: str, row: Any) -> ValueError:
+    """Every row of an object column read at once (the column, or a dask partition of it)
+    that is not null holds a vector of no values, ``row`` first: no length D to compare,
+    most often an embedding step that failed or empty placeholders for missing vectors."""
+    return ValueError(
+        f"column {column!r}: row {row!r} holds an empty vector, and so does every other row "
+        "read with it that is not null (the column's, or on dask its partition's): vectors "
+        "with no values (D = 0) have no cosine. Check the step that made them; for a row "
+        "without a vector, store null (None), not an empty one: that row then scores null"
     )
 
 

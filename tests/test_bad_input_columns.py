@@ -255,6 +255,36 @@ CASES = [
             ("lists", lambda rows: cells([list(r) for r in rows]), "from_pandas"),
         )
     ),
+    *(
+        Case(
+            # D = 0 is a failed embedding step: every row scored 0.0.
+            f"every vector empty, {kind}",
+            lambda column=column: frame(column, arrays(B)),
+            lambda: Raises(
+                ValueError,
+                "column 'a': row 'r[0-4]' holds an empty vector, and so does every other row "
+                "read with it that is not null .*: vectors with no values \\(D = 0\\) have no "
+                "cosine. .*store null \\(None\\), not an empty one",
+                "compute",  # from_pandas keeps a column of empty lists as it is
+            ),
+        )
+        for kind, column in (
+            ("lists", cells([[]] * N)),
+            # Against vectors of 4: it said "row 'r0': column 'a' has 0 values and column
+            # 'b' has 4", without the hint.
+            ("numpy arrays beside null rows", cells([np.zeros(0, np.float32), None] * 3)),
+        )
+    ),
+    Case(
+        "an empty vector beside null rows, Arrow list<float>",
+        lambda: frame(variable([[], *[None] * (N - 1)]), fixed(B)),
+        lambda: Raises(
+            ValueError,
+            f"row 'r0': column 'a' has 0 values and column 'b' has 4; {A_B_SIZES}; column 'a' "
+            "holds an empty vector there: for a row without a vector, store null \\(None\\)",
+            "compute",
+        ),
+    ),
     Case(
         "ragged rows, (D, 1) torch tensors",
         lambda: frame(cells([torch.ones(4, 1)] * 3 + [torch.ones(5, 1)] * 3), fixed(B)),

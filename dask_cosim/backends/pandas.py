@@ -169,10 +169,11 @@ def stack_object_column(
     elements (a (300, 1) tensor is a 300-vector); None/NA/NaT/NaN cells are null rows;
     longdouble values are read as float64.  Ragged rows and cells that are not vectors of
     real numbers (strings, scalars, bool or complex values) raise, naming the column and
-    the row label; a column whose every non-null cell is a string raises
+    the row label, and so do cells that all hold no values (D = 0, null rows aside); a
+    column whose every non-null cell is a string raises
     :class:`~dask_cosim.errors.StringColumnError` instead (text, or vectors written as
-    text).  One vectorised stack for the whole column: torch tensors stay torch
-    (no numpy round trip), all else numpy.
+    text).  One vectorised stack for the whole column: torch tensors stay torch (no
+    numpy round trip), all else numpy.
     """
     n = len(values)
     null_list = [_is_null_cell(x) for x in values]
@@ -191,6 +192,8 @@ def stack_object_column(
     dense = _stack_uniform(cells)
     if dense is None:
         dense = _stack_checked(cells, positions, index, column)
+    if dense.shape[1] == 0:  # every vector empty (ragged rows raised above): no D at all
+        raise errors.empty_vectors(column, row_label(index, int(positions[0])))
     if isinstance(dense, np.ndarray) and dense.dtype.kind == "f" and dense.dtype.itemsize > 8:
         dense = dense.astype(np.float64)  # numpy's longdouble: torch has no such type
     if null is None:

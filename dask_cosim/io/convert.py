@@ -50,17 +50,19 @@ def objects_kept() -> Iterator[None]:
 
 
 def vector_columns(pdf: pd.DataFrame) -> list[str]:
-    """Object columns whose first non-null cell that holds values (the first non-null
-    one where none does) is an array, tensor or list of numbers (a list of strings, a
-    tuple of mixed values or bytes is not: such columns stay as they are).  An empty
-    list tells nothing: ``[]`` first made a column of lists of strings vectors."""
+    """Object columns whose first non-null cell that holds values is an array, tensor or
+    list of numbers (a list of strings, a tuple of mixed values or bytes is not: such
+    columns stay as they are).  An empty list tells nothing: ``[]`` first made a column
+    of lists of strings vectors, and a column of nothing but empty ones (tags, say, or an
+    embedding step that failed) stays as it is, for ``pairwise`` to say it holds no
+    values, rather than becoming vectors of length 0."""
     found = []
     for column in pdf.columns:
         series = pdf[column]
         if series.dtype != object:
             continue
         cells = series.dropna()
-        first = next((c for c in cells if not _empty(c)), cells.iloc[0] if len(cells) else None)
+        first = next((c for c in cells if not _empty(c)), None)
         if first is not None and _is_numbers(first):
             found.append(column)
     return found
@@ -106,7 +108,8 @@ def from_pandas(
     shape with D elements, e.g. (300, 1)), as their first non-null cell shows, become
     Arrow ``fixed_size_list<D>`` columns in one vectorised stack.  Columns of strings
     become strings as in ``dd.from_pandas`` (config ``dataframe.convert-string``); any
-    other object column (empty, all null, scalars, bytes, lists of strings) stays object,
+    other object column (empty, all null, only empty vectors, scalars, bytes, lists of
+    strings) stays object,
     so that ``df.cosim.pairwise`` can read it or name its bad row; other columns pass
     through unchanged.
 

@@ -80,7 +80,8 @@ def test_from_pandas_errors_name_column_and_row() -> None:
 def test_from_pandas_keeps_columns_that_hold_no_vectors() -> None:
     """Lists of strings, mixed tuples and bytes stay object (bytes were decoded as text and
     failed), lists of strings after an empty one too (the empty one, first, made them
-    vectors: "not a vector of numbers"); numbers beside a None are a vector (NaN there);
+    vectors: "not a vector of numbers") and empty lists alone too (they became vectors of
+    length 0); numbers beside a None are a vector (NaN there);
     a ragged column of numbers is refused with the way to keep it, which then works."""
     a, b = random_pairs(4, 3)
     pdf = pairs_frame(a, b, "object_numpy")
@@ -89,6 +90,7 @@ def test_from_pandas_keeps_columns_that_hold_no_vectors() -> None:
         "labels": [[], (), ["sport"], []],
         "pairs": [("p", 1), ("q", 2), ("r", 3), ("s", 4)],
         "sha": [bytes([i, 0x82, 0xFF]) for i in range(4)],
+        "no_tags": [[], [], None, []],
     }
     ddf = dask_cosim.from_pandas(pdf.assign(**extras), npartitions=2)
     back = ddf.compute()
