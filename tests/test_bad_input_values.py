@@ -232,6 +232,16 @@ CASES = [
         lambda: Result(reference(A, B, null=[2])),
     ),
     Case(
+        # pd.NA (a nullable column's null, kept by .tolist()) raised "not a vector of
+        # numbers" where None gave NaN.
+        "pd.NA inside a vector (a list, and a numpy object array) -> NaN",
+        lambda: frame(
+            cells([*map(list, A[:2]), [1.0, pd.NA, 2.0, 3.0], *map(list, A[3:])]),
+            cells([*B[:4], np.array([pd.NA, 1.0, 2.0, 3.0], dtype=object), B[5]]),
+        ),
+        lambda: Result(reference(A, B, null=[2, 4]), np.float64, atol=1e-12),
+    ),
+    Case(
         "null cells None / NaN / pd.NA in object columns -> NaN",
         lambda: frame(cells([A[0], None, A[2], np.nan, A[4], A[5]]), cells([*B[:4], pd.NA, B[5]])),
         lambda: Result(reference(A, B, null=[1, 3, 4])),

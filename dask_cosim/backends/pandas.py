@@ -268,11 +268,18 @@ def _cell_array(x: Any) -> np.ndarray:
         x = x.detach().cpu()
         return (x.float() if x.dtype == torch.bfloat16 else x).numpy()  # numpy has no bf16
     arr = np.asarray(x)
-    if arr.dtype == object and arr.ndim == 1 and any(v is None for v in arr):
-        # A null inside a vector (a JSON null read into a list): NaN, as in an Arrow list.
-        numbers = all(v is None or _is_number(v) for v in arr)
-        return np.array([np.nan if v is None else v for v in arr], np.float64) if numbers else arr
+    if arr.dtype == object and arr.ndim == 1 and any(_is_null_value(v) for v in arr):
+        # A null inside a vector (a JSON null read into a list, pandas' NA): NaN, as in an
+        # Arrow list.
+        numbers = all(_is_null_value(v) or _is_number(v) for v in arr)
+        if numbers:
+            return np.array([np.nan if _is_null_value(v) else v for v in arr], np.float64)
     return arr
+
+
+def _is_null_value(v: Any) -> bool:
+    """None or pandas' NA: a value missing inside a vector (NaN is a number already)."""
+    return v is None or v is pd.NA
 
 
 def _is_number(v: Any) -> bool:

@@ -87,8 +87,8 @@ def _is_numbers(cell: Any) -> bool:
         array = np.asarray(cell)
     except ValueError:  # a nested sequence of ragged parts
         return False
-    if array.dtype.kind == "O":  # numbers beside None (a JSON null: that value is NaN)
-        return all(x is None or _is_real(x) for x in array.ravel())
+    if array.dtype.kind == "O":  # numbers beside None or pd.NA (a null: that value is NaN)
+        return all(x is None or x is pd.NA or _is_real(x) for x in array.ravel())
     return array.dtype.kind in "fiu"
 
 

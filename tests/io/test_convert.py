@@ -81,7 +81,7 @@ def test_from_pandas_keeps_columns_that_hold_no_vectors() -> None:
     """Lists of strings, mixed tuples and bytes stay object (bytes were decoded as text and
     failed), lists of strings after an empty one too (the empty one, first, made them
     vectors: "not a vector of numbers") and empty lists alone too (they became vectors of
-    length 0); numbers beside a None are a vector (NaN there);
+    length 0); numbers beside a None or pd.NA are a vector (NaN there);
     a ragged column of numbers is refused with the way to keep it, which then works."""
     a, b = random_pairs(4, 3)
     pdf = pairs_frame(a, b, "object_numpy")
@@ -100,8 +100,10 @@ def test_from_pandas_keeps_columns_that_hold_no_vectors() -> None:
     cos = ddf.cosim.pairwise("embeds_a", "embeds_b").compute()
     np.testing.assert_allclose(cos.to_numpy(), reference(a, b), atol=1e-6)
 
-    nulls = dask_cosim.from_pandas(pdf.assign(v=[[0.5, None, 1.0]] * 4)).compute()["v"]
-    assert np.isnan(nulls.iloc[0][1]) and nulls.iloc[0][2] == 1.0
+    for null in (None, pd.NA):  # pd.NA made the column one of objects
+        nulls = dask_cosim.from_pandas(pdf.assign(v=[[0.5, null, 1.0]] * 4)).compute()["v"]
+        assert isinstance(nulls.dtype, pd.ArrowDtype), null
+        assert np.isnan(nulls.iloc[0][1]) and nulls.iloc[0][2] == 1.0
 
     tokens = pdf.assign(ids=[[101, 7592, 102], [101, 102], [101, 2088, 102], [101, 5, 102]])
     with pytest.raises(
