@@ -165,6 +165,24 @@ def test_object_columns_stack_tensors_as_torch_and_arrays_as_numpy() -> None:
         backends.stack_object_column(bad, pd.RangeIndex(2), "v")
 
 
+def test_sparse_tensor_cells_are_read_dense() -> None:
+    """Sparse tensor cells beside numpy arrays are stacked dense, and an eager frame of
+    them has a token (for graph keys) that depends on their values, as dense cells do;
+    both raised torch's own RuntimeError, naming no column or row."""
+    x = torch.tensor([[1.0, 0.0, 2.0], [0.0, 0.0, 3.0]])
+    mixed = np.empty(2, dtype=object)
+    mixed[0], mixed[1] = x[0].numpy(), x[1].to_sparse()  # cell by cell: no __array__
+    stacked, null = backends.stack_object_column(mixed, pd.RangeIndex(2), "v")
+    assert null is None
+    np.testing.assert_array_equal(stacked, x.numpy())
+
+    def token(rows: torch.Tensor) -> str:
+        return backends.data_token(pd.DataFrame({"v": [r.to_sparse() for r in rows]}))
+
+    assert token(x) == token(x.clone()) != token(x * 2)
+    assert token(x) != backends.data_token(pd.DataFrame({"v": list(x)}))
+
+
 def test_make_result_masks_null_rows_and_keeps_the_index() -> None:
     like = pd.Series([0, 0, 0], index=pd.Index(["a", "b", "c"]))
     out = backends.make_result(

@@ -259,6 +259,24 @@ CASES = [
         lambda: Result(reference(A64, B64), np.float64, atol=1e-12),
     ),
     Case(
+        # torch raised "reshape is not implemented for sparse tensors" (all sparse) or
+        # "Concatenating sparse tensors, but a dense tensor was found" (mixed), naming no
+        # column or row.
+        "sparse torch tensors, alone and beside dense ones -> read as dense",
+        lambda: frame(
+            cells([torch.from_numpy(r.copy()).to_sparse() for r in A]),
+            cells(
+                [
+                    torch.from_numpy(r.copy()).reshape(D, 1).to_sparse()
+                    if i % 2
+                    else torch.from_numpy(r.copy())
+                    for i, r in enumerate(B)
+                ]
+            ),
+        ),
+        lambda: Result(reference(A, B)),
+    ),
+    Case(
         "every row of a null -> all NaN",
         lambda: frame(cells([None] * N), fixed(B)),
         lambda: Result(np.full(N, np.nan)),

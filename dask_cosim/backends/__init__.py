@@ -152,11 +152,14 @@ def _dask_token(obj: Any) -> str:
 
 
 def tensor_token(t: torch.Tensor) -> tuple[str, tuple[int, ...], np.ndarray]:
-    """What a token of the tensor ``t`` is made of: its dtype, shape and bytes.  dask
-    pickles a tensor to tokenize it, and the pickle differs from copy to copy and from
-    process to process: equal tensors would get other graph keys each time."""
-    flat = t.detach().cpu().contiguous().reshape(-1)
-    return str(t.dtype), tuple(t.shape), flat.view(torch.uint8).numpy()
+    """What a token of the tensor ``t`` is made of: its dtype (and layout, when sparse),
+    shape and bytes (a sparse tensor's as dense).  dask pickles a tensor to tokenize it,
+    and the pickle differs from copy to copy and from process to process: equal tensors
+    would get other graph keys each time."""
+    t = t.detach().cpu()
+    kind = str(t.dtype) if t.layout == torch.strided else f"{t.dtype} {t.layout}"
+    flat = (t if t.layout == torch.strided else t.to_dense()).contiguous().reshape(-1)
+    return kind, tuple(t.shape), flat.view(torch.uint8).numpy()
 
 
 def tensors_by_value(cells: np.ndarray) -> np.ndarray:

@@ -165,15 +165,15 @@ def stack_object_column(
 ) -> tuple[np.ndarray | torch.Tensor, np.ndarray | None]:
     """An object column of per-row vectors -> ((N, D) array or tensor, null mask or None).
 
-    Cells may be numpy arrays, torch tensors or sequences of numbers, of any shape with D
-    elements (a (300, 1) tensor is a 300-vector); None/NA/NaT/NaN cells are null rows;
-    longdouble values are read as float64.  Ragged rows and cells that are not vectors of
-    real numbers (strings, scalars, bool or complex values) raise, naming the column and
-    the row label, and so do cells that all hold no values (D = 0, null rows aside); a
-    column whose every non-null cell is a string raises
-    :class:`~dask_cosim.errors.StringColumnError` instead (text, or vectors written as
-    text).  One vectorised stack for the whole column: torch tensors stay torch (no
-    numpy round trip), all else numpy.
+    Cells may be numpy arrays, torch tensors (sparse ones are made dense) or sequences of
+    numbers, of any shape with D elements (a (300, 1) tensor is a 300-vector);
+    None/NA/NaT/NaN cells are null rows; longdouble values are read as float64.  Ragged
+    rows and cells that are not vectors of real numbers (strings, scalars, bool or
+    complex values) raise, naming the column and the row label, and so do cells that all
+    hold no values (D = 0, null rows aside); a column whose every non-null cell is a
+    string raises :class:`~dask_cosim.errors.StringColumnError` instead (text, or vectors
+    written as text).  One vectorised stack for the whole column: torch tensors stay
+    torch (no numpy round trip), all else numpy.
     """
     n = len(values)
     null_list = [_is_null_cell(x) for x in values]
@@ -210,17 +210,22 @@ def stack_object_column(
 
 def _stack_uniform(cells: np.ndarray) -> np.ndarray | torch.Tensor | None:
     """The common case in one stack: every cell a tensor (or every cell an ndarray) of one
-    shape and numeric dtype.  None when the cells differ, so the checked path decides."""
-    kinds = {(type(x), getattr(x, "shape", None), getattr(x, "dtype", None)) for x in cells}
+    shape, numeric dtype and layout (sparse tensors are made dense).  None when the cells
+    differ, so the checked path decides."""
+    kinds = {
+        (type(x), getattr(x, "shape", None), getattr(x, "dtype", None), getattr(x, "layout", None))
+        for x in cells
+    }
     if len(kinds) != 1:
         return None
-    first: tuple[type, Any, Any] = next(iter(kinds))
-    kind, shape, dtype = first
+    first: tuple[type, Any, Any, Any] = next(iter(kinds))
+    kind, shape, dtype, layout = first
     if shape == ():  # a scalar per row is not a vector: the checked path names the row
         return None
     if issubclass(kind, torch.Tensor) and not dtype.is_complex and dtype != torch.bool:
         with torch.no_grad():  # cells that require grad must not build a graph
-            return torch.stack(list(cells)).reshape(len(cells), -1)
+            rows = list(cells) if layout == torch.strided else [_dense(t) for t in cells]
+            return torch.stack(rows).reshape(len(cells), -1)
     if issubclass(kind, np.ndarray) and dtype.kind in "fiu":
         return np.stack(list(cells)).reshape(len(cells), -1)
     return None
@@ -235,7 +240,7 @@ def _stack_checked(
         for pos, t in zip(positions, cells):
             if t.ndim == 0 or t.is_complex() or t.dtype == torch.bool:
                 raise _cell_error(column, index, pos, t)
-        flat_cells: list[Any] = [t.detach().reshape(-1) for t in cells]
+        flat_cells: list[Any] = [_dense(t.detach()).reshape(-1) for t in cells]
         sizes = [t.numel() for t in flat_cells]
     else:
         flat_cells = []
@@ -263,9 +268,15 @@ def _stack_checked(
     return np.stack(flat_cells)
 
 
+def _dense(t: torch.Tensor) -> torch.Tensor:
+    """``t`` in torch's usual (strided) layout: a sparse tensor's values as a dense one
+    (sparse tensors can be neither reshaped nor stacked with dense ones)."""
+    return t if t.layout == torch.strided else t.to_dense()
+
+
 def _cell_array(x: Any) -> np.ndarray:
     if isinstance(x, torch.Tensor):
-        x = x.detach().cpu()
+        x = _dense(x.detach().cpu())
         return (x.float() if x.dtype == torch.bfloat16 else x).numpy()  # numpy has no bf16
     arr = np.asarray(x)
     if arr.dtype == object and arr.ndim == 1 and any(_is_null_value(v) for v in arr):
