@@ -109,9 +109,8 @@ def from_pandas(
     Arrow ``fixed_size_list<D>`` columns in one vectorised stack.  Columns of strings
     become strings as in ``dd.from_pandas`` (config ``dataframe.convert-string``); any
     other object column (empty, all null, only empty vectors, scalars, bytes, lists of
-    strings) stays object,
-    so that ``df.cosim.pairwise`` can read it or name its bad row; other columns pass
-    through unchanged.
+    strings) stays object, so that ``df.cosim.pairwise`` can read it or name its bad row;
+    other columns pass through unchanged.
 
     Parameters
     ----------
