@@ -30,8 +30,10 @@ __all__ = ["KEEPS", "by_blocks", "spanning"]
 
 KEEPS = ("rows", "best", "forest")
 
-# Fewest rows on a side of a block: below it, a block's fixed costs outweigh its work.
-_MIN_BLOCK = 256
+# Rows on a side of a block, at most and (where the budget is smaller) at least: below
+# the least a block's fixed costs outweigh its work; the most keeps what a block finds
+# before its rows can be skipped small (rows of one vector: every pair a match).
+_MIN_BLOCK, _MAX_BLOCK = 256, 1024
 
 
 def by_blocks(
@@ -52,28 +54,33 @@ def by_blocks(
     "forest" no scores (None).
 
     Searched by blocks of rows, no block pair holding more than a quarter of ``most``
-    pairs; a right row that "rows" has found matched is not searched again."""
+    pairs, the left blocks in order (with ``upper`` the diagonal block last): a right row
+    that "rows" has found matched, or whose best score "best" has found 1 (no later left
+    row can beat it: ties go to the earlier), is not searched again, nor a block pair
+    whose rows "forest" has found connected already."""
     device = r.unit.device
     nq, nr = len(q), len(r)
-    size = max(_MIN_BLOCK, math.isqrt(max(most, 0) // 4))
+    size = max(_MIN_BLOCK, min(_MAX_BLOCK, math.isqrt(max(most, 0) // 4)))
     kept = _Kept(keep, nq, nr, upper, device)
     exact_scores = keep == "best" or precision != "fp32"
     for c in range(0, nr, size):
         block = torch.arange(c, min(c + size, nr), device=device)
-        # The diagonal block first: "rows" then leaves out the columns it found matched.
-        starts = [c, *range(0, c, size)] if upper else range(0, nq, size)
-        for a in starts:
+        for a in range(0, c + 1 if upper else nq, size):
             cols = kept.todo(block)
             if len(cols) == 0:
                 break
             rows = torch.arange(a, min(a + size, nq), device=device)
-            diagonal = upper and a == c
+            # The diagonal block whole: "upper" takes its rows' positions as its own.
+            if upper and a == c:
+                cols = block
+            if kept.connected(rows, cols):
+                continue
             i, j, s = sk.threshold_pairs(
-                q.take(rows), r.take(block if diagonal else cols), threshold,
-                tile_bytes=tile_bytes, mode="upper" if diagonal else None,
-                exact_scores=exact_scores, precision=precision,
+                q.take(rows), r.take(cols), threshold, tile_bytes=tile_bytes,
+                mode="upper" if upper and a == c else None, exact_scores=exact_scores,
+                precision=precision,
             )  # fmt: skip
-            kept.add(rows[i], (block if diagonal else cols)[j], s)
+            kept.add(rows, cols, i, j, s, diagonal=upper and a == c)
     return kept.result()
 
 
@@ -92,38 +99,82 @@ class _Kept:
             self.left = torch.full((nr,), -1, dtype=torch.int64, device=device)
         self.edges: list[np.ndarray] = []
         self.held = 0
+        # Each row's connected set as the edges labelled last found it; the edges added
+        # since (labelled again once they are an eighth of the rows: a bounded cost).
+        self.label: np.ndarray | None = None
+        self.fresh = 0
 
     def todo(self, cols: torch.Tensor) -> torch.Tensor:
-        """The right rows of ``cols`` still worth searching."""
-        return cols[~self.matched[cols]] if self.keep == "rows" else cols
+        """The right rows of ``cols`` still worth searching (by later left rows)."""
+        if self.keep == "rows":
+            return cols[~self.matched[cols]]
+        if self.keep == "best":
+            return cols[self.score[cols] < 1.0]
+        return cols
 
-    def add(self, i: torch.Tensor, j: torch.Tensor, s: torch.Tensor) -> None:
+    def connected(self, rows: torch.Tensor, cols: torch.Tensor) -> bool:
+        """Whether "forest" has found ``rows`` (left) and ``cols`` (right) all in one
+        connected set: their pairs would join nothing."""
+        if self.keep != "forest" or self.label is None:
+            return False
+        offset = 0 if self.upper else self.nq
+        found = np.concatenate([rows.cpu().numpy(), cols.cpu().numpy() + offset])
+        labels = self.label[found]
+        return bool((labels == labels[0]).all())
+
+    def add(
+        self,
+        rows: torch.Tensor,
+        cols: torch.Tensor,
+        i: torch.Tensor,
+        j: torch.Tensor,
+        s: torch.Tensor,
+        diagonal: bool = False,
+    ) -> None:
+        """The pairs (``rows[i]``, ``cols[j]``) of a block, score ``s``; ``diagonal``:
+        ``rows`` are ``cols``, each pair once (i < j)."""
+        if self.keep == "forest":
+            # The block's pairs as a forest of its own rows first: at most its rows.
+            fi, fj = spanning(i.cpu().numpy(), j.cpu().numpy(), len(rows), len(cols), diagonal)
+            edges = np.stack([rows.cpu().numpy()[fi], cols.cpu().numpy()[fj]], axis=1)
+            self._add_edges(edges)
+            return
+        i, j = rows[i], cols[j]
         if self.keep == "rows":
             self.matched[j] = True
-        elif self.keep == "best":
-            # Per right row, the block's best pair (score down, then the earlier left
-            # row), then kept where it beats the best so far.
-            order = torch.argsort(i, stable=True)
-            order = order[torch.argsort(-s[order], stable=True)]
-            order = order[torch.argsort(j[order], stable=True)]
-            j_o = j[order]
-            first = torch.ones(len(order), dtype=torch.bool, device=j.device)
-            first[1:] = j_o[1:] != j_o[:-1]
-            i, j, s = i[order[first]], j_o[first], s[order[first]]
-            now_s, now_i = self.score[j], self.left[j]
-            better = (s > now_s) | ((s == now_s) & (i < now_i))
-            self.score[j[better]] = s[better]
-            self.left[j[better]] = i[better]
-        else:
-            self.edges.append(np.stack([i.cpu().numpy(), j.cpu().numpy()], axis=1))
-            self.held += len(i)
-            if self.held > 2 * (self.nq + self.nr):  # a forest has fewer: reduce now
-                self.edges = [self._forest()]
-                self.held = len(self.edges[0])
+        elif self.keep == "best" and len(j):
+            # Per right row of the block (a range of rows), its best pair: the highest
+            # score, then the earliest left row of that score (no sort: two scatters);
+            # kept where it beats the best so far.
+            lo, hi = int(j.min()), int(j.max()) + 1
+            at = j - lo
+            top = torch.full((hi - lo,), -math.inf, dtype=s.dtype, device=s.device)
+            top = top.scatter_reduce(0, at, s, "amax")
+            tied = s == top[at]
+            first = torch.full((hi - lo,), torch.iinfo(torch.int64).max, device=i.device)
+            first = first.scatter_reduce(0, at[tied], i[tied], "amin")
+            now_s, now_i = self.score[lo:hi], self.left[lo:hi]
+            better = (top > now_s) | ((top == now_s) & (first < now_i))
+            self.score[lo:hi] = torch.where(better, top, now_s)
+            self.left[lo:hi] = torch.where(better, first, now_i)
+
+    def _add_edges(self, edges: np.ndarray) -> None:
+        self.edges.append(edges)
+        self.held += len(edges)
+        self.fresh += len(edges)
+        if self.held > 2 * (self.nq + self.nr):  # a forest has fewer: reduce now
+            self.edges = [self._forest()]
+            self.held = len(self.edges[0])
+        elif self.fresh >= max(1, (self.nq + self.nr) // 8):
+            both = np.concatenate(self.edges)
+            self.label = _labels(both[:, 0], both[:, 1], self.nq, self.nr, self.upper)
+            self.fresh = 0
 
     def _forest(self) -> np.ndarray:
         both = np.concatenate(self.edges) if self.edges else np.zeros((0, 2), np.int64)
-        return np.stack(spanning(both[:, 0], both[:, 1], self.nq, self.nr, self.upper), axis=1)
+        i, j = both[:, 0], both[:, 1]
+        self.label, self.fresh = _labels(i, j, self.nq, self.nr, self.upper), 0
+        return np.stack(spanning(i, j, self.nq, self.nr, self.upper, self.label), axis=1)
 
     def result(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         if self.keep == "rows":
@@ -136,24 +187,40 @@ class _Kept:
         return torch.from_numpy(forest[:, 0].copy()), torch.from_numpy(forest[:, 1].copy()), None
 
 
+def _labels(i: np.ndarray, j: np.ndarray, nq: int, nr: int, upper: bool) -> np.ndarray:
+    """Each row's connected set under the pairs (``i``, ``j``): the labels of
+    ``scipy.sparse.csgraph.connected_components``, left rows then right rows (one set of
+    ``nq`` rows where ``upper``)."""
+    from scipy.sparse import coo_matrix
+    from scipy.sparse.csgraph import connected_components
+
+    nodes = nq if upper else nq + nr
+    v = j if upper else j + nq
+    graph = coo_matrix((np.ones(len(i), dtype=np.int8), (i, v)), shape=(nodes, nodes))
+    return np.asarray(connected_components(graph, directed=False)[1], dtype=np.int64)
+
+
 def spanning(
-    i: np.ndarray, j: np.ndarray, nq: int, nr: int, upper: bool
+    i: np.ndarray,
+    j: np.ndarray,
+    nq: int,
+    nr: int,
+    upper: bool,
+    label: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Edges (i, j), left row i and right row j, that connect the rows as the pairs
     (``i``, ``j``) do, one fewer per connected set than its rows: a star around its
     first rows.  ``upper``: one set of ``nq`` rows and every i < j (the star's centre is
     the set's first row); else ``nq`` left and ``nr`` right rows, each pair one of each
     (each left row joined to the set's first right row, each other right row to its
-    first left row).  Not the pairs themselves: groups needs only what they connect."""
-    from scipy.sparse import coo_matrix
-    from scipy.sparse.csgraph import connected_components
-
+    first left row).  Not the pairs themselves: groups needs only what they connect.
+    ``label``: :func:`_labels` of the pairs, where known."""
     i = np.asarray(i, dtype=np.int64)
     j = np.asarray(j, dtype=np.int64)
     nodes = nq if upper else nq + nr
     v = j if upper else j + nq
-    graph = coo_matrix((np.ones(len(i), dtype=np.int8), (i, v)), shape=(nodes, nodes))
-    _, label = connected_components(graph, directed=False)
+    if label is None:
+        label = _labels(i, j, nq, nr, upper)
     touched = np.zeros(nodes, dtype=bool)
     touched[i] = True
     touched[v] = True

@@ -74,9 +74,15 @@ def test_past_the_budget_the_same_answer(op: str, npartitions: int | None) -> No
 
 @pytest.mark.parametrize("keep", search_reduced.KEEPS)
 @pytest.mark.parametrize("upper", [True, False])
-def test_by_blocks_keeps_what_the_pairs_give(keep: str, upper: bool) -> None:
-    """Blocks of 256 rows (the fewest), over 700 x 700 or 700 x 600 rows."""
+@pytest.mark.parametrize("data", ["adversarial", "one row"])
+def test_by_blocks_keeps_what_the_pairs_give(keep: str, upper: bool, data: str) -> None:
+    """Blocks of 256 rows (the fewest), over 700 x 700 or 700 x 600 rows; "one row":
+    every row one vector (scaled), where blocks are skipped (rows matched, a best score
+    of 1, rows connected already)."""
     x, null = adversarial()
+    if data == "one row":
+        x = (x[3] * np.linspace(0.5, 2.0, len(x))[:, None]).astype(np.float32)
+        null[:] = False
     q = prepare_rows(x, null)
     r = q if upper else prepare_rows(x[50:650], null[50:650])
     i, j, s = sk.threshold_pairs(q, r, THRESHOLD, tile_bytes=2**16,
