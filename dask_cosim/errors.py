@@ -182,8 +182,9 @@ def dims_differ(what_a: str, dim_a: int, what_b: str, dim_b: int, row: Any = Non
 
 
 def empty_vectors(column: str, row: Any) -> ValueError:
-    """Every row of an object column read at once (the column, or a dask partition of it)
-    that is not null holds a vector of no values, ``row`` first: no length D to compare,
+    """Every row of a column read at once (the column, or a dask partition of it; an
+    object column or Arrow lists) that is not null holds a vector of no values, ``row``
+    first: no length D to compare,
     most often an embedding step that failed or empty placeholders for missing vectors."""
     return ValueError(
         f"column {column!r}: row {row!r} holds an empty vector, and so does every other row "

@@ -278,10 +278,11 @@ CASES = [
     Case(
         "an empty vector beside null rows, Arrow list<float>",
         lambda: frame(variable([[], *[None] * (N - 1)]), fixed(B)),
+        # Every row of 'a' that is not null is empty: D = 0, as for an object column.
         lambda: Raises(
             ValueError,
-            f"row 'r0': column 'a' has 0 values and column 'b' has 4; {A_B_SIZES}; column 'a' "
-            "holds an empty vector there: for a row without a vector, store null \\(None\\)",
+            "column 'a': row 'r0' holds an empty vector, and so does every other row read "
+            "with it that is not null .* store null \\(None\\)",
             "compute",
         ),
     ),

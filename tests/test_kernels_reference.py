@@ -235,7 +235,7 @@ def test_zero_length_vectors_give_zero(fused: bool | str | None, dtype: torch.dt
 
 
 @pytest.mark.parametrize("layout", ["fixed_size_list", "list"])
-def test_zero_length_vectors_through_a_partition(layout: str) -> None:
+def test_zero_length_vectors_through_a_partition_raise(layout: str) -> None:
     import pandas as pd
     import pyarrow as pa
 
@@ -244,6 +244,11 @@ def test_zero_length_vectors_through_a_partition(layout: str) -> None:
     value_type = (
         pa.list_(pa.float32(), 0) if layout == "fixed_size_list" else pa.list_(pa.float32())
     )
-    column = pd.arrays.ArrowExtensionArray(pa.array([[], [], []], type=value_type))
-    df = pd.DataFrame({"a": column, "b": column})
-    assert partition.pairwise_partition(df, "a", "b").tolist() == [0.0] * 3
+    # Vectors of no values (an embedding step that failed) have no cosine: they scored
+    # 0.0 in every row.  Null rows beside them are still null; no rows, no error.
+    column = pd.arrays.ArrowExtensionArray(pa.array([None, [], []], type=value_type))
+    df = pd.DataFrame({"a": column, "b": column}, index=["r0", "r1", "r2"])
+    with pytest.raises(ValueError, match=r"column 'a': row 'r1' holds an empty vector"):
+        partition.pairwise_partition(df, "a", "b")
+    assert partition.pairwise_partition(df.iloc[:1], "a", "b").isna().all()
+    assert len(partition.pairwise_partition(df.iloc[:0], "a", "b")) == 0

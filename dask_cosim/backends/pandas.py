@@ -329,6 +329,9 @@ def _pandas_to_vectors(s: pd.Series, column: str) -> Vectors:
         if not blocks:  # no rows: an empty block still carries the value dtype
             blocks = [np.zeros((0, dim), spec.dtype)]
         null_all = np.concatenate(nulls) if nulls else np.zeros(0, bool)
+        if dim == 0 and dims:  # rows that are not null, all empty: as an object column's
+            first = int(np.flatnonzero(~null_all)[0])
+            raise errors.empty_vectors(column, row_label(s.index, first))
         return Vectors(
             [tensor_view(b) for b in blocks], null_all if null_all.any() else None, dim, n
         )
