@@ -250,8 +250,11 @@ def sides(
     ``cut`` says already.  The sides are taken from a projection of ``df`` where that
     reads the same rows again, narrower (:func:`rereads_alike`: a Parquet read reads only
     the columns the sides need), each partition in ``cut`` ranges of rows
-    (:func:`pieces`); else from ``frames``, so that the graph computes each partition
-    once.  A side's partition number, for messages, is the partition its rows came from.
+    (:func:`pieces`); else from ``frames``, or the whole of ``df``'s partitions, so that
+    the graph computes each partition once, and shares it with what else is computed
+    with it (the frame, another search: a projection of a ``map_partitions`` output is a
+    task of its own, which ran the function again).  A side's partition number, for
+    messages, is the partition its rows came from.
     """
     prep = build(sp.prepare_side)
     # A prepared frame's companion columns travel with the vectors (prepare_side reads
@@ -259,8 +262,13 @@ def sides(
     ready = [sp.companion(on, w) for w in sp.COMPANIONS]
     ready = ready if all(c in meta_of(df).columns for c in ready) else []
     keep = [on, *ready, *[c for c in payload if c not in (on, *ready)]]
-    if frames is not None and (not build.lazy or not rereads_alike(df)):
+    # (A lazy graph may hold an eager frame: a join's side; its projection is pandas'.)
+    lazy = dask.is_dask_collection(df)
+    alike = lazy and rereads_alike(df)
+    if frames is not None and not alike:
         parts, columns = frames, keep
+    elif lazy and not alike:
+        parts, columns = build.cut(build.partitions(df), cut), keep
     else:
         parts, columns = build.cut(build.partitions(df[keep]), cut), None
     concat = functools.partial(sr.concat_frames, columns=columns)

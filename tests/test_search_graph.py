@@ -193,6 +193,34 @@ def test_steps_between_the_read_and_the_search_run_once_in_their_order(tmp_path:
         assert len(calls) in (0, 4)  # once per partition, for both searches (0: the shuffle)
 
 
+def test_a_step_before_the_search_is_shared_with_what_is_computed_beside_it() -> None:
+    """neighbors and join took their sides from a projection of the frame: over a
+    ``map_partitions`` (an embedding model) that is a task of its own, which ran the model
+    a second time when the frame, or another search, was computed with them.  (topk is
+    eager: it computes the frame when called.)"""
+    x = np.random.default_rng(1).standard_normal((300, 8)).astype(np.float32)
+    base = dd.from_pandas(pd.DataFrame({"id": np.arange(300), "x": x[:, 0]}), npartitions=3)
+    calls = []
+
+    def embed(part: pd.DataFrame) -> pd.DataFrame:  # stands for a model
+        calls.append(len(part))
+        return part.assign(emb=vectors_to_arrow(x[part["id"].to_numpy()]))
+
+    df = base.map_partitions(embed, meta=embed(base._meta))
+    for search in (
+        lambda: df.cosim.neighbors("emb", threshold=0.5, columns=["id"]),
+        lambda: df.cosim.join(df, "emb", k=1),
+        lambda: df.cosim.dedup("emb", 0.9),
+    ):
+        calls.clear()
+        got, frame = dask.compute(search(), df, scheduler="threads")
+        assert len(calls) == 3 and len(frame) == 300  # once per partition, for both
+        pd.testing.assert_frame_equal(got, search().compute(scheduler="threads"))
+    calls.clear()
+    dask.compute(df.x.mean(), df.cosim.neighbors("emb", k=1), scheduler="threads")
+    assert len(calls) == 3
+
+
 def test_which_frames_a_projection_reads_again_alike(tmp_path: Path) -> None:
     """A read under row-wise steps is read again, narrower, for the search's vectors;
     anything else gives them from the rows it computes once."""
