@@ -181,6 +181,20 @@ def dims_differ(what_a: str, dim_a: int, what_b: str, dim_b: int, row: Any = Non
     )
 
 
+def unnamed_vector_columns(columns: list[Any], vectors: list[Any]) -> TypeError:
+    """``columns`` of a dask frame hold vectors in object cells (arrays, tensors, lists),
+    which its meta (dtype object) does not tell: ``to_parquet`` needs them named."""
+    many = len(columns) > 1
+    return TypeError(
+        f"column{'s' * many} {', '.join(map(repr, columns))} of this dask frame "
+        f"hold{'' if many else 's'} vectors as Python objects (arrays or tensors per row), "
+        f"which its metadata (dtype object) does not say: name {'them' if many else 'it'}, "
+        f"to_parquet(df, path, vectors={vectors!r}), to store {'them' if many else 'it'} "
+        "as vectors (or build the frame with dask_cosim.from_pandas, which stores them as "
+        "Arrow vectors)"
+    )
+
+
 def empty_vectors(column: str, row: Any) -> ValueError:
     """Every row of a column read at once (the column, or a dask partition of it; an
     object column or Arrow lists) that is not null holds a vector of no values, ``row``

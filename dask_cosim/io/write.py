@@ -21,7 +21,7 @@ from dask.dataframe.dispatch import to_pyarrow_table_dispatch
 
 from dask_cosim import backends, errors
 from dask_cosim.io import categories, cudf_parquet
-from dask_cosim.io.convert import from_pandas, futures_of, held_where_it_is
+from dask_cosim.io.convert import from_pandas, futures_of, held_where_it_is, vector_columns
 from dask_cosim.io.files import (
     Staging,
     check_open,
@@ -126,7 +126,8 @@ def to_parquet(
         times faster with pyarrow; "list" is readable by every Parquet reader.
     vectors : list of str, optional
         Columns to store as vectors; default every Arrow/cudf list column.  Name object
-        columns of arrays or tensors here to convert them.
+        columns of arrays or tensors here to convert them: left unnamed in a dask frame
+        (whose meta cannot tell them), they raise TypeError when written, naming them.
     compression : str, dict or None, default "snappy"
         Codec for the non-vector columns (vector columns are stored uncompressed: float
         embeddings barely compress and decompressing costs more than it saves), or a
@@ -300,6 +301,7 @@ def _stage(
             "wrap an eager frame with dask.dataframe.from_pandas(df, npartitions=1)"
         )
     meta = df._meta
+    named = vectors is not None
     if vectors is None:
         vectors = list_columns(meta)
     missing = [c for c in vectors if c not in meta.columns]
@@ -332,6 +334,7 @@ def _stage(
         opened,
         # Digits for every partition's number: names that sort as text sort as numbers.
         digits=max(5, len(str(df.npartitions - 1))),
+        named=named,
         partition_info=True,
         meta=WRITTEN_META,
         enforce_metadata=False,
@@ -386,12 +389,20 @@ def _write_partition(
     opened: None = None,
     partition_info: dict[str, Any] | None = None,
     digits: int = 5,
+    named: bool = True,
 ) -> pd.DataFrame:
     """Write partition ``df`` into ``files.staging``, which must exist (``opened``: the
     task that made it), and is still open after the write (:func:`.files.check_open`);
-    its number zero-padded to ``digits``."""
+    its number zero-padded to ``digits``.  Where the caller ``named`` no vectors, an
+    object column of vectors (which the frame's meta could not tell) raises, naming it
+    and ``vectors=``: pyarrow failed on tensors, and wrote arrays as lists the manifest
+    did not know."""
     number = partition_info["number"] if partition_info else 0
     staging, layout, vectors = files.staging, files.layout, files.vectors
+    if not named and isinstance(df, pd.DataFrame):
+        unnamed = [c for c in vector_columns(df) if c not in vectors]
+        if unnamed:
+            raise errors.unnamed_vector_columns(unnamed, [*vectors, *unnamed])
     # Each write's own names (the staging folder's random tail): a reader that listed the
     # files of the folder an overwrite replaced finds them gone, rather than reading the
     # new folder's files of the same name mixed with the old ones it had read.

@@ -504,3 +504,31 @@ def test_file_names_sort_as_text_past_100000_partitions(tmp_path: Path) -> None:
     frame = dask_cosim.from_pandas(pd.DataFrame({"p": range(12)}), npartitions=12)
     dask_cosim.to_parquet(frame, tmp_path / "small")
     assert sorted(p.name[:10] for p in (tmp_path / "small").glob("*.parquet"))[-1] == "part.00011"
+
+
+@pytest.mark.parametrize("cell", ["tensor", "array"])
+def test_a_lazy_object_column_of_vectors_is_named_or_refused(tmp_path: Path, cell: str) -> None:
+    """The output of a map_partitions step (an embedding model) holds vectors in an
+    object column, which its meta cannot tell: to_parquet without vectors= raised
+    pyarrow's "did not recognize Python value type" for tensors, and wrote arrays as
+    lists the manifest did not list (another layout than the eager frame's).  It now
+    names the column and vectors=; named, the folder is the eager frame's."""
+    import torch
+
+    x = np.random.default_rng(2).standard_normal((40, 8)).astype(np.float32)
+
+    def embed(part: pd.DataFrame) -> pd.DataFrame:
+        rows = [torch.from_numpy(x[i]) if cell == "tensor" else x[i] for i in part["id"]]
+        return part.assign(emb=pd.Series(rows, index=part.index, dtype=object))
+
+    base = dask_cosim.from_pandas(pd.DataFrame({"id": np.arange(40)}), npartitions=2)
+    df = base.map_partitions(embed, meta=embed(base._meta))
+    with pytest.raises(TypeError, match=r"column 'emb' of this dask frame holds vectors .*"
+                                        r"to_parquet\(df, path, vectors=\['emb'\]\)"):  # fmt: skip
+        dask_cosim.to_parquet(df, tmp_path / "lazy")
+    assert not (tmp_path / "lazy").exists()
+    lazy = dask_cosim.to_parquet(df, tmp_path / "lazy", vectors=["emb"])
+    eager = dask_cosim.to_parquet(df.compute(), tmp_path / "eager")
+    assert lazy["vectors"] == eager["vectors"] == {"emb": {"dim": 8, "dtype": "float32"}}
+    got = dask_cosim.read_parquet(tmp_path / "lazy").compute()
+    np.testing.assert_array_equal(np.stack(got["emb"].to_numpy()), x)
