@@ -34,7 +34,6 @@ from dask_cosim import search_dedup as sd
 from dask_cosim import search_graph as sg
 from dask_cosim import search_partition as sp
 from dask_cosim import search_results as sr
-from dask_cosim.io.convert import vector_columns as object_vector_columns
 from dask_cosim.search_budget import Budget
 
 __all__ = ["check_column", "dedup", "groups", "join", "neighbors", "prepare", "topk"]
@@ -501,10 +500,7 @@ def _topk_queries(queries: Any, on: str) -> Any:
     meta = sg.meta_of(queries)
     columns = getattr(meta, "columns", None)
     if columns is not None and not all(getattr(d, "kind", "O") in "biuf" for d in meta.dtypes):
-        vectors = backends.vector_columns(meta)
-        if not lazy:  # object columns whose first cell is a vector
-            vectors += object_vector_columns(meta)
-        raise errors.queries_frame(list(columns), vectors, on)
+        raise errors.queries_frame(list(columns), backends.shown_vector_columns(meta), on)
     return queries.compute() if lazy else queries
 
 

@@ -225,3 +225,14 @@ def test_empty_sides_give_empty_results() -> None:
     all_null = frame(vectors(6), "list", null=np.ones(6, bool))
     assert len(all_null.cosim.neighbors("emb", threshold=-1)) == 0
     assert len(all_null.cosim.dedup("emb", -1)) == 6
+
+
+def test_an_eager_frames_object_columns_of_vectors_are_named_as_its_vectors() -> None:
+    """An eager frame's object column of arrays is a vector column to suggest, as an
+    Arrow one is (its first cell tells): a text column given as the embedding, and a
+    column name with no close match, named no vector column there."""
+    pdf = pd.DataFrame({"text": ["a b", "c d"], "emb": list(np.ones((2, 4), np.float32))})
+    with pytest.raises(TypeError, match=r"holds text .* The frame's vector columns: \['emb'\]"):
+        pdf.cosim.pairwise("text", "emb")
+    with pytest.raises(KeyError, match=r"did you mean 'emb', the only vector column\?"):
+        pdf.cosim.neighbors("embedding", k=1)

@@ -81,6 +81,7 @@ __all__ = [
     "is_vector_series",
     "make_result",
     "row_label",
+    "shown_vector_columns",
     "stack_object_column",
     "take_to_pandas",
     "tensor_token",
@@ -205,7 +206,7 @@ def check_column_name(meta: Any, column: Any, argument: str, what: str = "column
     if not is_label(column):
         raise not_a_column_name(argument, column)
     if column not in meta.columns:
-        raise column_not_found(column, meta.columns, what, vectors=vector_columns(meta))
+        raise column_not_found(column, meta.columns, what, vectors=shown_vector_columns(meta))
 
 
 def check_named_once(columns: Any, column: Any, what: str = "column") -> None:
@@ -230,13 +231,13 @@ def column_spec(obj: Any, column: Any) -> VectorSpec:
         spec: VectorSpec = vector_spec(meta[column], column)
     except StringColumnError as err:
         sample = _first_string(obj, column)
-        raise string_column(column, err.dtype, sample, vector_columns(meta), lazy) from None
+        raise string_column(column, err.dtype, sample, shown_vector_columns(meta), lazy) from None
     if spec.dtype is None:
         # An object column could hold anything; pandas before 3.0 keeps text there. Its
         # cells, where reading them computes nothing, tell now rather than at compute.
         cell = _first_cell(obj, column, cells=1000, compute=False)
         if isinstance(cell, str) and _all_strings(obj, column):
-            raise string_column(column, meta[column].dtype, cell, vector_columns(meta), lazy)
+            raise string_column(column, meta[column].dtype, cell, shown_vector_columns(meta), lazy)
     return spec
 
 
@@ -355,6 +356,21 @@ def vector_columns(meta: Any) -> list[Any]:
         if spec.dtype is not None:  # object columns could hold anything: name them
             found.append(column)
     return found
+
+
+def shown_vector_columns(frame: Any) -> list[Any]:
+    """The columns an error names as the frame's vectors: :func:`vector_columns`, and,
+    for a pandas frame with rows (an eager one), its object columns whose first cell
+    with values is a vector (:func:`dask_cosim.io.convert.vector_columns`), in the
+    frame's order.  A dask frame's meta has no rows: its dtypes alone tell."""
+    import pandas as pd
+
+    found = set(vector_columns(frame))
+    if isinstance(frame, pd.DataFrame) and len(frame):
+        from dask_cosim.io.convert import vector_columns as object_vectors
+
+        found.update(object_vectors(frame))
+    return [c for c in frame.columns if c in found]
 
 
 def is_vector_series(obj: Any) -> bool:
