@@ -106,8 +106,9 @@ def test_misspelt_column_did_you_mean(lazy: bool) -> None:
         ),
     ):
         frame.cosim.pairwise("embeds_a", "embed_b")
-    # No close name: the vector columns, where their dtype says so (Arrow, not object).
-    hint = " the vector columns are ['embeds_a', 'embeds_b'];" if lazy else ""
+    # No close name: the vector columns (Arrow ones; the eager frame's object columns,
+    # whose first cells tell).
+    hint = " the vector columns are ['embeds_a', 'embeds_b'];"
     with pytest.raises(
         KeyError,
         match=re.escape(
