@@ -64,11 +64,14 @@ def _pairs_meta(df: Any, on: str, carried: dict[str, Any] | None = None) -> pd.D
     return sp.result_meta(like.index, like.index, sp.score_dtype(spec), False, carried)
 
 
-def _found(df: Any, on: str, p: Plan, drops: bool, by: str, budget: Budget) -> Any:
-    """What :func:`clustered_partition.search_blocks` finds with plan ``p`` (the pairs, or
-    with ``drops`` the keys of the rows to drop; each task holding at most the pairs
-    ``budget`` allows), indexed by the key column ``by`` and, for a dask frame, lazily
-    gathered into the input partition that key names."""
+def _found(
+    df: Any, on: str, p: Plan, drops: bool, by: str, budget: Budget, best: bool = False
+) -> Any:
+    """What :func:`clustered_partition.search_blocks` finds with plan ``p`` (the pairs,
+    with ``best`` those dedup's removed rows may take, or with ``drops`` the keys of the
+    rows to drop; each task holding at most the pairs ``budget`` allows), indexed by the
+    key column ``by`` and, for a dask frame, lazily gathered into the input partition
+    that key names."""
     eps, device = options.eps(), options.device()
     tiles = options.search_tile_bytes()
     tile = tiles["cuda" if device.startswith("cuda") else "cpu"]
@@ -76,6 +79,7 @@ def _found(df: Any, on: str, p: Plan, drops: bool, by: str, budget: Budget) -> A
     # The blocks are searched as the all-pairs search is: same tiles, same precision.
     search = {"tile_bytes": tile, "precision": options.search_precision(), **kwargs}
     search["budget"] = budget
+    search["best"] = best
     if not dask.is_dask_collection(df):
         routed = cp.route_partition(df, on, p.layout, chunk_bytes=tiles["cpu"], **kwargs)
         found = cp.search_blocks(
@@ -311,7 +315,7 @@ def _dedup(df: Any, on: str, p: Plan, removed: bool, cols: list[Any], budget: Bu
         return _drop(df, _found(df, on, p, drops=True, by="_key", budget=budget))
     dtypes, carried = search._pair_columns(df, cols, df, cols)
     meta, like = _pairs_meta(df, on, dtypes), sg.meta_of(df)
-    pairs = _found(df, on, p, drops=False, by="_rkey", budget=budget)
+    pairs = _found(df, on, p, drops=False, by="_rkey", budget=budget, best=True)
     best = pairs
     if cols:
         # One match per removed row from here: fewer than the partition's rows.

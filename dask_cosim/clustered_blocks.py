@@ -12,7 +12,7 @@ import torch
 from dask_cosim import search_kernels as sk
 from dask_cosim._search_sweep import PairLimit, TooManyPairs, chunks, compact
 
-__all__ = ["MEMBER", "PROBE", "SIDE", "block_pairs", "later_rows", "rows"]
+__all__ = ["MEMBER", "PROBE", "SIDE", "best_pairs", "block_pairs", "later_rows", "rows"]
 
 # Roles of a row in a block, in the order a block keeps its rows (see block_pairs).
 MEMBER, SIDE, PROBE = 0, 1, 2
@@ -127,6 +127,54 @@ def later_rows(
     )  # fmt: skip
     found.append(later)
     return torch.unique(torch.cat(found))
+
+
+def best_pairs(
+    prep: sk.Prepared,
+    members: int,
+    sides: int,
+    key: torch.Tensor,
+    threshold: float,
+    *,
+    tile_bytes: int,
+    precision: str = "fp32",
+    most: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The pairs of :func:`block_pairs` (the same arguments and result) that dedup's
+    removed rows may take: of the MEMBER x MEMBER pairs, each later row's best (highest
+    float64 score, ties to the earlier row), all PROBE pairs.
+
+    The member pairs kept are at most the members, whatever their number: past ``most``
+    (a cluster of many identical rows) the members are searched again by blocks of rows
+    (:func:`~dask_cosim.search_reduced.by_blocks`); the PROBE pairs count against a
+    limit of ``most`` (:class:`~dask_cosim._search_sweep.TooManyPairs` past it)."""
+    from dask_cosim import search_reduced
+
+    parts = []
+    if members > 1:
+        pm = rows(prep, 0, members)
+        s: torch.Tensor | None
+        # Members come sorted by key: each pair's earlier row first, as block_pairs
+        # re-scores it, and the smaller position is the earlier row.
+        try:
+            i, j, s = sk.threshold_pairs(
+                pm, pm, threshold, tile_bytes=tile_bytes, mode="upper", exact_scores=True,
+                precision=precision, limit=None if most is None else PairLimit(most),
+            )  # fmt: skip
+        except TooManyPairs:
+            i, j, s = search_reduced.by_blocks(
+                "best", pm, pm, threshold, upper=True, most=int(most or 0),
+                tile_bytes=tile_bytes, precision=precision,
+            )  # fmt: skip
+        assert s is not None
+        parts.append((i, j, s))
+    probes = block_pairs(
+        prep, members, sides, key, threshold, tile_bytes=tile_bytes, precision=precision,
+        limit=None if most is None else PairLimit(most), member_pairs=False,
+    )  # fmt: skip
+    parts.append(probes)
+    a, b, score = (torch.cat(t) for t in zip(*parts, strict=True))
+    return a, b, score
 
 
 def rows(prep: sk.Prepared, start: int, stop: int) -> sk.Prepared:

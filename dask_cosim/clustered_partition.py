@@ -329,6 +329,7 @@ def search_blocks(
     precision: str = "fp32",
     budget: Budget | None = None,
     partition_info: dict[str, Any] | None = None,
+    best: bool = False,
 ) -> pd.DataFrame:
     """Every pair scoring at least ``threshold`` in each block of a shuffled partition
     (its rows of ``dim`` values of ``dtype``), found by tiles of ``precision`` (as
@@ -340,6 +341,8 @@ def search_blocks(
     all its blocks, past which it raises :class:`~dask_cosim.errors.ResultTooLargeError`;
     with ``drops``, which keeps at most the rows, the pairs of one block's probes (its
     members' are searched by blocks of rows past it: :func:`.clustered_blocks.later_rows`).
+    ``best`` (dedup's removed rows): of the members' pairs, each later row's best alone
+    (:func:`.clustered_blocks.best_pairs`), held to the budget as ``drops`` is.
     """
     block_all, role_all = df["_block"].to_numpy(), df["_role"].to_numpy()
     # Each block's rows together, in role order, members by key (block_pairs).
@@ -371,16 +374,23 @@ def search_blocks(
                 )  # fmt: skip
                 second.append(later.add_(s).cpu().numpy())
                 continue
-            i, j, sc = cb.block_pairs(
-                cb.rows(prep, s, e),
-                int(counts[cb.MEMBER]),
-                int(counts[cb.SIDE]),
-                key[s:e],
-                threshold,
-                tile_bytes=tile_bytes,
-                precision=precision,
-                limit=limit,
-            )
+            if best:  # at most a pair a member beside the probes': each block its limit
+                i, j, sc = cb.best_pairs(
+                    cb.rows(prep, s, e), int(counts[cb.MEMBER]), int(counts[cb.SIDE]),
+                    key[s:e], threshold, tile_bytes=tile_bytes, precision=precision,
+                    most=None if limit is None else limit.most,
+                )  # fmt: skip
+            else:
+                i, j, sc = cb.block_pairs(
+                    cb.rows(prep, s, e),
+                    int(counts[cb.MEMBER]),
+                    int(counts[cb.SIDE]),
+                    key[s:e],
+                    threshold,
+                    tile_bytes=tile_bytes,
+                    precision=precision,
+                    limit=limit,
+                )
             # Positions in the partition, in place (the pairs are this task's to change).
             first.append(i.add_(s).cpu().numpy())
             second.append(j.add_(s).cpu().numpy())

@@ -186,3 +186,25 @@ def test_dedup_of_a_cluster_of_identical_rows_keeps_a_row_each() -> None:
         got = df.cosim.dedup("emb", 0.9, method="clustered", clusters=2)
         got = got.compute(scheduler="sync")
     assert list(got["id"]) == list(want["id"]) and len(want) < len(x) - 299
+
+
+def test_dedup_removed_rows_of_a_cluster_of_identical_rows() -> None:
+    """The same frame with the removed rows: the block task keeps each later member's
+    best match alone (searching the members again by blocks past the budget); it raised
+    ResultTooLargeError.  The removed rows are the exact method's."""
+    rng = np.random.default_rng(8)
+    e1, e2 = np.eye(DIM)[0], np.eye(DIM)[1]
+    x = np.concatenate([
+        e1 * rng.uniform(0.5, 2.0, size=(300, 1)),
+        e1 + 0.2 * rng.standard_normal((100, DIM)),
+        e2 + 0.2 * rng.standard_normal((200, DIM)),
+    ]).astype(np.float32)  # fmt: skip
+    df = to_dask(search_frame(x[rng.permutation(len(x))]), 2)
+    want = df.cosim.dedup("emb", 0.9, return_removed=True, columns=["id"])
+    want = dask.compute(*want, scheduler="sync")
+    with dask.config.set(_settings(2000)):
+        got = df.cosim.dedup("emb", 0.9, return_removed=True, columns=["id"],
+                             method="clustered", clusters=2)  # fmt: skip
+        got = dask.compute(*got, scheduler="sync")
+    assert list(got[0]["id"]) == list(want[0]["id"])
+    pd.testing.assert_frame_equal(got[1].reset_index(drop=True), want[1].reset_index(drop=True))
