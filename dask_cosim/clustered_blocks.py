@@ -12,7 +12,7 @@ import torch
 from dask_cosim import search_kernels as sk
 from dask_cosim._search_sweep import PairLimit, TooManyPairs, chunks, compact
 
-__all__ = ["MEMBER", "PROBE", "SIDE", "best_pairs", "block_pairs", "later_rows", "rows"]
+__all__ = ["MEMBER", "PROBE", "SIDE", "block_pairs", "kept_pairs", "rows"]
 
 # Roles of a row in a block, in the order a block keeps its rows (see block_pairs).
 MEMBER, SIDE, PROBE = 0, 1, 2
@@ -83,53 +83,8 @@ def block_pairs(
     return a, b, score
 
 
-def later_rows(
-    prep: sk.Prepared,
-    members: int,
-    sides: int,
-    key: torch.Tensor,
-    threshold: float,
-    *,
-    tile_bytes: int,
-    precision: str = "fp32",
-    most: int | None = None,
-) -> torch.Tensor:
-    """The later row (larger ``key``) of each pair of :func:`block_pairs` (the same
-    arguments), once each, sorted: the rows of one block that dedup drops.
-
-    They are at most the block's rows, whatever its pairs: where its MEMBER x MEMBER
-    pairs pass ``most`` (a cluster of many identical rows), the members are searched
-    again by blocks of rows, keeping the matched rows block by block
-    (:func:`~dask_cosim.search_reduced.by_blocks`); the PROBE pairs count against a
-    limit of ``most`` (:class:`~dask_cosim._search_sweep.TooManyPairs` past it)."""
-    from dask_cosim import search_reduced
-
-    found = []
-    if members > 1:
-        pm = rows(prep, 0, members)
-        # Members come sorted by key: the later row of a pair is its second, and the
-        # kernel's re-score takes the earlier first, as block_pairs does.
-        try:
-            j = sk.threshold_pairs(
-                pm, pm, threshold, tile_bytes=tile_bytes, mode="upper", exact_scores=False,
-                precision=precision, limit=None if most is None else PairLimit(most),
-            )[1]  # fmt: skip
-        except TooManyPairs:
-            j = search_reduced.by_blocks(
-                "rows", pm, pm, threshold, upper=True, most=int(most or 0),
-                tile_bytes=tile_bytes, precision=precision,
-            )[1]  # fmt: skip
-        found.append(torch.unique(j))
-    limit = None if most is None else PairLimit(most)
-    _, later, _ = block_pairs(
-        prep, members, sides, key, threshold, tile_bytes=tile_bytes, precision=precision,
-        limit=limit, member_pairs=False,
-    )  # fmt: skip
-    found.append(later)
-    return torch.unique(torch.cat(found))
-
-
-def best_pairs(
+def kept_pairs(
+    keep: str,
     prep: sk.Prepared,
     members: int,
     sides: int,
@@ -140,9 +95,11 @@ def best_pairs(
     precision: str = "fp32",
     most: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The pairs of :func:`block_pairs` (the same arguments and result) that dedup's
-    removed rows may take: of the MEMBER x MEMBER pairs, each later row's best (highest
-    float64 score, ties to the earlier row), all PROBE pairs.
+    """What dedup takes of the pairs of :func:`block_pairs` (the same arguments and
+    result): ``keep`` "rows", the later row (larger ``key``) of each pair alone (the
+    rows dropped; first rows and scores empty); "best", of the MEMBER x MEMBER pairs
+    each later row's best (highest float64 score, ties to the earlier row: the removed
+    rows' match), and every PROBE pair.
 
     The member pairs kept are at most the members, whatever their number: past ``most``
     (a cluster of many identical rows) the members are searched again by blocks of rows
@@ -154,24 +111,27 @@ def best_pairs(
     if members > 1:
         pm = rows(prep, 0, members)
         s: torch.Tensor | None
-        # Members come sorted by key: each pair's earlier row first, as block_pairs
-        # re-scores it, and the smaller position is the earlier row.
+        # Members come sorted by key: each pair's earlier row first (as block_pairs
+        # re-scores it), the later its second.
         try:
             i, j, s = sk.threshold_pairs(
-                pm, pm, threshold, tile_bytes=tile_bytes, mode="upper", exact_scores=True,
-                precision=precision, limit=None if most is None else PairLimit(most),
+                pm, pm, threshold, tile_bytes=tile_bytes, mode="upper",
+                exact_scores=keep == "best", precision=precision,
+                limit=None if most is None else PairLimit(most),
             )  # fmt: skip
         except TooManyPairs:
             i, j, s = search_reduced.by_blocks(
-                "best", pm, pm, threshold, upper=True, most=int(most or 0),
+                keep, pm, pm, threshold, upper=True, most=int(most or 0),
                 tile_bytes=tile_bytes, precision=precision,
             )  # fmt: skip
-        assert s is not None
         parts.append((i, j, s))
     probes = block_pairs(
         prep, members, sides, key, threshold, tile_bytes=tile_bytes, precision=precision,
         limit=None if most is None else PairLimit(most), member_pairs=False,
     )  # fmt: skip
+    if keep == "rows":
+        later = torch.unique(torch.cat([j for _, j, _ in parts] + [probes[1]]))
+        return later[:0], later, torch.zeros(0, dtype=torch.float64, device=later.device)
     parts.append(probes)
     a, b, score = (torch.cat(t) for t in zip(*parts, strict=True))
     return a, b, score

@@ -340,9 +340,9 @@ def search_blocks(
     each pair (the row ``dedup`` drops).  ``budget``: the pairs the task may hold, over
     all its blocks, past which it raises :class:`~dask_cosim.errors.ResultTooLargeError`;
     with ``drops``, which keeps at most the rows, the pairs of one block's probes (its
-    members' are searched by blocks of rows past it: :func:`.clustered_blocks.later_rows`).
-    ``best`` (dedup's removed rows): of the members' pairs, each later row's best alone
-    (:func:`.clustered_blocks.best_pairs`), held to the budget as ``drops`` is.
+    members' are searched by blocks of rows past it: :func:`.clustered_blocks.kept_pairs`).
+    ``best`` (dedup's removed rows): of the members' pairs, each later row's best alone,
+    held to the budget as ``drops`` is.
     """
     block_all, role_all = df["_block"].to_numpy(), df["_role"].to_numpy()
     # Each block's rows together, in role order, members by key (block_pairs).
@@ -366,19 +366,12 @@ def search_blocks(
     with collecting(budget, where, SMALLER_BLOCKS) as limit:
         for s, e in zip(starts, stops, strict=True):
             counts = np.bincount(role[s:e], minlength=3)
-            if drops:  # the rows dropped alone, at most the block's: each block its limit
-                later = cb.later_rows(
-                    cb.rows(prep, s, e), int(counts[cb.MEMBER]), int(counts[cb.SIDE]),
-                    key[s:e], threshold, tile_bytes=tile_bytes, precision=precision,
-                    most=None if limit is None else limit.most,
-                )  # fmt: skip
-                second.append(later.add_(s).cpu().numpy())
-                continue
-            if best:  # at most a pair a member beside the probes': each block its limit
-                i, j, sc = cb.best_pairs(
-                    cb.rows(prep, s, e), int(counts[cb.MEMBER]), int(counts[cb.SIDE]),
-                    key[s:e], threshold, tile_bytes=tile_bytes, precision=precision,
-                    most=None if limit is None else limit.most,
+            if drops or best:  # a row or a pair a member, and the probes': each block
+                # its own limit (what it keeps is at most its rows)
+                i, j, sc = cb.kept_pairs(
+                    "rows" if drops else "best", cb.rows(prep, s, e), int(counts[cb.MEMBER]),
+                    int(counts[cb.SIDE]), key[s:e], threshold, tile_bytes=tile_bytes,
+                    precision=precision, most=None if limit is None else limit.most,
                 )  # fmt: skip
             else:
                 i, j, sc = cb.block_pairs(
