@@ -168,11 +168,9 @@ def test_the_error_reaches_the_client_from_a_worker(pdf: pd.DataFrame, loop: obj
             result.compute()
 
 
-def test_dedup_of_a_cluster_of_identical_rows_keeps_a_row_each() -> None:
-    """300 copies of one row (scaled) in one cluster, 2,000 pairs a task: dedup's block
-    task keeps the rows it drops, at most its rows, searching the cluster's members again
-    by blocks of rows past the budget; it raised ResultTooLargeError (44,850 pairs).
-    The rows kept are the exact method's, which does the same."""
+def _identical_rows() -> Any:
+    """600 rows in 2 partitions: 300 copies of one row (scaled), 100 rows near it and 200
+    near an orthogonal direction (two clusters, no probes at 0.9)."""
     rng = np.random.default_rng(8)
     e1, e2 = np.eye(DIM)[0], np.eye(DIM)[1]
     x = np.concatenate([
@@ -180,26 +178,27 @@ def test_dedup_of_a_cluster_of_identical_rows_keeps_a_row_each() -> None:
         e1 + 0.2 * rng.standard_normal((100, DIM)),
         e2 + 0.2 * rng.standard_normal((200, DIM)),
     ]).astype(np.float32)  # fmt: skip
-    df = to_dask(search_frame(x[rng.permutation(len(x))]), 2)
+    return to_dask(search_frame(x[rng.permutation(len(x))]), 2)
+
+
+def test_dedup_of_a_cluster_of_identical_rows_keeps_a_row_each() -> None:
+    """300 copies of one row (scaled) in one cluster, 2,000 pairs a task: dedup's block
+    task keeps the rows it drops, at most its rows, searching the cluster's members again
+    by blocks of rows past the budget; it raised ResultTooLargeError (44,850 pairs).
+    The rows kept are the exact method's, which does the same."""
+    df = _identical_rows()
     want = df.cosim.dedup("emb", 0.9).compute(scheduler="sync")
     with dask.config.set(_settings(2000)):
         got = df.cosim.dedup("emb", 0.9, method="clustered", clusters=2)
         got = got.compute(scheduler="sync")
-    assert list(got["id"]) == list(want["id"]) and len(want) < len(x) - 299
+    assert list(got["id"]) == list(want["id"]) and len(want) < 600 - 299
 
 
 def test_dedup_removed_rows_of_a_cluster_of_identical_rows() -> None:
     """The same frame with the removed rows: the block task keeps each later member's
     best match alone (searching the members again by blocks past the budget); it raised
     ResultTooLargeError.  The removed rows are the exact method's."""
-    rng = np.random.default_rng(8)
-    e1, e2 = np.eye(DIM)[0], np.eye(DIM)[1]
-    x = np.concatenate([
-        e1 * rng.uniform(0.5, 2.0, size=(300, 1)),
-        e1 + 0.2 * rng.standard_normal((100, DIM)),
-        e2 + 0.2 * rng.standard_normal((200, DIM)),
-    ]).astype(np.float32)  # fmt: skip
-    df = to_dask(search_frame(x[rng.permutation(len(x))]), 2)
+    df = _identical_rows()
     want = df.cosim.dedup("emb", 0.9, return_removed=True, columns=["id"])
     want = dask.compute(*want, scheduler="sync")
     with dask.config.set(_settings(2000)):
