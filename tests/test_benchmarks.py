@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -45,6 +46,15 @@ def test_kernel_benchmark_runs() -> None:
     out = run_script("kernel", "--rows", "2000", "--dim", "8", "--repeat", "1")
     assert "ours: pairwise_cosine, fused (numba)" in out and "x torch floor" in out
     assert "busy / alone" in out and "empty numba cache" in out
+
+
+def test_duplicates_benchmark_runs() -> None:
+    """A budget of 2,500 pairs against 1,124,250 among the copies: the search by blocks,
+    and the known answers."""
+    out = run_here("duplicates", "--rows", "3000", "--copies", "1500",
+                   "--max-result-bytes", "100000")  # fmt: skip
+    for name in ("dedup", "dedup, removed rows", "groups", "dedup, clustered"):
+        assert re.search(rf"^{name} +[\d.]+ +1 +[\d,]+ +yes$", out, re.M), out
 
 
 def test_pairwise_runner_runs(tmp_path: Path) -> None:
