@@ -95,11 +95,12 @@ def kept_pairs(
     precision: str = "fp32",
     most: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """What dedup takes of the pairs of :func:`block_pairs` (the same arguments and
-    result): ``keep`` "rows", the later row (larger ``key``) of each pair alone (the
-    rows dropped; first rows and scores empty); "best", of the MEMBER x MEMBER pairs
-    each later row's best (highest float64 score, ties to the earlier row: the removed
-    rows' match), and every PROBE pair.
+    """What dedup takes of the pairs of :func:`block_pairs` (whose arguments it takes,
+    ``keep`` first, and ``most`` for its ``limit``; and whose result it gives): ``keep``
+    "rows", the later row (larger ``key``) of each pair alone (the rows dropped; first
+    rows and scores empty); "best", of the MEMBER x MEMBER pairs each later row's best
+    (highest float64 score, ties to the earlier row: the removed rows' match), and every
+    PROBE pair.
 
     The member pairs kept are at most the members, whatever their number: past ``most``
     (a cluster of many identical rows) the members are searched again by blocks of rows
@@ -124,6 +125,8 @@ def kept_pairs(
                 keep, pm, pm, threshold, upper=True, most=int(most or 0),
                 tile_bytes=tile_bytes, precision=precision,
             )  # fmt: skip
+        if keep == "best" and s is not None:
+            i, j, s = search_reduced.best(i, j, s)
         parts.append((i, j, s))
     probes = block_pairs(
         prep, members, sides, key, threshold, tile_bytes=tile_bytes, precision=precision,

@@ -339,10 +339,10 @@ def search_blocks(
     "right" (labels) and "score" (float64).  ``drops`` True: "_key", the later row of
     each pair (the row ``dedup`` drops).  ``budget``: the pairs the task may hold, over
     all its blocks, past which it raises :class:`~dask_cosim.errors.ResultTooLargeError`;
-    with ``drops``, which keeps at most the rows, the pairs of one block's probes (its
-    members' are searched by blocks of rows past it: :func:`.clustered_blocks.kept_pairs`).
-    ``best`` (dedup's removed rows): of the members' pairs, each later row's best alone,
-    held to the budget as ``drops`` is.
+    with ``drops`` (or ``best``: dedup's removed rows, of the members' pairs each later
+    row's best alone) what the task keeps of its blocks, and within a block the pairs
+    of its probes (its members' are searched by blocks of rows past it:
+    :func:`.clustered_blocks.kept_pairs`).
     """
     block_all, role_all = df["_block"].to_numpy(), df["_role"].to_numpy()
     # Each block's rows together, in role order, members by key (block_pairs).
@@ -366,13 +366,16 @@ def search_blocks(
     with collecting(budget, where, SMALLER_BLOCKS) as limit:
         for s, e in zip(starts, stops, strict=True):
             counts = np.bincount(role[s:e], minlength=3)
-            if drops or best:  # a row or a pair a member, and the probes': each block
-                # its own limit (what it keeps is at most its rows)
+            if drops or best:  # a row or a pair a member, and the probes'
                 i, j, sc = cb.kept_pairs(
                     "rows" if drops else "best", cb.rows(prep, s, e), int(counts[cb.MEMBER]),
                     int(counts[cb.SIDE]), key[s:e], threshold, tile_bytes=tile_bytes,
                     precision=precision, most=None if limit is None else limit.most,
                 )  # fmt: skip
+                # The block's search held to the budget alone; what the task keeps of
+                # every block, together.
+                if limit is not None:
+                    limit.add(len(j))
             else:
                 i, j, sc = cb.block_pairs(
                     cb.rows(prep, s, e),

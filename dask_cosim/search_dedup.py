@@ -112,16 +112,12 @@ def components(rows: list[int], edges: np.ndarray) -> list[np.ndarray]:
     """Connected components of the graph of ``edges`` over blocks of ``rows`` rows: for
     each block, each row's group id, the frame position (0-based, over all blocks) of
     the group's first row.  A row without edges is its own group."""
-    from scipy.sparse import coo_matrix
-    from scipy.sparse.csgraph import connected_components
+    from dask_cosim.search_reduced import labels
 
     offsets = np.concatenate([[0], np.cumsum(rows)]).astype(np.int64)
     total = int(offsets[-1])
     ends = offsets[edges >> sp.POS_BITS] + (edges & _POSITION_MASK)
-    graph = coo_matrix(
-        (np.ones(len(ends), dtype=np.int8), (ends[:, 0], ends[:, 1])), shape=(total, total)
-    )
-    _, label = connected_components(graph, directed=False)
+    label = labels(ends[:, 0], ends[:, 1], total, 0, upper=True)
     # Positions ascend: the first row with each label is its group's first row.
     _, first = np.unique(label, return_index=True)
     group = first[label].astype(np.int64)

@@ -229,9 +229,10 @@ def _stale(
     same = torch.isclose(now, held, rtol=1e-9, atol=0.0, equal_nan=True)
     if bool(same.all()):
         return False
-    # One message for every partition: Python's default filter shows it once a process.
-    # distributed's warn also sends it from a worker to the clients (a notebook's cell),
-    # where warnings.warn would leave it in the worker's log; elsewhere it is that.
+    # One message for every partition, which Python's default filter shows once a
+    # process (and a client once, however many workers send it).  distributed's warn
+    # sends it from a worker to the clients too (a notebook's cell), where warnings.warn
+    # would leave it in the worker's log; elsewhere it is that.
     from distributed import warn
 
     warn(
@@ -461,6 +462,8 @@ def pair_threshold(
     """
     from dask_cosim import search_reduced
 
+    if keep is not None and keep not in search_reduced.KEEPS:
+        raise ValueError(f"keep={keep!r}: None or one of {search_reduced.KEEPS}")
     other = q if r is None else r
     sides = _aligned(q, other)
     if sides is None:

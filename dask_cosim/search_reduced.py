@@ -26,7 +26,7 @@ import torch
 
 from dask_cosim import search_kernels as sk
 
-__all__ = ["KEEPS", "by_blocks", "spanning"]
+__all__ = ["KEEPS", "best", "by_blocks", "labels", "spanning"]
 
 KEEPS = ("rows", "best", "forest")
 
@@ -53,11 +53,11 @@ def by_blocks(
     once, i < j), as (i, j, score): "rows" gives j alone (sorted; i and score empty),
     "forest" no scores (None).
 
-    Searched by blocks of rows, no block pair holding more than a quarter of ``most``
-    pairs, the left blocks in order (with ``upper`` the diagonal block last): a right row
-    that "rows" has found matched, or whose best score "best" has found 1 (no later left
-    row can beat it: ties go to the earlier), is not searched again, nor a block pair
-    whose rows "forest" has found connected already."""
+    Searched by blocks of rows (256 to 1,024 a side: no block pair holding more than
+    max(256 x 256, ``most`` / 4) pairs), the left blocks in order (with ``upper`` the
+    diagonal block last): a right row that "rows" has found matched, or whose best score
+    "best" has found 1 (no later left row can beat it: ties go to the earlier), is not
+    searched again, nor a block pair whose rows "forest" has found connected already."""
     device = r.unit.device
     nq, nr = len(q), len(r)
     size = max(_MIN_BLOCK, min(_MAX_BLOCK, math.isqrt(max(most, 0) // 4)))
@@ -119,8 +119,8 @@ class _Kept:
             return False
         offset = 0 if self.upper else self.nq
         found = np.concatenate([rows.cpu().numpy(), cols.cpu().numpy() + offset])
-        labels = self.label[found]
-        return bool((labels == labels[0]).all())
+        held = self.label[found]
+        return bool((held == held[0]).all())
 
     def add(
         self,
@@ -143,16 +143,8 @@ class _Kept:
         if self.keep == "rows":
             self.matched[j] = True
         elif self.keep == "best" and len(j):
-            # Per right row of the block (a range of rows), its best pair: the highest
-            # score, then the earliest left row of that score (no sort: two scatters);
-            # kept where it beats the best so far.
             lo, hi = int(j.min()), int(j.max()) + 1
-            at = j - lo
-            top = torch.full((hi - lo,), -math.inf, dtype=s.dtype, device=s.device)
-            top = top.scatter_reduce(0, at, s, "amax")
-            tied = s == top[at]
-            first = torch.full((hi - lo,), torch.iinfo(torch.int64).max, device=i.device)
-            first = first.scatter_reduce(0, at[tied], i[tied], "amin")
+            top, first = _best_in_range(i, j - lo, s, hi - lo)
             now_s, now_i = self.score[lo:hi], self.left[lo:hi]
             better = (top > now_s) | ((top == now_s) & (first < now_i))
             self.score[lo:hi] = torch.where(better, top, now_s)
@@ -167,13 +159,13 @@ class _Kept:
             self.held = len(self.edges[0])
         elif self.fresh >= max(1, (self.nq + self.nr) // 8):
             both = np.concatenate(self.edges)
-            self.label = _labels(both[:, 0], both[:, 1], self.nq, self.nr, self.upper)
+            self.label = labels(both[:, 0], both[:, 1], self.nq, self.nr, self.upper)
             self.fresh = 0
 
     def _forest(self) -> np.ndarray:
         both = np.concatenate(self.edges) if self.edges else np.zeros((0, 2), np.int64)
         i, j = both[:, 0], both[:, 1]
-        self.label, self.fresh = _labels(i, j, self.nq, self.nr, self.upper), 0
+        self.label, self.fresh = labels(i, j, self.nq, self.nr, self.upper), 0
         return np.stack(spanning(i, j, self.nq, self.nr, self.upper, self.label), axis=1)
 
     def result(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
@@ -187,7 +179,38 @@ class _Kept:
         return torch.from_numpy(forest[:, 0].copy()), torch.from_numpy(forest[:, 1].copy()), None
 
 
-def _labels(i: np.ndarray, j: np.ndarray, nq: int, nr: int, upper: bool) -> np.ndarray:
+def best(
+    i: torch.Tensor, j: torch.Tensor, s: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Of the pairs (``i``, ``j``, score ``s``), each right row's best: the highest
+    score, then the earliest left row of that score (dedup's removed rows' match), as
+    (i, j, s) in the order of j."""
+    if not len(j):
+        return i, j, s
+    lo = int(j.min())
+    top, first = _best_in_range(i, j - lo, s, int(j.max()) + 1 - lo)
+    held = torch.nonzero(first != _NONE).flatten()
+    return first[held], held + lo, top[held]
+
+
+_NONE = torch.iinfo(torch.int64).max
+
+
+def _best_in_range(
+    i: torch.Tensor, at: torch.Tensor, s: torch.Tensor, n: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per right row ``at`` (0..n-1) of the pairs: the highest score (-inf for none) and
+    the earliest left row ``i`` of that score (:data:`_NONE` for none), by two scatters
+    (no sort)."""
+    top = torch.full((n,), -math.inf, dtype=s.dtype, device=s.device)
+    top = top.scatter_reduce(0, at, s, "amax")
+    tied = s == top[at]
+    first = torch.full((n,), _NONE, dtype=torch.int64, device=i.device)
+    first = first.scatter_reduce(0, at[tied], i[tied], "amin")
+    return top, first
+
+
+def labels(i: np.ndarray, j: np.ndarray, nq: int, nr: int, upper: bool) -> np.ndarray:
     """Each row's connected set under the pairs (``i``, ``j``): the labels of
     ``scipy.sparse.csgraph.connected_components``, left rows then right rows (one set of
     ``nq`` rows where ``upper``)."""
@@ -214,13 +237,13 @@ def spanning(
     the set's first row); else ``nq`` left and ``nr`` right rows, each pair one of each
     (each left row joined to the set's first right row, each other right row to its
     first left row).  Not the pairs themselves: groups needs only what they connect.
-    ``label``: :func:`_labels` of the pairs, where known."""
+    ``label``: :func:`labels` of the pairs, where known."""
     i = np.asarray(i, dtype=np.int64)
     j = np.asarray(j, dtype=np.int64)
     nodes = nq if upper else nq + nr
     v = j if upper else j + nq
     if label is None:
-        label = _labels(i, j, nq, nr, upper)
+        label = labels(i, j, nq, nr, upper)
     touched = np.zeros(nodes, dtype=bool)
     touched[i] = True
     touched[v] = True
