@@ -190,8 +190,8 @@ def unnamed_vector_columns(columns: list[Any], vectors: list[Any]) -> TypeError:
         f"hold{'' if many else 's'} vectors as Python objects (arrays or tensors per row), "
         f"which its metadata (dtype object) does not say: name {'them' if many else 'it'}, "
         f"to_parquet(df, path, vectors={vectors!r}), to store {'them' if many else 'it'} "
-        "as vectors (or build the frame with dask_cosim.from_pandas, which stores them as "
-        "Arrow vectors)"
+        "as vectors (a map_partitions step can return them as Arrow vectors instead: "
+        "dask_cosim.io.vectors_to_arrow)"
     )
 
 

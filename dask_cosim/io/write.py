@@ -394,13 +394,14 @@ def _write_partition(
     """Write partition ``df`` into ``files.staging``, which must exist (``opened``: the
     task that made it), and is still open after the write (:func:`.files.check_open`);
     its number zero-padded to ``digits``.  Where the caller ``named`` no vectors, an
-    object column of vectors (which the frame's meta could not tell) raises, naming it
-    and ``vectors=``: pyarrow failed on tensors, and wrote arrays as lists the manifest
-    did not know."""
+    object column of arrays or tensors (vectors, which the frame's meta could not tell)
+    raises, naming it and ``vectors=``: pyarrow failed on tensors, and wrote arrays as
+    lists the manifest did not know.  Python lists (tags, token ids) are written as
+    lists, as an eager frame's are."""
     number = partition_info["number"] if partition_info else 0
     staging, layout, vectors = files.staging, files.layout, files.vectors
     if not named and isinstance(df, pd.DataFrame):
-        unnamed = [c for c in vector_columns(df) if c not in vectors]
+        unnamed = [c for c in _array_columns(df) if c not in vectors]
         if unnamed:
             raise errors.unnamed_vector_columns(unnamed, [*vectors, *unnamed])
     # Each write's own names (the staging folder's random tail): a reader that listed the
@@ -438,6 +439,19 @@ def _write_partition(
     }
     stored = stored_vectors(table.schema, vectors)
     return written_row(name, df, stored, inferred, index_stored)
+
+
+def _array_columns(df: pd.DataFrame) -> list[Any]:
+    """The object columns of ``df`` whose first non-null cell is a numpy array or a torch
+    tensor of numbers (:func:`~dask_cosim.io.convert.vector_columns`, lists aside)."""
+    import torch
+
+    found = []
+    for column in vector_columns(df):
+        cells = df[column].dropna()
+        if len(cells) and isinstance(cells.iloc[0], (np.ndarray, torch.Tensor)):
+            found.append(column)
+    return found
 
 
 def _writes_on_gpu(df: Any, fs: pafs.FileSystem, compression: Any) -> bool:

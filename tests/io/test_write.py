@@ -532,3 +532,9 @@ def test_a_lazy_object_column_of_vectors_is_named_or_refused(tmp_path: Path, cel
     assert lazy["vectors"] == eager["vectors"] == {"emb": {"dim": 8, "dtype": "float32"}}
     got = dask_cosim.read_parquet(tmp_path / "lazy").compute()
     np.testing.assert_array_equal(np.stack(got["emb"].to_numpy()), x)
+    # Lists (token ids of any length) are lists, written as the eager frame's are.
+    tags = df.assign(tokens=df["id"].map(lambda i: list(range(i % 3 + 1)), meta=("tokens", object)))
+    written = dask_cosim.to_parquet(tags.drop(columns="emb"), tmp_path / "tags")
+    assert written["vectors"] == {}
+    back = dask_cosim.read_parquet(tmp_path / "tags").compute()
+    assert [list(t) for t in back["tokens"][:3]] == [[0], [0, 1], [0, 1, 2]]
