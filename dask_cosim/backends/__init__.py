@@ -310,19 +310,28 @@ def _pandas_source(obj: Any, column: Any) -> Any:
 
 def in_memory_index(obj: Any) -> Any:
     """The index of the frame a ``dd.from_pandas`` collection ``obj`` holds in memory,
-    where each step above it keeps its rows' labels (a selection, a filter, ``assign``:
-    not ``set_index`` or ``reset_index``), or None."""
-    data = _in_memory_frame(obj)
+    where each step above it keeps every row and its label (a column selection,
+    ``assign``, a repartition: not a filter, whose rows are fewer, nor ``set_index``),
+    or None."""
+    data = _in_memory_frame(obj, steps=_EVERY_ROW)
     return None if data is None else getattr(data, "index", None)
 
 
 _NO_COLUMN = object()
+# Expressions whose rows are their frame's, every one, labels and order kept.
+_EVERY_ROW = {
+    "Projection", "Repartition", "RepartitionToFewer", "RepartitionToMore",
+    "ArrowStringConversion", "Assign",
+}  # fmt: skip
 
 
-def _in_memory_frame(obj: Any, column: Any = _NO_COLUMN) -> Any:
+def _in_memory_frame(
+    obj: Any, column: Any = _NO_COLUMN, steps: set[str] = _PASSING | {"Assign"}
+) -> Any:
     """The frame (pandas; cudf) a ``dd.from_pandas`` collection holds in memory, where
-    each step from it to ``obj`` keeps the rows' labels and, given ``column``, that
-    column (an ``assign`` of it makes another); else None."""
+    each step from it to ``obj`` is of ``steps`` (by default those that keep the rows'
+    labels, some of the rows) and, given ``column``, keeps that column (an ``assign`` of
+    it makes another); else None."""
     expr = getattr(obj, "expr", None)
     while expr is not None:
         kinds = expression_kinds(expr)
@@ -330,7 +339,7 @@ def _in_memory_frame(obj: Any, column: Any = _NO_COLUMN) -> Any:
             return getattr(expr.frame, "_data", expr.frame)
         if "Assign" in kinds and column is not _NO_COLUMN and column in getattr(expr, "keys", ()):
             return None
-        if not kinds & (_PASSING | {"Assign"}):
+        if not kinds & steps:
             return None
         expr = getattr(expr, "frame", None)
     return None
