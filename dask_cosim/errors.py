@@ -403,8 +403,8 @@ def labels_may_repeat(
     dask_read: bool = False,
 ) -> RepeatedLabelsWarning:
     """``what`` (a frame) has ``npartitions`` partitions and unknown divisions (None: an
-    eager frame whose labels repeat, or a dask frame of one in memory), so the result's ``names`` columns may not tell its
-    rows apart; ``columns``: the frame's, to suggest one to carry with ``keyword``
+    eager frame whose labels repeat, or a dask frame of one in memory), so the result's
+    ``names`` columns may not tell its rows apart; ``columns``: the frame's, to suggest one to carry with ``keyword``
     (``columns`` or ``right_columns``); ``dask_read``: the frame comes from dask's
     ``read_parquet``, whose labels ours would number across the files."""
     columns = list(columns)
