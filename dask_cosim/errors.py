@@ -404,9 +404,10 @@ def labels_may_repeat(
 ) -> RepeatedLabelsWarning:
     """``what`` (a frame) has ``npartitions`` partitions and unknown divisions (None: an
     eager frame whose labels repeat, or a dask frame of one in memory), so the result's
-    ``names`` columns may not tell its rows apart; ``columns``: the frame's, to suggest one to carry with ``keyword``
-    (``columns`` or ``right_columns``); ``dask_read``: the frame comes from dask's
-    ``read_parquet``, whose labels ours would number across the files."""
+    ``names`` columns may not tell its rows apart; ``columns``: the frame's, to suggest
+    one to carry with ``keyword`` (``columns`` or ``right_columns``); ``dask_read``: the
+    frame comes from dask's ``read_parquet``, whose labels ours would number across the
+    files."""
     columns = list(columns)
     ids = [c for c in columns if "id" in str(c).lower()]
     carry = f"{keyword}=[{ids[0]!r}]" if ids else f"{keyword}=[...] (a column of your own)"
