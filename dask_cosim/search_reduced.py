@@ -48,10 +48,10 @@ def by_blocks(
     precision: str = "fp32",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """What ``keep`` (one of :data:`KEEPS`) asks of the pairs (i, j) of ``q`` and ``r``
-    scoring at least ``threshold`` in float64 (:func:`~dask_cosim.search_kernels.
-    threshold_pairs`, with ``precision``; ``upper``: ``r`` is ``q``, each unordered pair
-    once, i < j), as (i, j, score): "rows" gives j alone (sorted; i and score empty),
-    "forest" no scores (None).
+    scoring at least ``threshold`` in float64, as (i, j, score): "rows" gives j alone
+    (sorted; i and score empty), "forest" no scores (None).  The pairs are those of
+    :func:`~dask_cosim.search_kernels.threshold_pairs` with ``precision``; ``upper``:
+    ``r`` is ``q``, each unordered pair once, i < j.
 
     Searched by blocks of rows (256 to 1,024 a side: no block pair holding more than
     max(256 x 256, ``most`` / 4) pairs), the left blocks in order (with ``upper`` the
