@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from dask_cosim import search_kernels as sk
-from dask_cosim._search_sweep import PairLimit, TooManyPairs, chunks, compact
+from dask_cosim._search_sweep import PairLimit, chunks, compact
 
 __all__ = ["MEMBER", "PROBE", "SIDE", "block_pairs", "kept_pairs", "rows"]
 
@@ -111,22 +111,12 @@ def kept_pairs(
     parts = []
     if members > 1:
         pm = rows(prep, 0, members)
-        s: torch.Tensor | None
         # Members come sorted by key: each pair's earlier row first (as block_pairs
         # re-scores it), the later its second.
-        try:
-            i, j, s = sk.threshold_pairs(
-                pm, pm, threshold, tile_bytes=tile_bytes, mode="upper",
-                exact_scores=keep == "best", precision=precision,
-                limit=None if most is None else PairLimit(most),
-            )  # fmt: skip
-        except TooManyPairs:
-            i, j, s = search_reduced.by_blocks(
-                keep, pm, pm, threshold, upper=True, most=int(most or 0),
-                tile_bytes=tile_bytes, precision=precision,
-            )  # fmt: skip
-        if keep == "best" and s is not None:
-            i, j, s = search_reduced.best(i, j, s)
+        i, j, s = search_reduced.found(
+            keep, pm, pm, threshold, upper=True, tile_bytes=tile_bytes, precision=precision,
+            limit=None if most is None else PairLimit(most),
+        )  # fmt: skip
         parts.append((i, j, s))
     probes = block_pairs(
         prep, members, sides, key, threshold, tile_bytes=tile_bytes, precision=precision,

@@ -24,7 +24,6 @@ import torch
 
 from dask_cosim import backends, errors, partition, search_twopass, staging
 from dask_cosim import search_kernels as sk
-from dask_cosim._search_sweep import TooManyPairs
 from dask_cosim.search_budget import Budget, collecting
 
 __all__ = [
@@ -450,8 +449,8 @@ def pair_threshold(
     Returns the pairs as a frame (float64 scores with ``exact_scores``, else float32 ones
     away from the threshold), or what ``keep`` (:mod:`dask_cosim.search_reduced`) keeps
     of them: "rows", the sorted positions in ``r`` (``q`` when ``r`` is None) of the
-    right rows with a match (those dedup drops); "best", a frame holding at least each
-    right row's best pair (float64 scores); "forest", the (E, 2) ordering keys of edges
+    right rows with a match (those dedup drops); "best", a frame of each right row's
+    best pair (float64 scores); "forest", the (E, 2) ordering keys of edges
     that connect the rows as the pairs do (groups).  With ``precision`` "exact" every
     reported score is the float64 one, on any device ("fast" too, but on CUDA).
 
@@ -475,33 +474,26 @@ def pair_threshold(
     tiles = _tile_bytes(tile_bytes, rp.unit.device)
     s: torch.Tensor | None
     with collecting(budget, where) as limit:
-        try:
+        if keep is None:
             i, j, s = sk.threshold_pairs(
                 qp,
                 rp,
                 threshold,
                 tile_bytes=tiles,
                 mode="upper" if r is None else None,
-                # Rows and edges need only the pair set; a float16 pass's score is none
-                # to report.  ("fast" runs exact off CUDA: its low-precision pass is
-                # CUDA's alone.)
-                exact_scores=(exact_scores or precision != "fp32") and keep in (None, "best"),
+                exact_scores=exact_scores or precision != "fp32",
                 precision=precision,
                 limit=limit,
             )
-        except TooManyPairs as stop:
-            if keep is None:
-                raise
-            i, j, s = search_reduced.by_blocks(
-                keep, qp, rp, threshold, upper=r is None, most=stop.most, tile_bytes=tiles,
+        else:
+            i, j, s = search_reduced.found(
+                keep, qp, rp, threshold, upper=r is None, limit=limit, tile_bytes=tiles,
                 precision=precision,
             )  # fmt: skip
     if keep == "rows":
-        return np.unique(j.cpu().numpy())
+        return j.cpu().numpy()
     if keep == "forest":
-        i_np, j_np = i.cpu().numpy(), j.cpu().numpy()
-        ends = search_reduced.spanning(i_np, j_np, len(qp), len(rp), upper=r is None)
-        parts = np.array([[q.part, other.part]], dtype=np.int64) << POS_BITS
-        return np.stack(ends, axis=1).astype(np.int64, copy=False) + parts
+        ends = np.stack([i.cpu().numpy(), j.cpu().numpy()], axis=1).astype(np.int64)
+        return ends + (np.array([[q.part, other.part]], dtype=np.int64) << POS_BITS)
     assert s is not None
     return _pairs_frame(q, other, i, j, s)

@@ -9,10 +9,11 @@ rows matches), but what dedup and groups keep of them does not:
 - ``"forest"``: edges that connect the rows as the pairs do, at most one fewer per
   connected set than its rows (groups needs connectivity alone).
 
-A task whose pairs pass its budget (:class:`~dask_cosim._search_sweep.TooManyPairs`)
-searches again by blocks of rows (:func:`by_blocks`), each block's pairs reduced before
-the next, so that it holds its rows and one block's pairs.  :func:`spanning` reduces a
-task's pairs for groups in any case: the merge of every task's edges holds them all.
+:func:`found` reduces a task's pairs so in any case (groups' merge of every task's
+edges holds them all); a task whose pairs pass its budget
+(:class:`~dask_cosim._search_sweep.TooManyPairs`) searches again by blocks of rows
+(:func:`by_blocks`), each block's pairs reduced before the next, so that it holds its
+rows and one block's pairs.
 
 Knows no dataframes: positions in the two prepared sides, torch or numpy.
 """
@@ -25,8 +26,9 @@ import numpy as np
 import torch
 
 from dask_cosim import search_kernels as sk
+from dask_cosim._search_sweep import PairLimit, TooManyPairs
 
-__all__ = ["KEEPS", "best", "by_blocks", "labels", "spanning"]
+__all__ = ["KEEPS", "best", "by_blocks", "found", "labels", "spanning"]
 
 KEEPS = ("rows", "best", "forest")
 
@@ -34,6 +36,44 @@ KEEPS = ("rows", "best", "forest")
 # the least a block's fixed costs outweigh its work; the most keeps what a block finds
 # before its rows can be skipped small (rows of one vector: every pair a match).
 _MIN_BLOCK, _MAX_BLOCK = 256, 1024
+
+
+def found(
+    keep: str,
+    q: sk.Prepared,
+    r: sk.Prepared,
+    threshold: float,
+    *,
+    upper: bool,
+    limit: PairLimit | None,
+    tile_bytes: int,
+    precision: str = "fp32",
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """What ``keep`` keeps of the pairs of ``q`` and ``r`` scoring at least
+    ``threshold``, as :func:`by_blocks` gives it (the same arguments, ``limit`` for
+    ``most``): from the whole search where ``limit`` holds its candidates, else
+    (:class:`~dask_cosim._search_sweep.TooManyPairs`) by blocks of rows."""
+    if keep not in KEEPS:
+        raise ValueError(f"keep={keep!r}: one of {KEEPS}")
+    try:
+        i, j, s = sk.threshold_pairs(
+            q, r, threshold, tile_bytes=tile_bytes, mode="upper" if upper else None,
+            # Rows and edges need only the pair set; a float16 pass's score is none to
+            # report.  ("fast" runs exact off CUDA: its low-precision pass is CUDA's.)
+            exact_scores=keep == "best", precision=precision, limit=limit,
+        )  # fmt: skip
+    except TooManyPairs as stop:
+        return by_blocks(
+            keep, q, r, threshold, upper=upper, most=stop.most, tile_bytes=tile_bytes,
+            precision=precision,
+        )  # fmt: skip
+    if keep == "rows":
+        j = torch.unique(j)
+        return j[:0], j, None
+    if keep == "best":
+        return best(i, j, s)
+    fi, fj = spanning(i.cpu().numpy(), j.cpu().numpy(), len(q), len(r), upper)
+    return torch.from_numpy(fi), torch.from_numpy(fj), None
 
 
 def by_blocks(
