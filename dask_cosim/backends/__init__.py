@@ -72,6 +72,7 @@ __all__ = [
     "column_spec",
     "concat_frames",
     "data_token",
+    "dense_tensor",
     "expression_kinds",
     "frame_from_arrow",
     "frame_like",
@@ -159,8 +160,14 @@ def tensor_token(t: torch.Tensor) -> tuple[str, tuple[int, ...], np.ndarray]:
     would get other graph keys each time."""
     t = t.detach().cpu()
     kind = str(t.dtype) if t.layout == torch.strided else f"{t.dtype} {t.layout}"
-    flat = (t if t.layout == torch.strided else t.to_dense()).contiguous().reshape(-1)
+    flat = dense_tensor(t).contiguous().reshape(-1)
     return kind, tuple(t.shape), flat.view(torch.uint8).numpy()
+
+
+def dense_tensor(t: torch.Tensor) -> torch.Tensor:
+    """``t`` in torch's usual (strided) layout: a sparse tensor's values as a dense one
+    (sparse tensors can be neither reshaped nor stacked with dense ones)."""
+    return t if t.layout == torch.strided else t.to_dense()
 
 
 def tensors_by_value(cells: np.ndarray) -> np.ndarray:

@@ -25,6 +25,7 @@ from dask_cosim.backends import (
     add_columns,
     boolean_mask,
     data_token,
+    dense_tensor,
     frame_like,
     make_result,
     row_label,
@@ -224,7 +225,7 @@ def _stack_uniform(cells: np.ndarray) -> np.ndarray | torch.Tensor | None:
         return None
     if issubclass(kind, torch.Tensor) and not dtype.is_complex and dtype != torch.bool:
         with torch.no_grad():  # cells that require grad must not build a graph
-            rows = list(cells) if layout == torch.strided else [_dense(t) for t in cells]
+            rows = list(cells) if layout == torch.strided else [dense_tensor(t) for t in cells]
             return torch.stack(rows).reshape(len(cells), -1)
     if issubclass(kind, np.ndarray) and dtype.kind in "fiu":
         return np.stack(list(cells)).reshape(len(cells), -1)
@@ -240,7 +241,7 @@ def _stack_checked(
         for pos, t in zip(positions, cells):
             if t.ndim == 0 or t.is_complex() or t.dtype == torch.bool:
                 raise _cell_error(column, index, pos, t)
-        flat_cells: list[Any] = [_dense(t.detach()).reshape(-1) for t in cells]
+        flat_cells: list[Any] = [dense_tensor(t.detach()).reshape(-1) for t in cells]
         sizes = [t.numel() for t in flat_cells]
     else:
         flat_cells = []
@@ -268,15 +269,9 @@ def _stack_checked(
     return np.stack(flat_cells)
 
 
-def _dense(t: torch.Tensor) -> torch.Tensor:
-    """``t`` in torch's usual (strided) layout: a sparse tensor's values as a dense one
-    (sparse tensors can be neither reshaped nor stacked with dense ones)."""
-    return t if t.layout == torch.strided else t.to_dense()
-
-
 def _cell_array(x: Any) -> np.ndarray:
     if isinstance(x, torch.Tensor):
-        x = _dense(x.detach().cpu())
+        x = dense_tensor(x.detach().cpu())
         return (x.float() if x.dtype == torch.bfloat16 else x).numpy()  # numpy has no bf16
     arr = np.asarray(x)
     if arr.dtype == object and arr.ndim == 1 and any(_is_null_value(v) for v in arr):
