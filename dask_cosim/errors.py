@@ -182,7 +182,7 @@ def dims_differ(what_a: str, dim_a: int, what_b: str, dim_b: int, row: Any = Non
 
 
 def unnamed_vector_columns(columns: list[Any], vectors: list[Any]) -> TypeError:
-    """``columns`` of a dask frame hold vectors in object cells (arrays, tensors, lists),
+    """``columns`` of a dask frame hold vectors in object cells (arrays or tensors),
     which its meta (dtype object) does not tell: ``to_parquet`` needs them named."""
     many = len(columns) > 1
     return TypeError(
@@ -198,8 +198,8 @@ def unnamed_vector_columns(columns: list[Any], vectors: list[Any]) -> TypeError:
 def empty_vectors(column: str, row: Any) -> ValueError:
     """Every row of a column read at once (the column, or a dask partition of it; an
     object column or Arrow lists) that is not null holds a vector of no values, ``row``
-    first: no length D to compare,
-    most often an embedding step that failed or empty placeholders for missing vectors."""
+    first: no length D to compare, most often an embedding step that failed or empty
+    placeholders for missing vectors."""
     return ValueError(
         f"column {column!r}: row {row!r} holds an empty vector, and so does every other row "
         "read with it that is not null (the column's, or on dask its partition's): vectors "

@@ -152,8 +152,7 @@ def _warn_if_labels_repeat(sides: list[tuple[Any, str, str, str]]) -> None:
     labels repeat, or a dask frame of ``dd.from_pandas`` (known divisions, or one
     partition; every row kept since: :func:`~dask_cosim.backends.in_memory_index`)
     whose frame in memory repeats them (other frames' known divisions may repeat a
-    label too, which only the data tell).  Sides that carry columns are left
-    out."""
+    label too, which only the data tell).  Sides that carry columns are left out."""
     for frame, what, names, keyword in sides:
         if dask.is_dask_collection(frame):
             if frame.npartitions < 2 or frame.known_divisions:
