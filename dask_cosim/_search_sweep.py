@@ -204,12 +204,19 @@ class PairLimit:
         self.most, self.found = most, 0
         self._lock = threading.Lock()
 
-    def add(self, n: int) -> None:
+    def add(self, n: int, pending: int = 0) -> None:
+        """Count ``n`` more pairs; raise if they, and ``pending`` pairs known to be
+        still to come (found but not yet held), pass the most."""
         with self._lock:
             self.found += n
             found = self.found
-        if found > self.most:
-            raise TooManyPairs(found, self.most)
+        if found + pending > self.most:
+            raise TooManyPairs(found + pending, self.most)
+
+    def left(self) -> int:
+        """The pairs that may still be added without passing the most."""
+        with self._lock:
+            return max(0, self.most - self.found)
 
 
 class _Pairs:

@@ -41,6 +41,7 @@ import torch
 import triton
 import triton.language as tl
 
+from dask_cosim._search_sweep import PairLimit
 from dask_cosim.search_precision import TAU, LowRows
 
 __all__ = ["Candidates", "TileConfig", "config_for", "search_candidates"]
@@ -294,14 +295,18 @@ def search_candidates(
     diag: int = 0,
     config: TileConfig | None = None,
     capacity: int | None = None,
+    limit: PairLimit | None = None,
 ) -> Candidates:
     """Every pair (i, j) of valid rows with s_hat + E >= bar (see the module docstring).
 
     ``bar`` (n_a,) float32: the threshold per row (rounded down), or for top-k (``k`` >
     0, at most the tile width) the seed floor per row (-inf: none).  ``mode`` None,
     "upper" or "exclude_self" with ``diag``.  ``capacity``: first buffer's size in
-    candidates (default: a few per row).  Inputs on one device (CUDA, or the CPU under
-    the interpreter).
+    candidates (default: a few per row).  ``limit`` counts the candidates each launch
+    writes and raises :class:`~dask_cosim._search_sweep.TooManyPairs` once they and
+    those still to write pass its most, before a larger buffer is allocated (and no
+    buffer is made larger than the limit leaves room for).  Inputs on one device (CUDA,
+    or the CPU under the interpreter).
     """
     dev = a.low.device
     config = config or config_for(a.kind, k, dev)
@@ -319,6 +324,7 @@ def search_candidates(
     state = bar.to(torch.float32).clone()  # the kernel raises top-k floors in place
     resume = torch.zeros(splits * n_m, dtype=torch.int32, device=dev)
     capacity = capacity or max(config.bm * config.bn, 8 * n_a * max(1, k))
+    capacity = _room(capacity, limit, config)
     ok_a = a.valid.to(torch.int8)
     cols = _ColumnTiles.of(b, n_tiles, config.bn)
     bf16 = a.low.dtype == torch.bfloat16
@@ -347,6 +353,9 @@ def search_candidates(
         launches += 1
         total, first_fail = int(count.item()), int(fail.item())
         kept = min(total, first_fail)
+        if limit is not None:
+            # The failed programs' reservations are candidates still to write.
+            limit.add(kept, pending=total - kept)
         if first_fail > total:  # no reservation failed: every program finished
             parts.append((out_i[:kept], out_j[:kept], out_s[:kept]))
             break
@@ -356,11 +365,20 @@ def search_candidates(
         # The failed programs go on from their first unwritten tile, into a buffer at
         # least twice as large (and never smaller than one tile: progress each launch).
         capacity = max(2 * capacity, 2 * (total - kept), config.bm * config.bn)
+        capacity = _room(capacity, limit, config)
     i = torch.cat([p[0] for p in parts]).to(torch.int64)
     j = torch.cat([p[1] for p in parts]).to(torch.int64)
     s = torch.cat([p[2] for p in parts])
     floor = state if k > 0 else None
     return Candidates(i, j, s, floor, launches)
+
+
+def _room(capacity: int, limit: PairLimit | None, config: TileConfig) -> int:
+    """``capacity`` cut to what ``limit`` leaves room for (one more than it, so that
+    passing it is seen), never below one tile: progress each launch."""
+    if limit is None:
+        return capacity
+    return max(config.bm * config.bn, min(capacity, limit.left() + 1))
 
 
 def with_splits(config: TileConfig, splits: int) -> TileConfig:

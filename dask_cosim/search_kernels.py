@@ -358,20 +358,18 @@ def threshold_pairs(
     all re-scored (every score is then the float64 one).
 
     ``limit`` counts the candidate pairs (those near or above the threshold) as tiles
-    find them and raises :class:`~dask_cosim._search_sweep.TooManyPairs` past its most;
-    on CUDA with ``precision`` "exact" or "fast", once the pairs are found (before they
-    leave the device).
+    find them and raises :class:`~dask_cosim._search_sweep.TooManyPairs` past its most
+    (on CUDA with ``precision`` "exact" or "fast": the first pass's candidates, as its
+    kernel writes them).
     """
     if precision != "fp32" and q.unit.device.type == "cuda" and row_pos is None:
         from dask_cosim import search_twopass
 
         exact = precision == "exact"
-        pairs = search_twopass.threshold_prepared(
-            q, r, float(threshold), mode=mode, exact_scores=exact_scores, exact=exact
-        )
-        if limit is not None:
-            limit.add(len(pairs[0]))
-        return pairs
+        return search_twopass.threshold_prepared(
+            q, r, float(threshold), mode=mode, exact_scores=exact_scores, exact=exact,
+            limit=limit,
+        )  # fmt: skip
     device = q.unit.device
     nq, nr = len(q), len(r)
     empty = torch.zeros(0, dtype=torch.int64, device=device)

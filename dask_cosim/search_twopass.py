@@ -28,6 +28,7 @@ import torch
 
 from dask_cosim import search_kernels as sk
 from dask_cosim import search_precision as sp
+from dask_cosim._search_sweep import PairLimit
 from dask_cosim.staging import OUT_OF_MEMORY
 
 __all__ = [
@@ -71,9 +72,10 @@ def _masks(
 
 def _torch_candidates(
     a: sp.LowRows, b: sp.LowRows, bar: torch.Tensor, *, k: int, mode: str | None, diag: int,
-    tile: int,
+    tile: int, limit: PairLimit | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
-    """The first pass in torch tiles of ``tile`` x ``tile``: (i, j, s_hat, floor)."""
+    """The first pass in torch tiles of ``tile`` x ``tile``: (i, j, s_hat, floor), each
+    tile's candidates counted against ``limit``."""
     floor = bar.to(torch.float32).clone()
     out: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
     for a0 in range(0, len(a), tile):
@@ -94,6 +96,8 @@ def _torch_candidates(
                 torch.maximum(floor[a0:a1], kth, out=floor[a0:a1])
             hit = ok & (s + bound >= floor[a0:a1, None])
             ii, jj = hit.nonzero(as_tuple=True)
+            if limit is not None:
+                limit.add(len(ii))
             out.append((ii + a0, jj + b0, s[ii, jj]))
     if not out:
         none = torch.zeros(0, dtype=torch.int64, device=a.low.device)
@@ -112,16 +116,17 @@ def _first_pass(
     diag: int,
     engine: str = "auto",
     config: object | None = None,
+    limit: PairLimit | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     if _engine(engine, a.low.device) == "torch":
         tile = 256 if config is None else int(config)  # type: ignore[call-overload]
-        return _torch_candidates(a, b, bar, k=k, mode=mode, diag=diag, tile=tile)
+        return _torch_candidates(a, b, bar, k=k, mode=mode, diag=diag, tile=tile, limit=limit)
     from dask_cosim import _search_triton as st
 
     cfg = config or st.config_for(a.kind, k, a.low.device)
     if k > cfg.bn:  # type: ignore[attr-defined]
         k = 0  # more than one tile's buckets: the bar (the seed floor) alone selects
-    found = st.search_candidates(a, b, bar, k=k, mode=mode, diag=diag, config=cfg)  # type: ignore[arg-type]
+    found = st.search_candidates(a, b, bar, k=k, mode=mode, diag=diag, config=cfg, limit=limit)  # type: ignore[arg-type]
     floor = found.floor if found.floor is not None else bar
     return found.i, found.j, found.s, floor
 
@@ -223,6 +228,7 @@ def threshold_pairs(
     engine: str = "auto",
     config: object | None = None,
     block_rows: int | None = None,
+    limit: PairLimit | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Every pair with float64 cos(q[i], r[j]) >= threshold: (i, j, score), unsorted.
 
@@ -232,7 +238,10 @@ def threshold_pairs(
     one).  ``exact`` False: the "fast" policy, s_hat >= threshold decides and s_hat is
     reported.  ``config``: the kernel's :class:`~dask_cosim._search_triton.TileConfig`
     (engine "triton") or the tile size (engine "torch").  ``block_rows``: rows of ``q``
-    searched at a time (None: all; halved on out-of-memory).
+    searched at a time (None: all; halved on out-of-memory).  ``limit`` counts the first
+    pass's candidates as it finds them (a superset of the pairs) and raises
+    :class:`~dask_cosim._search_sweep.TooManyPairs` past its most: before they fill the
+    device's memory.
     """
     t = float(threshold)
 
@@ -252,7 +261,7 @@ def threshold_pairs(
         keep = score >= t
         return i[keep] + a0, j[keep], score[keep].clamp_(-1.0, 1.0)
 
-    opts = _ThresholdRun(t, mode, diag, exact, engine, config, block_rows)
+    opts = _ThresholdRun(t, mode, diag, exact, engine, config, block_rows, limit)
     parts = _threshold_blocks(q, ql, rl, opts, decide)
     if not parts:
         none = torch.zeros(0, dtype=torch.int64, device=ql.low.device)
@@ -270,6 +279,7 @@ class _ThresholdRun:
     engine: str
     config: object | None
     block_rows: int | None
+    limit: PairLimit | None = None
 
 
 def _threshold_blocks(
@@ -289,7 +299,7 @@ def _threshold_blocks(
         bar = torch.full((a1 - a0,), run.threshold, dtype=torch.float64, device=qa.low.device)
         i, j, s, _ = _first_pass(
             qa, b, sp.down32(bar), k=0, mode=run.mode, diag=run.diag + a0, engine=run.engine,
-            config=run.config,
+            config=run.config, limit=run.limit,
         )  # fmt: skip
         return decide(a0, _prep_rows(q, a0, a1), ql.rows(a0, a1), i, j, s)
 
@@ -408,11 +418,13 @@ def threshold_prepared(
     mode: str | None,
     exact_scores: bool,
     exact: bool,
+    limit: PairLimit | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """:func:`~dask_cosim.search_kernels.threshold_pairs`'s contract in two passes."""
     return threshold_pairs(
-        q, lowered(q), r, lowered(r), threshold, mode=mode, exact=exact, exact_scores=exact_scores
-    )
+        q, lowered(q), r, lowered(r), threshold, mode=mode, exact=exact,
+        exact_scores=exact_scores, limit=limit,
+    )  # fmt: skip
 
 
 def prepare_lean(

@@ -203,3 +203,34 @@ def check_overflow(device: str, config) -> None:
             assert pairs == set(zip(roomy.i.tolist(), roomy.j.tolist()))
             want = dict(zip(zip(roomy.i.tolist(), roomy.j.tolist()), roomy.s.tolist()))
             assert all(want[p] == s for p, s in zip(zip(tight.i.tolist(), tight.j.tolist()), tight.s.tolist()))  # fmt: skip
+
+
+def check_limit(device: str, **run) -> None:
+    """A pair limit stops the two-pass threshold search as its first pass finds the
+    candidates: 120 copies of one vector (7,140 matching pairs) pass a limit of 300 with
+    :class:`TooManyPairs`, having held no more than the limit and one tile's (torch) or
+    one launch's (Triton: a buffer cut to the limit's room, at least a tile) candidates
+    past it; a limit with room gives the float64 answer."""
+    from dask_cosim._search_sweep import PairLimit, TooManyPairs
+
+    gen = torch.Generator().manual_seed(3)
+    x = torch.cat(
+        [torch.randn(1, 32, generator=gen).expand(120, 32), torch.randn(40, 32, generator=gen)]
+    )
+    p, low = low_sides(x.to(device), None)
+    c = all_scores(p, p)
+    want = expected_pair_set(c, 0.9, "upper")
+    assert len(want) >= 7140
+    limit = PairLimit(300)
+    try:
+        tp.threshold_pairs(p, low, p, low, 0.9, mode="upper", limit=limit, **run)
+    except TooManyPairs as stop:
+        assert stop.most == 300 and stop.found > 300, stop.found
+        assert limit.found <= 300 + 64 * 64, limit.found  # held: not every pair
+    else:
+        raise AssertionError("7,140 pairs passed a limit of 300")
+    roomy = PairLimit(len(want) + 10_000)
+    i, j, s = tp.threshold_pairs(p, low, p, low, 0.9, mode="upper", limit=roomy, **run)
+    assert set(zip(i.tolist(), j.tolist())) == want and len(i) == len(want)
+    assert torch.equal(s.cpu(), c[i.cpu(), j.cpu()])
+    assert len(want) <= roomy.found <= len(want) + 10_000  # the candidates, counted once

@@ -27,6 +27,7 @@ from tests.search_checks import (
     adversarial_rows,
     all_scores,
     check_bound,
+    check_limit,
     check_threshold,
     check_topk,
     expected_pair_set,
@@ -81,6 +82,10 @@ def test_row_blocks_give_the_same_answer() -> None:
         res = tp.topk(p, low, p, low, 4, exclude_self=True, engine="torch", block_rows=rows)
         want = expected_topk(c, 4, exclude_self=True)
         assert torch.equal(res.index, want.index) and torch.equal(res.score, want.score)
+
+
+def test_pair_limit_stops_the_first_pass() -> None:
+    check_limit("cpu", engine="torch", config=64)
 
 
 @pytest.mark.parametrize("dim", [300, 304])

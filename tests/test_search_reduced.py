@@ -130,6 +130,35 @@ def _same_components(
         assert (fi < fj).all()
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("keep", search_reduced.KEEPS)
+def test_two_pass_search_turns_to_blocks_on_a_gpu(keep: str) -> None:
+    """On CUDA with precision "exact" the first pass's candidates are counted as the
+    kernel writes them: 300 copies of one row (44,850 pairs) pass a limit of 1,000
+    before they fill the device, and the search by blocks gives the CPU's answer."""
+    import torch
+
+    from dask_cosim._search_sweep import PairLimit
+
+    x, null = adversarial()
+    cpu = prepare_rows(x, null)
+    gpu = cpu.to(torch.device("cuda"))
+    want = search_reduced.found(keep, cpu, cpu, THRESHOLD, upper=True, limit=None, tile_bytes=2**16)
+    limit = PairLimit(1000)
+    got = search_reduced.found(
+        keep, gpu, gpu, THRESHOLD, upper=True, limit=limit, tile_bytes=2**16, precision="exact"
+    )
+    assert limit.found > 1000  # it stopped, and went on by blocks
+    if keep == "forest":
+        _same_components(*(t.cpu().numpy() for t in want[:2]),
+                         *(t.cpu().numpy() for t in got[:2]), len(x), len(x), True)  # fmt: skip
+    else:
+        assert got[1].cpu().tolist() == want[1].tolist()
+        if keep == "best":
+            assert got[0].cpu().tolist() == want[0].tolist()
+            assert got[2].cpu().tolist() == want[2].tolist()
+
+
 @pytest.mark.parametrize("upper", [True, False])
 def test_spanning_on_random_graphs(upper: bool) -> None:
     rng = np.random.default_rng(5)

@@ -18,6 +18,7 @@ from tests.helpers import run_in_triton_interpreter
 from tests.search_checks import (
     adversarial_rows,
     check_bound,
+    check_limit,
     check_overflow,
     check_threshold,
     check_topk,
@@ -48,6 +49,8 @@ def interpreter_checks() -> None:
         check_bound(x, null, kind, **run)
         check_topk(x, null, [3], kind, **run)
     check_overflow("cpu", small)
+    # One tile's buffer (32 x 32) at first: the limit is checked launch by launch.
+    check_limit("cpu", engine="triton", config=small)
 
 
 @needs_triton
@@ -95,6 +98,7 @@ def test_overflow_relaunch_on_gpu() -> None:
 
     check_overflow("cuda", st.config_for("float16", 0, torch.device("cuda")))
     check_overflow("cuda", st.config_for("float16", 4, torch.device("cuda")))
+    check_limit("cuda", engine="triton")
 
 
 @pytest.mark.gpu
