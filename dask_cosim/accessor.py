@@ -491,9 +491,10 @@ class CosimAccessor:
         ValueError
             ``threshold`` missing or outside [-1, 1], or ``name`` is a column already.
         ResultTooLargeError
-            At compute time (when called, for an eager frame): the edges of every pair
-            task together are more than ``cosim.search.max-result-bytes`` lets the task
-            that gathers them hold.
+            At compute time (when called, for an eager frame): the edges a merge of
+            ``cosim.search.split-every`` pair tasks' edges (or merges') would receive
+            are more than ``cosim.search.max-result-bytes`` lets it hold (each merge
+            gives at most one edge a row).
         """
         return search.groups(self._obj, on, threshold, name=name)
 

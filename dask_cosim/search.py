@@ -404,9 +404,10 @@ def groups(df: Any, on: str, threshold: float, *, name: Hashable = "group") -> A
         for j in range(i, n)
     ]
     rows = [build(sd.side_rows)(side) for side in sides]
-    # One task holds every edge: the components need the whole graph.
-    check = build.checked(edges, budget, "the merge of every pair, which groups needs in one task")
-    all_edges = build.tree(edges, sd.concat_edges, opts.split_every, check)
+    # One task holds the whole graph (the components need it), the merges before it
+    # a forest each: at most the rows.
+    check = build.checked(edges, budget, "a merge of groups' edges", tree=(opts.split_every, rows))
+    all_edges = build.tree(edges, sd.merged_forest, opts.split_every, check)
     found = build.shared(build(sd.components, nout=n)(rows, all_edges))
     lengths = [build(len)(f) for f in frames] if len(frames) > n else None
     outs = []

@@ -19,10 +19,10 @@ Pairs are counted at :data:`PAIR_BYTES` each, what one takes in a task's frame o
 pairs.  Finding the pairs and framing them, and sorting a merged partition's pairs
 (with them), take up to about 1.9 times as much at their peak (measured,
 ``python -m benchmarks.pair_memory``).  The merge of an output partition receives the
-pairs of every pair task that feeds it (groups: every task's edges, in one task), each task
-within the budget: :func:`check_total` sums their counts before they move
-(:meth:`~dask_cosim.search_graph.Builder.checked`), so that a merge past the budget
-never gathers them.  Hence the share "auto" takes:
+pairs of every pair task that feeds it, each task within the budget: :func:`check_total`
+sums their counts before they move (:meth:`~dask_cosim.search_graph.Builder.checked`), so
+that a merge past the budget never gathers them.  groups' merges reduce the edges they
+receive to a forest of at most a row each: :func:`check_tree` bounds what each receives.  Hence the share "auto" takes:
 :data:`AUTO_SHARE` of the memory of one thread, the worker's memory limit over its
 threads (distributed), else the memory available over the CPUs (local schedulers,
 eager frames).  Read on the worker that runs the task.  The clustered search's tasks
@@ -51,6 +51,7 @@ __all__ = [
     "PAIR_BYTES",
     "Budget",
     "check_total",
+    "check_tree",
     "collecting",
 ]
 
@@ -158,6 +159,19 @@ def check_total(budget: Budget, where: str, *counts: int) -> None:
     pairs together found more than one task may hold: the check of a merge's inputs
     while they are still on the workers that found them."""
     budget.check(sum(counts), f"{where} (the pairs of its {len(counts)} pair tasks)")
+
+
+def check_tree(budget: Budget, where: str, split_every: int, rows: list[int], *counts: int) -> None:
+    """``budget``'s error, naming ``where``, when a merge of a tree of merges of
+    ``counts`` edges, ``split_every`` at a time, would receive more than one task may
+    hold, each merge giving at most the rows of all ``rows`` (a forest of them): as
+    :func:`check_total` for merges that reduce what they receive."""
+    level, largest, most_out = list(counts), 0, sum(rows)
+    while len(level) > 1:
+        sums = [sum(level[s : s + split_every]) for s in range(0, len(level), split_every)]
+        largest = max(largest, *sums)
+        level = [min(n, most_out) for n in sums]
+    budget.check(largest, f"{where} (the edges of at most {split_every} tasks)")
 
 
 @contextmanager

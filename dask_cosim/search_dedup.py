@@ -11,9 +11,10 @@ position: frame order), never by index labels, which may repeat.
   turns them into the rows of ``dedup(..., return_removed=True)``'s second frame, and
   :func:`drop_matched` removes the matched rows from the partition.
 - :func:`earlier_matches` with ``edges`` and :func:`components`: the threshold graph's
-  edges (a spanning forest's per pair task) as pairs of keys, then its connected
-  components (scipy, in one task), one array
-  of group ids per block; :func:`with_group` puts a partition's share beside its rows.
+  edges (a spanning forest's per pair task) as pairs of keys, merged by
+  :func:`merged_forest` (a forest again: at most a row each), then its connected
+  components (scipy, in one task), one array of group ids per block; :func:`with_group`
+  puts a partition's share beside its rows.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from dask_cosim.search_budget import Budget
 __all__ = [
     "best_matches",
     "components",
-    "concat_edges",
+    "merged_forest",
     "drop_matched",
     "earlier_matches",
     "finish_removed",
@@ -97,11 +98,22 @@ def drop_matched(df: Any, best: pd.DataFrame, *before: int) -> Any:
     return sr.drop_rows(df, np.sort(best["_key"].to_numpy() & _POSITION_MASK), *before)
 
 
-def concat_edges(*parts: np.ndarray) -> np.ndarray:
-    """The edges of ``parts`` in one array (groups checks their total against its
-    budget before they move, the components taking about
-    :data:`~dask_cosim.search_budget.PAIR_BYTES` per edge)."""
-    return np.concatenate(parts)
+def merged_forest(*parts: np.ndarray) -> np.ndarray:
+    """The edges (pairs of keys) of ``parts`` reduced to a forest that connects the rows
+    as they do: a star around the smallest key of each connected set, one edge fewer
+    than its rows, so that a merge gives at most a row's worth whatever it receives
+    (groups checks what each merge receives before it moves:
+    :func:`~dask_cosim.search_budget.check_tree`)."""
+    from dask_cosim.search_reduced import spanning
+
+    edges = np.concatenate(parts)
+    if len(edges) == 0:
+        return edges
+    keys, ends = np.unique(edges, return_inverse=True)
+    ends = ends.reshape(edges.shape)
+    # Keys ascend with their positions in ``keys``: each star's centre is its smallest.
+    fi, fj = spanning(ends[:, 0], ends[:, 1], len(keys), 0, upper=True)
+    return np.stack([keys[fi], keys[fj]], axis=1)
 
 
 def side_rows(side: sp.Side) -> int:

@@ -26,7 +26,7 @@ from dask_cosim import search_partition as sp
 from dask_cosim import search_results as sr
 from dask_cosim.io import scattered
 from dask_cosim.io.convert import active_client, futures_of, held_where_it_is, objects_kept
-from dask_cosim.search_budget import Budget, check_total
+from dask_cosim.search_budget import Budget, check_total, check_tree
 
 __all__ = [
     "Builder", "Options", "block_bounds", "holds_data", "meta_of", "pairs_of", "pieces", "sides",
@@ -178,7 +178,10 @@ class Builder:
             ]
         return items[0]
 
-    def checked(self, items: list[Any], budget: Budget | None, where: str) -> Any:
+    def checked(
+        self, items: list[Any], budget: Budget | None, where: str, *,
+        tree: tuple[int, list[Any]] | None = None,
+    ) -> Any:  # fmt: skip
         """A task that raises ``budget``'s error, naming ``where``, when the pairs of
         ``items`` (frames of pairs, or arrays of edges: their lengths) together are more
         than one task may hold; for :meth:`tree`'s ``after``, so that the items of a
@@ -186,10 +189,13 @@ class Builder:
         the budget alone, cannot know what the merge will receive.  It adds a task per
         item (its length, run where the item is) and this one; None without a budget
         (a k-search's merges keep k a row), or for a single item (no merge, and its
-        pair task checked itself)."""
+        pair task checked itself).  ``tree``: (split_every, the rows of each side) for
+        merges that reduce their edges to a forest (:func:`check_tree`)."""
         if budget is None or len(items) < 2:
             return None
         counts = [self(len)(item) for item in items]
+        if tree is not None:
+            return self(check_tree)(budget, where, tree[0], tree[1], *counts)
         return self(check_total)(budget, where, *counts)
 
     def collect(self, outs: list[Any], meta: Any, divisions: Any = None) -> Any:

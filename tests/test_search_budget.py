@@ -84,17 +84,16 @@ PAIR_TASKS = ("pair_threshold", "earlier_matches")
     [
         ("neighbors", r"the merge of output partition [012] \(the pairs of its [234] pair tasks\)"),
         ("join", r"the merge of output partition \d \(the pairs of its 4 pair tasks\)"),
-        ("groups", r"the merge of every pair, which groups needs in one task \(the pairs of its "
-                   r"10 pair tasks\)"),
+        ("groups", r"a merge of groups' edges \(the edges of at most 8 tasks\)"),
     ],
 )  # fmt: skip
 def test_the_pieces_of_a_merge_past_the_budget_never_meet(op: str, where: str) -> None:
     """4 partitions of 25 and 24 rows: each pair task finds at most 600 pairs, within
     the budget, but the output partitions of neighbors gather 2,100, 1,428 and 852 (the
     last, 276, comes from one task), those of join 24 or 25 x 97; groups' tasks give 23
-    to 48 edges (a forest of their pairs: 378 in all), which it needs in one task, past
-    a budget of 300: the check of their counts stops the search before any merge
-    receives them."""
+    to 48 edges (a forest of their pairs: 378 in all), the first of its merges 8 tasks'
+    (308), past a budget of 300: the check of their counts stops the search before any
+    merge receives them."""
     df = _frame(4)
     most = 300 if op == "groups" else 700
     with dask.config.set({"cosim.search.max-result-bytes": most * PAIR_BYTES}):
@@ -107,6 +106,20 @@ def test_the_pieces_of_a_merge_past_the_budget_never_meet(op: str, where: str) -
     assert f"more than one task may hold, {format_bytes(most * PAIR_BYTES)}" in message
     assert ("more partitions" in message) == (op != "groups")
     assert _merges(started.deps) == []
+
+
+def test_groups_merges_reduce_their_edges_to_a_forest() -> None:
+    """The same 378 edges, past the budget of 300 together, merged 2 at a time: each
+    merge gives a forest of at most the 97 rows (one group here, 96 edges), so none
+    receives more than 2 x 96, and groups gives its answer."""
+    df = _frame(4)
+    config = {"cosim.search.max-result-bytes": 300 * PAIR_BYTES, "cosim.search.split-every": 2}
+    with dask.config.set(config):
+        result = _compute(_search(df, "groups"))
+    assert result["group"].tolist() == [0] * ROWS
+    with dask.config.set({**config, "cosim.search.split-every": 8}):
+        with pytest.raises(ResultTooLargeError, match="the edges of at most 8 tasks"):
+            _compute(_search(df, "groups"))
 
 
 def _merges(deps: dict[Any, set[Any]]) -> list[Any]:

@@ -181,3 +181,30 @@ def test_a_task_of_identical_rows_holds_a_row_each() -> None:
     side = sp.prepare_side(search_frame(x, null=null), "emb", 0, eps=1e-8)
     edges = sd.earlier_matches(side, None, THRESHOLD, {"cpu": 2**20, "cuda": 2**20}, edges=True)
     assert edges.shape[1] == 2 and 300 <= len(edges) < len(x)
+
+
+def test_merged_forests_connect_what_their_edges_connect() -> None:
+    """groups' merges: the edges of several tasks (keys of rows in several partitions,
+    some edges repeated across tasks) reduced to a star forest around each connected
+    set's smallest key: the same connected sets, one edge fewer than each set's rows."""
+    rng = np.random.default_rng(7)
+    for _ in range(20):
+        parts = []
+        for _task in range(int(rng.integers(1, 5))):
+            e = int(rng.integers(0, 40))
+            part = rng.integers(0, 3, size=(e, 2))
+            pos = rng.integers(0, 30, size=(e, 2))
+            parts.append((part << sp.POS_BITS) + pos)
+        merged = sd.merged_forest(*parts)
+        edges = np.concatenate(parts)
+        keys, ends = np.unique(np.concatenate([edges, merged]), return_inverse=True)
+        ends = ends.reshape(-1, 2)
+        n, m = len(keys), len(edges)
+        want = search_reduced.labels(ends[:m, 0], ends[:m, 1], n, 0, upper=True)
+        got = search_reduced.labels(ends[m:, 0], ends[m:, 1], n, 0, upper=True)
+        assert len(set(zip(want.tolist(), got.tolist()))) == len(set(want.tolist()))
+        assert len(set(want.tolist())) == len(set(got.tolist()))
+        touched = np.zeros(n, dtype=bool)
+        touched[ends[:m].ravel()] = True
+        assert len(merged) == touched.sum() - len(set(want[touched].tolist()))
+        assert (merged[:, 0] < merged[:, 1]).all()
