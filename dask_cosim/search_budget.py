@@ -22,12 +22,12 @@ pairs.  Finding the pairs and framing them, and sorting a merged partition's pai
 pairs of every pair task that feeds it, each task within the budget: :func:`check_total`
 sums their counts before they move (:meth:`~dask_cosim.search_graph.Builder.checked`), so
 that a merge past the budget never gathers them.  groups' merges reduce the edges they
-receive to a forest of at most a row each: :func:`check_tree` bounds what each receives.  Hence the share "auto" takes:
-:data:`AUTO_SHARE` of the memory of one thread, the worker's memory limit over its
-threads (distributed), else the memory available over the CPUs (local schedulers,
-eager frames).  Read on the worker that runs the task.  The clustered search's tasks
-peak at about 2 times the bytes a pair, and its shuffles hold what dask's hold beside
-them (:data:`CLUSTERED_AUTO_SHARE`).
+receive to a forest of at most a row each: :func:`check_tree` bounds what each receives.
+Hence the share "auto" takes: :data:`AUTO_SHARE` of the memory of one thread, the
+worker's memory limit over its threads (distributed), else the memory available over the
+CPUs (local schedulers, eager frames).  Read on the worker that runs the task.  The
+clustered search's tasks peak at about 2 times the bytes a pair, and its shuffles hold
+what dask's hold beside them (:data:`CLUSTERED_AUTO_SHARE`).
 """
 
 from __future__ import annotations

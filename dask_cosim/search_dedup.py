@@ -33,10 +33,10 @@ from dask_cosim.search_budget import Budget
 __all__ = [
     "best_matches",
     "components",
-    "merged_forest",
     "drop_matched",
     "earlier_matches",
     "finish_removed",
+    "merged_forest",
     "side_rows",
     "with_group",
 ]
