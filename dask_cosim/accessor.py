@@ -22,7 +22,16 @@ __all__ = ["CosimAccessor"]
 
 
 class CosimAccessor:
-    """Cosine similarity between embedding columns: ``df.cosim.pairwise("a", "b")``."""
+    """Cosine similarity between embedding columns: ``df.cosim.pairwise("a", "b")``.
+
+    The searches (``topk``, ``join``, ``neighbors``, ``dedup``, ``groups``) decide on
+    float64 scores; ``score`` columns are float64 where both sides' columns are float64
+    by their dtype (the metadata: an object column of arrays shows none, and gives
+    float32 even when eager, unlike ``pairwise``), else float32.  A zero vector scores
+    0.0 with every row: it has matches with ``k`` (the first valid rows in frame order)
+    and at a threshold of 0 or below.  Null rows and rows holding NaN or inf never
+    match.  docs/similarity-search.md, "Semantics", has the whole contract.
+    """
 
     def __init__(self, obj: Any) -> None:
         # Only a reference: dask-expr swaps a collection's expression in place, so nothing
@@ -136,18 +145,21 @@ class CosimAccessor:
         every call, computed once: a frame to persist (or write) and search many times.
 
         Adds three columns beside ``on``: ``{on}.cosim.inv`` and ``{on}.cosim.norm``
-        (float64: each row's range factor and norm) and ``{on}.cosim.unit`` (its rows
-        divided by their norms, float32 lists; null in every row of a partition whose
-        rows are all of norm 1 already, so vectors written normalised, as most embedding
-        models write them, take no more memory; null too for float16/bfloat16 rows and
-        on GPUs, where a search redoes them).  ``topk``, ``join``, ``neighbors`` and ``dedup`` then
-        read these instead of normalising, with the same results.  The columns follow the
-        rows through filters, repartitions and Parquet; prepare again after changing the
-        vectors of ``on``: a search checks a few rows of each partition and, for a column
-        assigned again, warns (:class:`~dask_cosim.errors.StalePreparedWarning`, in the
-        process running the task: a worker's log on a cluster) and normalises the vectors
-        itself, but rows changed one by one may escape that check
-        and be scored with their old norms.  Lazy for a dask frame, else eager.
+        (float64: each row's range factor, 1 over its largest magnitude, and the norm of
+        the row times that factor: the row's own norm is ``norm / inv``) and
+        ``{on}.cosim.unit`` (its rows divided by their norms, float32 lists; null in
+        every row of a partition of float32 rows all of norm 1 already, so vectors
+        written normalised in float32, as most embedding models write them, take no more
+        memory; float64 rows keep their float32 copy, half their size again; null too for
+        float16/bfloat16 rows and on GPUs, where a search redoes them).  ``topk``,
+        ``join``, ``neighbors`` and ``dedup`` then read these instead of normalising,
+        with the same results.  The columns follow the rows through filters,
+        repartitions and Parquet; prepare again after changing the vectors of ``on``: a
+        search checks a few rows of each partition and, for a column assigned again,
+        warns (:class:`~dask_cosim.errors.StalePreparedWarning`, where the task runs and,
+        on a distributed cluster, in the client too) and normalises the vectors itself,
+        but rows changed one by one may escape that check and be scored with their old
+        norms.  Lazy for a dask frame, else eager.
         """
         return search.prepare(self._obj, on)
 

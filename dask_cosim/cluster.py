@@ -141,7 +141,9 @@ def local_cluster(
         (``Security.temporary()``); or your own ``Security`` object.
     **kwargs
         Passed to ``LocalCUDACluster`` / ``LocalCluster`` (and from there to the nannies
-        and workers), e.g. ``silence_logs``, ``local_directory``, ``device_memory_limit``.
+        and workers), e.g. ``silence_logs``, ``local_directory``, ``device_memory_limit``;
+        not ``processes`` or ``nthreads`` (TypeError: the workers are processes, with
+        ``threads_per_worker`` threads each).
 
     Examples
     --------
