@@ -218,8 +218,9 @@ class CosimAccessor:
             for text); ``queries`` holds no numbers, or is a DataFrame with columns of
             other types.
         ValueError
-            ``k < 1``, vector lengths differ, queries not 2-D, or ``columns`` named as a
-            result column (``query``, ``rank``, ``match``, ``score``).
+            ``k < 1``, vector lengths differ, queries not 2-D, or ``columns`` names a
+            column of the frame called as a result column is (``query``, ``rank``,
+            ``match``, ``score``).
         """
         return search.topk(self._obj, queries, on, k, columns=columns)
 

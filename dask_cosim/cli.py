@@ -115,7 +115,7 @@ def pairwise(
     eps: float | None,
     out: Output,
 ) -> None:
-    """cos(A[i], B[i]) for every row of the INPUT Parquet files, written to OUTPUT.
+    """cos(A[i], B[i]) for every row of the INPUTS (Parquet files), written to OUTPUT.
 
     OUTPUT gets the result column (plus --keep columns and the index) and a summary is
     printed: rows, nulls, mean, min, max, a histogram, time and throughput.

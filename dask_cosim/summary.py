@@ -31,9 +31,11 @@ class Summary:
     """What :func:`summarize` found.
 
     ``rows == nulls + counts.sum() + outside``.  ``mean``, ``min`` and ``max`` are over
-    the non-null values (NaN when there are none); ``counts[i]`` counts the values in
-    ``[edges[i], edges[i + 1])``, the last bin including its right edge.  Two summaries
-    are equal where every field is (NaN equal to NaN); unhashable, as it holds arrays.
+    the non-null values (NaN when there are none; +-inf are values, not nulls: counted
+    in ``outside``, they make ``mean`` infinite, NaN with both); ``counts[i]`` counts
+    the values in ``[edges[i], edges[i + 1])``, the last bin including its right edge.
+    Two summaries are equal where every field is (NaN equal to NaN); unhashable, as it
+    holds arrays.
     """
 
     rows: int
