@@ -285,7 +285,7 @@ def sides(
     return [
         prep(
             p, on, i, eps=opts.eps, device=opts.device, payload=list(payload) or None,
-            precision=opts.precision, source=i // cut, frame=frame,
+            precision=opts.precision, source=i // cut if lazy else None, frame=frame,
         )
         for i, p in enumerate(blocks)
     ]  # fmt: skip

@@ -54,16 +54,17 @@ class Side:
     with its index labels, its number among the sides (its rows' ordering keys), the
     column name (for errors), the columns to carry into results (``payload``, or None),
     the partition its rows came from (for errors; a partition may be searched in several
-    sides) and which frame of a join it belongs to ("left", "right"; "" for one frame:
-    for errors).  Labels and payload stay in the partition's library (on the device for
-    cudf): results take only their own rows."""
+    sides; None: an eager frame's rows, which has none) and which frame of a join it
+    belongs to ("left", "right"; "" for one frame: for errors).  Labels and payload stay
+    in the partition's library (on the device for cudf): results take only their own
+    rows."""
 
     prep: sk.Prepared
     labels: Any
     part: int
     column: str
     payload: Any
-    partition: int = 0
+    partition: int | None = None
     frame: str = ""
 
     def __dask_tokenize__(self) -> tuple[Any, ...]:
@@ -91,7 +92,8 @@ def prepare_side(
     """Normalise one partition's ``column`` (any format :mod:`dask_cosim.backends` reads),
     or take its normalisation from the columns :func:`prepare_columns` added, when ``df``
     has them.  ``part``: the side's number; ``source``: the partition its rows came from
-    (default ``part``); ``frame``: "left" or "right" for a join's sides (for errors).
+    (None: an eager frame's rows, named so in errors); ``frame``: "left" or "right" for
+    a join's sides (for errors).
 
     Null rows and rows holding NaN or inf never match; a zero row scores 0.0.  On CUDA
     with ``precision`` "exact" or "fast" the float32 unit rows, which only the float32
@@ -121,7 +123,6 @@ def prepare_side(
         # Positional names: a user column called "left" or "score" cannot collide with
         # the bookkeeping columns on the way to the result.
         carried.columns = [f"_p{n}" for n in range(len(payload))]
-    source = part if source is None else source
     return Side(prep, df.index, part, column, carried, source, frame)
 
 
@@ -329,7 +330,8 @@ def _what(side: Side) -> str:
     if side.column == QUERIES:
         return "argument 'queries'"
     frame = f"{side.frame} " if side.frame else ""
-    return f"{frame}column {side.column!r} (partition {side.partition})"
+    where = "" if side.partition is None else f" (partition {side.partition})"
+    return f"{frame}column {side.column!r}{where}"
 
 
 def _pairs_frame(
@@ -427,7 +429,10 @@ def self_pair_topk(
 
 
 def _named(side: Side) -> str:
-    """ "partition 2", or "partition 2 of the right frame" in a join (for errors)."""
+    """ "partition 2", or "partition 2 of the right frame" in a join; "the frame" or "the
+    right frame" for an eager one (for errors)."""
+    if side.partition is None:
+        return f"the {side.frame} frame" if side.frame else "the frame"
     return f"partition {side.partition}" + (f" of the {side.frame} frame" if side.frame else "")
 
 

@@ -189,15 +189,20 @@ def test_a_join_with_vectors_or_a_series_on_the_right_says_how_to_make_a_frame()
 def test_ragged_object_columns_of_different_lengths_fail_at_compute() -> None:
     """Vectors of two lengths in the two frames of a join, found at compute (object
     columns): the error says which frame holds which (it named "column 'emb' (partition
-    0)" twice)."""
+    0)" twice), and the partition of a dask frame (eager frames have none)."""
     left = frame(vectors(5), "object_numpy")
     right = frame(vectors(5, d=4), "object_numpy")
     with pytest.raises(
         ValueError,
-        match=r"^left column 'emb' \(partition 0\) holds vectors of 12 values and right "
-        r"column 'emb' \(partition 0\) of 4; ",
+        match=r"^left column 'emb' holds vectors of 12 values and right column 'emb' of 4; ",
     ):
         left.cosim.join(right, "emb", k=1)
+    with pytest.raises(
+        ValueError,
+        match=r"^left column 'emb' \(partition [01]\) holds vectors of 12 values and right "
+        r"column 'emb' of 4; ",
+    ):
+        to_dask(left, 2).cosim.join(right, "emb", k=1).compute(scheduler="sync")
 
 
 def test_ragged_queries_are_named_by_their_series_or_as_the_queries() -> None:
