@@ -77,7 +77,7 @@ class CosimAccessor:
             vectors in the partition (both columns).  "cuda" moves pandas partitions to
             the GPU through pinned staging buffers.
         name : hashable, default "cos"
-            Name of the result Series.
+            Name of the result Series (None: "cos").
 
         Returns
         -------
@@ -91,7 +91,8 @@ class CosimAccessor:
         KeyError
             A column is not in the frame.
         TypeError
-            A column does not hold vectors (strings, scalars, ...).
+            A column does not hold vectors (strings, scalars, ...), or ``name`` is no
+            label (a list, an array).
         ValueError
             The fixed vector sizes of ``a`` and ``b`` differ, or a bad option.  At compute
             time: ragged rows or rows of different lengths in ``a`` and ``b``.
@@ -103,6 +104,8 @@ class CosimAccessor:
         device = options.device(device)
         dtype = options.torch_dtype(dtype)
         name = "cos" if name is None else name
+        if not errors.is_label(name):
+            raise TypeError(f"name={name!r} must be a label, the result Series': e.g. 'cos'")
 
         for argument, column in (("a", a), ("b", b)):
             # Named by argument, as the searches name on=: "b: column 'x' not found".
@@ -127,7 +130,7 @@ class CosimAccessor:
             # meta (object columns reveal their dtype only at compute time: float32).
             dtype = partition.default_result_dtype([spec_a.dtype, spec_b.dtype])
         meta_out = backends.make_result(meta[a], torch.empty(0, dtype=dtype), None, name)
-        columns = [a] if a == b else [a, b]
+        columns = [a] if backends.same_label(a, b) else [a, b]
         return _narrowed(obj, columns).map_partitions(
             partition.pairwise_partition,
             a,
@@ -176,8 +179,9 @@ class CosimAccessor:
         Parameters
         ----------
         queries : array-like or Series
-            A 2-D numpy/cupy array or torch tensor (n, D), or a Series of vectors in any
-            format ``on`` accepts (a dask Series is computed first).  A DataFrame of
+            A 2-D numpy/cupy array or torch tensor (n, D), a list of vectors (None for a
+            missing one, as in a Series), or a Series of vectors in any format ``on``
+            accepts (a dask Series is computed first).  A DataFrame of
             numbers counts as an (n, D) array; a DataFrame with other columns is refused
             (give its embedding column).
         on : str
@@ -445,7 +449,7 @@ class CosimAccessor:
             ``on`` or one of ``columns`` is not a column (with the closest name).
         TypeError
             ``on`` does not hold vectors (:class:`~dask_cosim.errors.StringColumnError`
-            for text).
+            for text), or ``return_removed`` is not True or False.
         ValueError
             ``threshold`` missing or outside [-1, 1] (outside (0, 1] with "clustered"), a
             ``method`` other than "exact" or "clustered", ``n_probe`` or ``clusters``
@@ -474,10 +478,11 @@ class CosimAccessor:
         found partition pair by partition pair as :meth:`neighbors` finds them, and each
         pair task keeps of them only edges that connect its rows as they do, fewer than
         its rows (a task past ``cosim.search.max-result-bytes`` searches its rows again
-        by blocks, keeping those edges block by block); the components are then
-        computed by ``scipy.sparse.csgraph.connected_components`` in one task, which
-        holds every task's edges (about 40 bytes each: at most the rows of each
-        partition pair) and 16 bytes per row.
+        by blocks, keeping those edges block by block); merges of
+        ``cosim.search.split-every`` tasks' edges reduce them to such edges again (at
+        most one a row), and the components are computed by
+        ``scipy.sparse.csgraph.connected_components`` in one task, which holds the last
+        merge's edges (about 40 bytes each) and 16 bytes per row.
 
         Parameters
         ----------
@@ -486,8 +491,8 @@ class CosimAccessor:
         threshold : float
             Score at which two rows are in one group, in [-1, 1].
         name : hashable, default "group"
-            Name of the new column (any label, as ``pairwise``'s ``name``); not a column
-            of the frame already.
+            Name of the new column (any label, as ``pairwise``'s ``name``; None: "group");
+            not a column of the frame already.
 
         Returns
         -------
@@ -521,8 +526,11 @@ def _narrowed(obj: Any, columns: list[str]) -> Any:
     filter of one, the output of a ``map_partitions``) is one more task per partition, a
     few ms of scheduler and worker time each, that narrows nothing: the partition
     function reads its two columns by name either way.  Decided from the simplified
-    expressions (what the optimizer does first), which touches no data.
+    expressions (what the optimizer does first), which touches no data.  ``obj`` itself
+    too for a column named None or NaN, which a list of columns cannot select.
     """
+    if any(c is None or c != c for c in columns):
+        return obj
     projected = obj[columns]
     base = obj.expr.simplify()._name
     left_standing = [d._name for d in projected.expr.simplify().dependencies()] == [base]

@@ -133,7 +133,7 @@ def pairwise_partition(
     eps = options.eps(eps)
     chunk_bytes = options.chunk_bytes(chunk_bytes)
     va = backends.to_vectors(df[a], a)
-    vb = va if b == a else backends.to_vectors(df[b], b)
+    vb = va if backends.same_label(a, b) else backends.to_vectors(df[b], b)
     null = _either(va.null, vb.null)
     n = va.length
 

@@ -319,6 +319,8 @@ def dedup(
     clusters: int | None = None,
 ) -> Any:
     """See :meth:`dask_cosim.CosimAccessor.dedup`."""
+    if not isinstance(return_removed, (bool, np.bool_)):
+        raise TypeError(f"return_removed={return_removed!r} must be True or False")
     threshold_value = options.search_threshold(threshold, required=True)
     spec = check_column(df, on)
     cols = removed_columns(df, columns, return_removed)
@@ -385,6 +387,7 @@ def groups(df: Any, on: str, threshold: float, *, name: Hashable = "group") -> A
     """See :meth:`dask_cosim.CosimAccessor.groups`."""
     threshold_value = options.search_threshold(threshold, required=True)
     check_column(df, on)
+    name = "group" if name is None else name
     if not errors.is_label(name):
         raise TypeError(f"name={name!r} must be a column label, the new column's: e.g. 'group'")
     if name in sg.meta_of(df).columns:
@@ -452,10 +455,9 @@ def topk(
         columns, f"columns={columns!r}", "rename them first (df.rename(columns=...))"
     )
     opts = _options()
-    queries = _topk_queries(queries, on)
+    queries, by_position = _topk_queries(queries, on, spec.dim)
     query = sp.query_side(queries, opts.eps)
     _check_dims(spec, f"column {on!r}", query.prep.dim, "the queries")
-    by_position = not backends.is_vector_series(queries)
     if not by_position and not query.labels.is_unique:
         repeated = query.labels[query.labels.duplicated()].unique().tolist()
         warnings.warn(errors.query_labels_repeat(repeated), stacklevel=errors.caller_stacklevel())
@@ -492,17 +494,33 @@ def topk(
         ) from None
 
 
-def _topk_queries(queries: Any, on: str) -> Any:
-    """``topk``'s queries as :func:`~dask_cosim.search_partition.query_side` takes them:
-    a dask collection computed (``topk`` is eager and sends its queries whole to every
-    worker); a frame with columns that are not numbers refused, naming the Series to
-    give (a frame of numbers is an (n, D) array, one column per dimension)."""
+def _topk_queries(queries: Any, on: str, dim: int | None) -> tuple[Any, bool]:
+    """``topk``'s queries as :func:`~dask_cosim.search_partition.query_side` takes them,
+    and whether they are named by position (not a Series): a dask collection computed
+    (``topk`` is eager and sends its queries whole to every worker); a frame with
+    columns that are not numbers refused, naming the Series to give (a frame of numbers
+    is an (n, D) array, one column per dimension); a list of none (no queries: an
+    empty (0, ``dim``) array), or of vectors some of them None or of other lengths (a
+    Series of them, whose rows are checked as a column's: None is a null query, a
+    vector of another length the row's error)."""
     lazy = dask.is_dask_collection(queries)
     meta = sg.meta_of(queries)
     columns = getattr(meta, "columns", None)
     if columns is not None and not all(getattr(d, "kind", "O") in "biuf" for d in meta.dtypes):
         raise errors.queries_frame(list(columns), backends.shown_vector_columns(meta), on)
-    return queries.compute() if lazy else queries
+    queries = queries.compute() if lazy else queries
+    by_position = not backends.is_vector_series(queries)
+    if isinstance(queries, (list, tuple)):
+        if len(queries) == 0:
+            return np.zeros((0, dim or 0), dtype=np.float32), by_position
+        vectors = [q for q in queries if q is not None]
+        if all(np.ndim(q) == 1 for q in vectors) and (
+            len(vectors) < len(queries) or len({len(q) for q in vectors}) > 1
+        ):
+            import pandas as pd
+
+            return pd.Series(list(queries), dtype=object), by_position
+    return queries, by_position
 
 
 def _numpy_dtype(side: sp.Side) -> np.dtype | None:

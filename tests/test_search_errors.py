@@ -218,6 +218,47 @@ def test_ragged_queries_are_named_by_their_series_or_as_the_queries() -> None:
             pdf.cosim.topk(pd.Series([[1.0, 0.0, 0.0], "x"], name=name), "emb", k=1)
 
 
+def test_queries_as_lists_of_rows() -> None:
+    """A list of queries, some None or of another length (numpy raised "setting an array
+    element with a sequence"), is checked as a Series of them: None a null query (it
+    warns, by position), a row of another length the row's error; an empty list is no
+    queries (it said "queries has shape (0,)")."""
+    pdf = frame(vectors(5, d=3))
+    with pytest.raises(ValueError, match=r"^column 'queries': row 1 has 2 values but row 0 has 3"):
+        pdf.cosim.topk([[1.0, 0.0, 0.0], [0.0, 1.0]], "emb", k=1)
+    with pytest.warns(dask_cosim.errors.QueryWarning, match=r"1 query \(position 1\) with NaN"):
+        got = pdf.cosim.topk([[1.0, 0.0, 0.0], None], "emb", k=1)
+    want = pdf.cosim.topk([[1.0, 0.0, 0.0]], "emb", k=1)
+    assert got["match"].tolist() == want["match"].tolist() and got["query"].tolist() == [0]
+    for df in (pdf, to_dask(pdf, 2)):
+        empty = df.cosim.topk([], "emb", k=2)
+        assert len(empty) == 0 and list(empty.columns) == ["query", "rank", "match", "score"]
+
+
+def test_bad_names_and_flags_are_refused_at_the_call() -> None:
+    """pandas' "Series.name must be a hashable type" from inside pairwise, groups(name=None)
+    adding a column labelled NaN, and dedup(return_removed="no") returning a tuple."""
+    pdf = frame(vectors(5, d=3))
+    with pytest.raises(TypeError, match=r"^name=\['x'\] must be a label"):
+        pdf.cosim.pairwise("emb", "emb", name=["x"])
+    for df in (pdf, to_dask(pdf, 2)):
+        got = df.cosim.groups("emb", 0.9, name=None)
+        assert list(got.columns)[-1] == "group"
+        with pytest.raises(TypeError, match=r"^return_removed='no' must be True or False"):
+            df.cosim.dedup("emb", 0.9, return_removed="no")
+
+
+@pytest.mark.parametrize("label", [np.nan, None])
+def test_a_column_named_nan_or_none(label: Any) -> None:
+    """pairwise of a dask frame's column named NaN (NaN != NaN: projected twice, then
+    "No dispatch for DataFrame") or None (pandas cannot select it by a list) gives what
+    the eager frame gives."""
+    pdf = frame(vectors(6, d=3)).rename(columns={"emb": label})
+    want = pdf.cosim.pairwise(label, label)
+    got = to_dask(pdf, 2).cosim.pairwise(label, label).compute(scheduler="sync")
+    np.testing.assert_allclose(got.to_numpy(), want.to_numpy(), rtol=1e-6)
+
+
 def test_empty_sides_give_empty_results() -> None:
     pdf = frame(vectors())
     empty = pdf.iloc[:0]

@@ -82,6 +82,7 @@ __all__ = [
     "is_vector_series",
     "make_result",
     "row_label",
+    "same_label",
     "shown_vector_columns",
     "stack_object_column",
     "take_to_pandas",
@@ -387,6 +388,12 @@ def shown_vector_columns(frame: Any) -> list[Any]:
 
         found.update(object_vectors(frame))
     return [c for c in frame.columns if c in found]
+
+
+def same_label(a: Any, b: Any) -> bool:
+    """Whether two column labels name one column: equal, or both NaN (which pandas
+    matches as one label, though NaN != NaN)."""
+    return bool(a == b) or (a != a and b != b)
 
 
 def is_vector_series(obj: Any) -> bool:
