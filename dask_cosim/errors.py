@@ -282,14 +282,20 @@ _STRINGIFIED = (
 
 
 def string_column(
-    column: str, dtype: Any, sample: Any = None, vectors: Iterable[Any] = (), lazy: bool = False
+    column: str,
+    dtype: Any,
+    sample: Any = None,
+    vectors: Iterable[Any] = (),
+    lazy: bool = False,
+    empty: bool = False,
 ) -> StringColumnError:
     """Strings where vectors were expected: text (``sample`` a cell that is no vector
     written out: say how to embed it), vectors that dask turned into text (``sample``
     such as '[0.1 0.2 ...]': say how to keep them; where it is JSON, '[0.1, 0.2]', as a
     CSV file holds vectors, say how to parse it first, on a dask frame when ``lazy``), or,
     with no ``sample``, both cases.  ``vectors``: the columns of the frame that do hold
-    vectors."""
+    vectors; ``empty``: the column is known to hold nulls alone (a ``dd.from_pandas``
+    column of None, which dask made strings)."""
     text = None if sample is None else str(sample)
     vectors = list(vectors)
     others = f" The frame's vector columns: {vectors!r}." if vectors else ""
@@ -320,6 +326,11 @@ def string_column(
             f"column {column!r} holds text ({dtype}) such as {short!r}, not vectors: cosine "
             f"similarity compares embeddings, one vector of numbers per row. "
             f"{_EMBED.format(column=column)}.{others}"
+        )
+    elif empty:
+        message = (
+            f"column {column!r} holds no values, every row null, which dask made a column "
+            f"of strings ({dtype}). {_STRINGIFIED} (A search of it then finds no matches.)"
         )
     else:
         message = (

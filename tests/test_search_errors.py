@@ -259,6 +259,18 @@ def test_a_column_named_nan_or_none(label: Any) -> None:
     np.testing.assert_allclose(got.to_numpy(), want.to_numpy(), rtol=1e-6)
 
 
+def test_a_column_of_none_made_strings_by_dask_is_named_so() -> None:
+    """dd.from_pandas makes an object column of None a string column; the error said to
+    embed its text. It says the column holds no values, and how to keep it."""
+    import dask.dataframe as dd
+
+    pdf = pd.DataFrame({"emb": pd.Series([None] * 4, dtype=object), "id": range(4)})
+    with pytest.raises(TypeError, match=r"^column 'emb' holds no values, every row null, "
+                       r"which dask made a column of strings .*dask_cosim\.from_pandas"):  # fmt: skip
+        dd.from_pandas(pdf, npartitions=2).cosim.neighbors("emb", k=1)
+    assert len(dask_cosim.from_pandas(pdf, npartitions=2).cosim.neighbors("emb", k=1)) == 0
+
+
 def test_empty_sides_give_empty_results() -> None:
     pdf = frame(vectors())
     empty = pdf.iloc[:0]

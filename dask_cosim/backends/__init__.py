@@ -239,7 +239,11 @@ def column_spec(obj: Any, column: Any) -> VectorSpec:
         spec: VectorSpec = vector_spec(meta[column], column)
     except StringColumnError as err:
         sample = _first_string(obj, column)
-        raise string_column(column, err.dtype, sample, shown_vector_columns(meta), lazy) from None
+        source = _pandas_source(obj, column) if lazy and sample is None else None
+        empty = source is not None and bool(source.isna().all())
+        raise string_column(
+            column, err.dtype, sample, shown_vector_columns(meta), lazy, empty
+        ) from None
     if spec.dtype is None:
         # An object column could hold anything; pandas before 3.0 keeps text there. Its
         # cells, where reading them computes nothing, tell now rather than at compute.
