@@ -7,10 +7,12 @@ the all-pairs kernels and decides them in float64, as the all-pairs search does.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from dask_cosim import search_kernels as sk
-from dask_cosim._search_sweep import PairLimit, chunks, compact
+from dask_cosim._search_sweep import PairLimit, TooManyPairs, chunks, compact
 
 __all__ = ["MEMBER", "PROBE", "SIDE", "block_pairs", "kept_pairs", "rows"]
 
@@ -102,10 +104,11 @@ def kept_pairs(
     (highest float64 score, ties to the earlier row: the removed rows' match), and every
     PROBE pair.
 
-    The member pairs kept are at most the members, whatever their number: past ``most``
-    (a cluster of many identical rows) the members are searched again by blocks of rows
-    (:func:`~dask_cosim.search_reduced.by_blocks`); the PROBE pairs count against a
-    limit of ``most`` (:class:`~dask_cosim._search_sweep.TooManyPairs` past it)."""
+    The pairs kept are at most the rows, whatever their number: past ``most`` (a cluster
+    of many identical rows) the members are searched again by blocks of rows
+    (:func:`~dask_cosim.search_reduced.by_blocks`), and so are the PROBE rows against
+    the others (copies of a row near another cluster's near-copies:
+    :func:`_probe_pairs`)."""
     from dask_cosim import search_reduced
 
     parts = []
@@ -118,9 +121,9 @@ def kept_pairs(
             limit=None if most is None else PairLimit(most),
         )  # fmt: skip
         parts.append((i, j, s))
-    probes = block_pairs(
-        prep, members, sides, key, threshold, tile_bytes=tile_bytes, precision=precision,
-        limit=None if most is None else PairLimit(most), member_pairs=False,
+    probes = _probe_pairs(
+        keep, prep, members, sides, key, threshold, tile_bytes=tile_bytes,
+        precision=precision, most=most,
     )  # fmt: skip
     if keep == "rows":
         later = torch.unique(torch.cat([j for _, j, _ in parts] + [probes[1]]))
@@ -128,6 +131,75 @@ def kept_pairs(
     parts.append(probes)
     a, b, score = (torch.cat(t) for t in zip(*parts, strict=True))
     return a, b, score
+
+
+# Rows on a side of a block of the PROBE search past its budget (as search_reduced's).
+_MIN_BLOCK, _MAX_BLOCK = 256, 1024
+
+
+def _probe_pairs(
+    keep: str,
+    prep: sk.Prepared,
+    members: int,
+    sides: int,
+    key: torch.Tensor,
+    threshold: float,
+    *,
+    tile_bytes: int,
+    precision: str,
+    most: int | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The PROBE x (MEMBER or SIDE) pairs of :func:`block_pairs`, reduced to what ``keep``
+    keeps: "rows" one pair per later row (any), "best" each later row's best (highest
+    float64 score, ties to the earlier row by ``key``).  Searched whole within ``most``
+    candidates, else by blocks of rows (256 to 1,024 a side), each block's pairs reduced
+    with those kept before the next."""
+    limit = None if most is None else PairLimit(most)
+    try:
+        return _reduced(keep, *block_pairs(
+            prep, members, sides, key, threshold, tile_bytes=tile_bytes,
+            precision=precision, limit=limit, member_pairs=False,
+        ), key)  # fmt: skip
+    except TooManyPairs as stop:
+        size = max(_MIN_BLOCK, min(_MAX_BLOCK, math.isqrt(max(stop.most, 0) // 4)))
+    device = prep.unit.device
+    reach, n = members + sides, len(prep)
+    kept = [torch.zeros(0, dtype=torch.int64, device=device)] * 2
+    kept.append(torch.zeros(0, dtype=torch.float64, device=device))
+    for p in range(reach, n, size):
+        for r in range(0, reach, size):
+            # A block of its own: these rows as SIDE, those as PROBE.
+            at = torch.cat([
+                torch.arange(r, min(r + size, reach), device=device),
+                torch.arange(p, min(p + size, n), device=device),
+            ])  # fmt: skip
+            a, b, score = block_pairs(
+                prep.take(at), 0, min(r + size, reach) - r, key[at], threshold,
+                tile_bytes=tile_bytes, precision=precision, member_pairs=False,
+            )  # fmt: skip
+            kept = list(_reduced(
+                keep, torch.cat([kept[0], at[a]]), torch.cat([kept[1], at[b]]),
+                torch.cat([kept[2], score]), key,
+            ))  # fmt: skip
+    return kept[0], kept[1], kept[2]
+
+
+def _reduced(
+    keep: str, a: torch.Tensor, b: torch.Tensor, score: torch.Tensor, key: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Of the pairs (``a`` earlier by ``key``, ``b`` later, ``score``) one per ``b``:
+    "rows" any, "best" the highest score, then the earliest ``a`` by ``key``."""
+    if len(b) == 0:
+        return a, b, score
+    order = torch.argsort(key[a], stable=True)
+    if keep == "best":
+        order = order[torch.argsort(score[order], descending=True, stable=True)]
+    order = order[torch.argsort(b[order], stable=True)]
+    sb = b[order]
+    first = torch.ones(len(sb), dtype=torch.bool, device=sb.device)
+    first[1:] = sb[1:] != sb[:-1]
+    take = order[first]
+    return a[take], b[take], score[take]
 
 
 def rows(prep: sk.Prepared, start: int, stop: int) -> sk.Prepared:

@@ -94,28 +94,35 @@ def test_a_block_task_past_its_budget_names_the_cause(
     assert "more partitions" not in message  # the frame's partitions: not these tasks'
 
 
-@pytest.mark.parametrize(
-    ("op", "columns"),
-    [("neighbors", None), ("neighbors", ["id"]), ("dedup-removed", None),
-     ("dedup-removed", ["id"])],
-)  # fmt: skip
+@pytest.mark.parametrize("columns", [None, ["id"]])
 def test_the_pairs_gathered_into_a_partition_are_held_to_the_budget(
-    pdf: pd.DataFrame, op: str, columns: Any
+    pdf: pd.DataFrame, columns: Any
 ) -> None:
     """Each task searching blocks finds a few thousand pairs, but the 2-partition
-    frame's partition 0 gathers the 59,900 pairs of its left rows (neighbors), partition
-    1 those of its right rows (neighbors' with columns, which gathers by the right row
-    first; dedup's removed rows, fewer: of a block's members' pairs, each later row's
-    best alone, beside its probes' pairs)."""
-    message = _raised(to_dask(pdf, 2), op, _settings(BETWEEN, small_blocks=True), columns)
-    _assert_names(message, op, BETWEEN)
-    last = op == "dedup-removed" or columns is not None
+    frame's partition 0 gathers the 59,900 pairs of its left rows, partition 1 those of
+    its right rows (with columns, which gathers by the right row first)."""
+    message = _raised(to_dask(pdf, 2), "neighbors", _settings(BETWEEN, small_blocks=True),
+                      columns)  # fmt: skip
+    _assert_names(message, "neighbors", BETWEEN)
+    last = columns is not None
     found = re.search(rf"{GATHER} {int(last)} of the frame found ([\d,]+) pairs", message)
     assert found, message
-    pairs = int(found.group(1).replace(",", ""))
-    assert pairs == 59_900 if op == "neighbors" else BETWEEN < pairs < 59_900
+    assert int(found.group(1).replace(",", "")) == 59_900
     assert "split the frame into more partitions" in message
     assert "block-bytes" not in message
+
+
+@pytest.mark.parametrize("columns", [None, ["id"]])
+def test_dedup_removed_rows_gather_a_pair_a_row(pdf: pd.DataFrame, columns: Any) -> None:
+    """The same small blocks and budget: dedup's removed rows gather, of every block's
+    pairs (members' and probes'), each later row's best alone, at most a row each (they
+    gathered 30,000 to 59,900 pairs, past the budget), and are the exact method's."""
+    ddf = to_dask(pdf, 2)
+    want = _search(ddf, "dedup-removed", method="exact", columns=columns)
+    with dask.config.set(_settings(BETWEEN, small_blocks=True)):
+        got = _search(ddf, "dedup-removed", columns=columns)
+    want, got = dask.compute(want, got, scheduler="sync")
+    pd.testing.assert_frame_equal(got.reset_index(drop=True), want.reset_index(drop=True))
 
 
 def test_within_the_budget_the_result_is_the_exact_methods(pdf: pd.DataFrame) -> None:
@@ -225,4 +232,32 @@ def test_dedup_removed_rows_keep_a_pair_a_member_within_the_budget() -> None:
         got = df.cosim.dedup("emb", 0.9, return_removed=True, method="clustered", clusters=2)
         got = dask.compute(*got, scheduler="sync")
     assert len(got[1]) == 472
+    pd.testing.assert_frame_equal(got[1].reset_index(drop=True), want[1].reset_index(drop=True))
+
+
+def test_dedup_of_near_copies_in_two_clusters_keeps_a_row_each() -> None:
+    """150 copies of one row and 150 of another at cosine 0.95 (scaled), each its own
+    cluster, and 200 rows elsewhere: the copies of one probe the other's cluster, 22,500
+    PROBE pairs, past a budget of 2,000 (it raised ResultTooLargeError).  The block task
+    searches them again by blocks of rows, keeping a pair a row; dedup and its removed
+    rows are the exact method's."""
+    rng = np.random.default_rng(9)
+    u, w = np.eye(DIM)[0], np.eye(DIM)[2]
+    v = 0.95 * u + math.sqrt(1 - 0.95**2) * np.eye(DIM)[1]
+    x = np.concatenate([
+        u * rng.uniform(0.5, 2.0, size=(150, 1)),
+        v * rng.uniform(0.5, 2.0, size=(150, 1)),
+        w + 0.3 * rng.standard_normal((200, DIM)),
+    ]).astype(np.float32)  # fmt: skip
+    df = to_dask(search_frame(x[rng.permutation(len(x))]), 2)
+    want = df.cosim.dedup("emb", 0.9, return_removed=True, columns=["id"])
+    want = dask.compute(*want, scheduler="sync")
+    settings = {**_settings(2000), "cosim.search.clustered.exact-when-cheaper": False}
+    with dask.config.set(settings):
+        kept = df.cosim.dedup("emb", 0.9, method="clustered", clusters=3)
+        got = df.cosim.dedup("emb", 0.9, return_removed=True, columns=["id"],
+                             method="clustered", clusters=3)  # fmt: skip
+        kept, got = dask.compute(kept, got, scheduler="sync")
+    assert list(kept["id"]) == list(want[0]["id"]) == list(got[0]["id"])
+    assert len(want[1]) >= 299  # the copies of both rows, but one
     pd.testing.assert_frame_equal(got[1].reset_index(drop=True), want[1].reset_index(drop=True))
