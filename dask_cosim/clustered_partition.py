@@ -339,10 +339,9 @@ def search_blocks(
     "right" (labels) and "score" (float64).  ``drops`` True: "_key", the later row of
     each pair (the row ``dedup`` drops).  ``budget``: the pairs the task may hold, over
     all its blocks, past which it raises :class:`~dask_cosim.errors.ResultTooLargeError`;
-    with ``drops`` (or ``best``: dedup's removed rows, of the members' pairs each later
-    row's best alone) what the task keeps of its blocks, and within a block the pairs
-    of its probes (its members' are searched by blocks of rows past it:
-    :func:`.clustered_blocks.kept_pairs`).
+    with ``drops`` (or ``best``: dedup's removed rows, each later row's best alone) what
+    the task keeps of its blocks (a block's pairs past it are searched again by blocks
+    of rows: :func:`.clustered_blocks.kept_pairs`).
     """
     block_all, role_all = df["_block"].to_numpy(), df["_role"].to_numpy()
     # Each block's rows together, in role order, members by key (block_pairs).
@@ -366,7 +365,7 @@ def search_blocks(
     with collecting(budget, where, SMALLER_BLOCKS) as limit:
         for s, e in zip(starts, stops, strict=True):
             counts = np.bincount(role[s:e], minlength=3)
-            if drops or best:  # a row or a pair a member, and the probes'
+            if drops or best:  # a row or a pair a dropped row
                 i, j, sc = cb.kept_pairs(
                     "rows" if drops else "best", cb.rows(prep, s, e), int(counts[cb.MEMBER]),
                     int(counts[cb.SIDE]), key[s:e], threshold, tile_bytes=tile_bytes,
