@@ -101,8 +101,8 @@ def kept_pairs(
     ``keep`` first, and ``most`` for its ``limit``; and whose result it gives): ``keep``
     "rows", the later row (larger ``key``) of each pair alone (the rows dropped; first
     rows and scores empty); "best", of the MEMBER x MEMBER pairs each later row's best
-    (highest float64 score, ties to the earlier row: the removed rows' match), and every
-    PROBE pair.
+    (highest float64 score, ties to the earlier row: the removed rows' match), and of
+    the PROBE pairs too (a row may have one of each: the caller keeps the better).
 
     The pairs kept are at most the rows, whatever their number: past ``most`` (a cluster
     of many identical rows) the members are searched again by blocks of rows
