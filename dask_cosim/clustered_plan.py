@@ -359,6 +359,7 @@ def plan(
             f"copies per row, {found.pair_scores / found.all_pairs:.0%} "
             "of the pair scores), so method='exact' runs instead: the same pairs "
             "(cosim.search.clustered.exact-when-cheaper)",
+            errors.ExactInsteadWarning,
             stacklevel=errors.caller_stacklevel(),
         )
     parts = found.partitions

@@ -18,9 +18,11 @@ from typing import Any
 
 __all__ = [
     "ACCEPTED",
+    "ExactInsteadWarning",
     "QueryWarning",
     "RepeatedLabelsWarning",
     "ResultTooLargeError",
+    "StalePreparedWarning",
     "StringColumnError",
     "binary_column",
     "caller_stacklevel",
@@ -446,6 +448,11 @@ def labels_may_repeat(
 
 class QueryWarning(UserWarning):
     """A query of ``topk`` that cannot find what the caller looks for."""
+
+
+class ExactInsteadWarning(UserWarning):
+    """``method="clustered"`` runs exact all-pairs instead, where its plan expects that to
+    cost no more: the same result (``cosim.search.clustered.exact-when-cheaper``)."""
 
 
 class StalePreparedWarning(UserWarning):

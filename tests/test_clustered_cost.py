@@ -18,6 +18,7 @@ import pytest
 from dask_cosim import clustered, clustered_plan
 from dask_cosim._cli import cli_spelling
 from dask_cosim.datasets import make_embeddings
+from dask_cosim.errors import ExactInsteadWarning
 from tests.clustered_data import adversarial, frame
 from tests.helpers import to_dask
 from tests.test_clustered_results import assert_same
@@ -38,10 +39,10 @@ def test_exact_all_pairs_runs_where_the_plan_expects_it_to_cost_no_more() -> Non
     ddf = to_dask(pdf, 3)
     want = pdf.cosim.neighbors("emb", threshold=0.9)
     with dask.config.set(CHEAPER):
-        with pytest.warns(UserWarning, match="runs instead"):
+        with pytest.warns(ExactInsteadWarning, match="runs instead"):
             p = clustered.plan(ddf, "emb", 0.9, clusters=4)
         assert p.cost_vs_exact >= 1 and p.exact_instead
-        with pytest.warns(UserWarning, match="so method='exact' runs instead") as seen:
+        with pytest.warns(ExactInsteadWarning, match="so method='exact' runs instead") as seen:
             got = ddf.cosim.neighbors("emb", threshold=0.9, method="clustered", clusters=4)
         assert [w.filename for w in seen] == [__file__]
         assert "times exact all-pairs here" in str(seen[0].message)
@@ -52,7 +53,7 @@ def test_exact_all_pairs_runs_where_the_plan_expects_it_to_cost_no_more() -> Non
         assert not clustered_tasks(got)
         assert_same(got.compute(), want, exact_scores=True)
         # dedup, eager, with its removed rows and a carried column: the exact method's.
-        with pytest.warns(UserWarning, match="so method='exact' runs instead"):
+        with pytest.warns(ExactInsteadWarning, match="so method='exact' runs instead"):
             kept, removed = pdf.cosim.dedup(
                 "emb", 0.9, method="clustered", clusters=4, return_removed=True, columns="id"
             )
@@ -76,7 +77,7 @@ def test_the_clustered_search_runs_where_it_pays() -> None:
         assert p.cost_vs_exact < 0.5 and not p.exact_instead
         kept = ddf.cosim.dedup("emb", 0.99, method="clustered")
     assert clustered_tasks(kept)
-    with dask.config.set(CHEAPER), pytest.warns(UserWarning, match="runs instead"):
+    with dask.config.set(CHEAPER), pytest.warns(ExactInsteadWarning, match="runs instead"):
         assert clustered.plan(ddf, "emb", 0.95).exact_instead
     pd.testing.assert_frame_equal(kept.compute(), pdf.cosim.dedup("emb", 0.99))
 
