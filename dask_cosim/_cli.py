@@ -87,7 +87,7 @@ def one_line_errors(command: F) -> F:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             with warnings.catch_warnings():  # restores showwarning afterwards
-                warnings.showwarning = _show_warning
+                warnings.showwarning = functools.partial(_show_warning, warnings.showwarning)
                 return command(*args, **kwargs)
         except click.ClickException:
             raise
@@ -192,9 +192,19 @@ def check_local_inputs(*paths: str) -> None:
             raise FileNotFoundError(f"{text!r} not found")
 
 
-def _show_warning(message: Warning | str, *args: Any, **kwargs: Any) -> None:
-    # Python's format adds the file, line and source line of the library's call, which
-    # say nothing to someone running a command.
+def _show_warning(
+    shown: Callable[..., None], message: Warning | str, category: type[Warning], *args: Any,
+    **kwargs: Any,
+) -> None:  # fmt: skip
+    """Ours (:class:`~dask_cosim.errors.CosimWarning`) as one line, in the command line's
+    spelling: Python's format adds the file, line and source line of the library's call,
+    which say nothing to someone running a command.  Others' as ``shown`` shows them:
+    the library's they are, not ours."""
+    from dask_cosim.errors import CosimWarning
+
+    if not issubclass(category, CosimWarning):
+        shown(message, category, *args, **kwargs)
+        return
     click.echo(f"Warning: {cli_spelling(' '.join(str(message).split()))}", err=True)
 
 

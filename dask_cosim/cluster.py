@@ -264,6 +264,7 @@ def _warn_if_memory_is_short(memory_limit: Any, threads_per_worker: int) -> None
             "on a partition, so dask would pause and restart it until the task fails "
             "(KilledWorker); give each worker at least '1.5GiB' (fewer workers, or "
             "memory_limit='1.5GiB')",
+            errors.CosimWarning,
             stacklevel=3,  # the line that called local_cluster
         )
 

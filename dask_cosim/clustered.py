@@ -220,7 +220,7 @@ def _planned(
             _check_room(p, kwargs.get("n_probe"))
         warning = p.many_copies()
         if warning is not None:
-            warnings.warn(warning, stacklevel=errors.caller_stacklevel())
+            warnings.warn(warning, errors.CosimWarning, stacklevel=errors.caller_stacklevel())
     eager = not dask.is_dask_collection(df)
     return p, Budget(setting, op, on, p.threshold, method="clustered", eager=eager)
 

@@ -82,6 +82,6 @@ def _warn_unknown() -> None:
             warnings.warn(
                 f"{name} is not a dask_cosim option: it is ignored{hint} (the options: "
                 "docs/configuration.md)",
-                UserWarning,
+                errors.CosimWarning,
                 stacklevel=errors.caller_stacklevel(),
             )

@@ -18,6 +18,7 @@ from typing import Any
 
 __all__ = [
     "ACCEPTED",
+    "CosimWarning",
     "ExactInsteadWarning",
     "QueryWarning",
     "RepeatedLabelsWarning",
@@ -403,7 +404,12 @@ def not_parquet(path: str, why: str, reads: str, how: str) -> ValueError:
     return ValueError(f"{path!r} is not a Parquet file ({why}); {reads}; {how}")
 
 
-class RepeatedLabelsWarning(UserWarning):
+class CosimWarning(UserWarning):
+    """What a dask_cosim call did, or found, that its caller may not expect; every
+    warning of the library is one (the command line prints them as one line)."""
+
+
+class RepeatedLabelsWarning(CosimWarning):
     """A search result names rows by index labels that may repeat across partitions."""
 
 
@@ -446,16 +452,16 @@ def labels_may_repeat(
     )
 
 
-class QueryWarning(UserWarning):
+class QueryWarning(CosimWarning):
     """A query of ``topk`` that cannot find what the caller looks for."""
 
 
-class ExactInsteadWarning(UserWarning):
+class ExactInsteadWarning(CosimWarning):
     """``method="clustered"`` runs exact all-pairs instead, where its plan expects that to
     cost no more: the same result (``cosim.search.clustered.exact-when-cheaper``)."""
 
 
-class StalePreparedWarning(UserWarning):
+class StalePreparedWarning(CosimWarning):
     """The columns ``prepare`` added beside a vector column are not its vectors' (it
     changed since): a search normalises the vectors itself."""
 

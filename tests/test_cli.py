@@ -747,3 +747,32 @@ def test_a_cancelled_gather_is_not_logged_by_asyncio() -> None:
 
     assert not _cli.quiet_cancelled_gather(record(AllExit()))
     assert _cli.quiet_cancelled_gather(record(RuntimeError("a real failure")))
+
+
+def test_only_our_warnings_are_printed_as_the_commands_own(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The commands print dask_cosim's warnings as one line ("Warning: ..."), in the
+    command line's spelling; a library's (distributed's "Port 8787 is already in use",
+    a ResourceWarning) went out as if they were ours, without their origin: they are
+    shown as Python shows them."""
+    import warnings
+
+    from dask_cosim._cli import one_line_errors
+    from dask_cosim.errors import CosimWarning
+
+    @one_line_errors
+    def command() -> None:
+        warnings.warn("set cosim.search.max-result-bytes, it said", CosimWarning, stacklevel=1)
+        warnings.warn("Port 8787 is already in use", UserWarning, stacklevel=1)
+
+    shown: list[tuple[str, type[Warning]]] = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        # As Python would show it (its format: file, line, category, message).
+        warnings.showwarning = lambda message, category, *_, **__: shown.append(
+            (str(message), category)
+        )
+        command()
+    assert capsys.readouterr().err == "Warning: set DASK_COSIM__SEARCH__MAX_RESULT_BYTES, it said\n"
+    assert shown == [("Port 8787 is already in use", UserWarning)]

@@ -281,6 +281,7 @@ def _check_listed(root: str, files: list[str], entries: list[pafs.FileInfo]) -> 
             f"{root!r} holds {len(added)} file(s) that its manifest {MANIFEST} does not "
             f"list, added after dask_cosim wrote it ({added[0]!r}): they are not read; "
             f"delete {MANIFEST} to read every Parquet file of the folder",
+            errors.CosimWarning,
             stacklevel=errors.caller_stacklevel(),
         )
 
@@ -557,6 +558,7 @@ def discard(stagings: Sequence[Staging]) -> None:
                 warnings.warn(
                     f"the failed write's staging folder {path!r} could not be deleted "
                     f"({err}); delete it by hand",
+                    errors.CosimWarning,
                     stacklevel=2,
                 )
 
