@@ -12,6 +12,7 @@ import ast
 import atexit
 import importlib.util
 import inspect
+import logging
 import multiprocessing
 import sys
 import warnings
@@ -155,6 +156,12 @@ def local_cluster(
 
     The worker processes ignore Ctrl-C (SIGINT), which a terminal sends to them too: the
     process that started them handles it, and closing the client stops them.
+
+    The scheduler runs in this process, and its log with it: distributed's p2p shuffle
+    logs two WARNING lines for every shuffle that starts and ends as it should
+    ("Shuffle ... initialized by task ...", "... deactivated due to stimulus ..."; a
+    clustered search shuffles twice).  Those two are left out of it; its other lines
+    pass.
     """
     _check_main_guard()
     if gpus not in ("auto", True, False):
@@ -224,6 +231,7 @@ def local_cluster(
         TorchThreads(torch_threads(n_workers, threads_per_worker)),
         IgnoreCtrlC(),
     ]
+    _quiet_shuffle_lifecycle()
     try:
         client = ClusterClient(cluster)
         # Every worker joined, so that the first computation (and scheduler_info, which a
@@ -251,7 +259,6 @@ def _warn_if_memory_is_short(memory_limit: Any, threads_per_worker: int) -> None
     """Warn when ``memory_limit`` gives each worker less than :data:`SHORT_MEMORY`: dask
     would pause it and restart it until the task fails (KilledWorker), its only words an
     "unmanaged memory" warning that reads like a leak."""
-    import logging
 
     from distributed.worker_memory import parse_memory_limit
 
@@ -410,6 +417,23 @@ def _local_dashboard(address: str | int | None) -> str | None:
         f"dashboard_address={address!r}: use a port on 127.0.0.1, e.g. "
         "dashboard_address='127.0.0.1:8787' (':0' for any free port), or None"
     )
+
+
+class _ShuffleLifecycle(logging.Filter):
+    """Drops the p2p shuffle's lines about a shuffle starting and ending as it should."""
+
+    ROUTINE = ("Shuffle %s initialized by task", "Shuffle %s deactivated due to stimulus")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (isinstance(record.msg, str) and record.msg.startswith(self.ROUTINE))
+
+
+def _quiet_shuffle_lifecycle() -> None:
+    """:class:`_ShuffleLifecycle` on the logger of the p2p shuffle's scheduler plugin,
+    once a process (worded otherwise in another distributed, its lines pass)."""
+    logger = logging.getLogger("distributed.shuffle._scheduler_plugin")
+    if not any(isinstance(f, _ShuffleLifecycle) for f in logger.filters):
+        logger.addFilter(_ShuffleLifecycle())
 
 
 # Keywords of the cluster and its workers that local_cluster sets itself: given, they were

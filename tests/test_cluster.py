@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import subprocess
@@ -128,6 +129,19 @@ def test_local_cluster_cpu_listens_on_localhost_only(loop: object) -> None:
         pdf = pairs_frame(a, b, "fixed_size_list")
         cos = dask_cosim.from_pandas(pdf, npartitions=4).cosim.pairwise("embeds_a", "embeds_b")
         np.testing.assert_allclose(cos.compute().to_numpy(), reference(a, b), atol=1e-6)
+        # The scheduler's log is this process's: a p2p shuffle (the clustered search
+        # does two) logged two WARNING lines as it started and ended as it should.
+        records: list[logging.LogRecord] = []
+        handler = logging.Handler()
+        handler.emit = records.append  # type: ignore[method-assign]
+        plugin_log = logging.getLogger("distributed.shuffle._scheduler_plugin")
+        plugin_log.addHandler(handler)
+        try:
+            frame = dd.from_pandas(pd.DataFrame({"x": range(100)}), npartitions=4)
+            assert len(frame.shuffle("x", shuffle_method="p2p").compute()) == 100
+        finally:
+            plugin_log.removeHandler(handler)
+        assert [r.getMessage() for r in records if r.levelno >= logging.WARNING] == []
         cluster = c.cluster
     # Leaving the client's block closed the cluster it started.
     assert cluster.status.name == "closed"
