@@ -102,14 +102,26 @@ class _Deferred(metaclass=_Forward):
         return CosimAccessor(obj)
 
 
-def _on_dask_dataframe(_module: Any) -> None:
+def _registered(frame_type: type) -> bool:
+    """Whether ``frame_type.cosim`` is a ``_Deferred`` already: registered by this module
+    before it was loaded again (``importlib.reload``, a notebook's autoreload), which
+    registering again would warn about ("overriding a preexisting attribute")."""
+    current = getattr(frame_type, "cosim", None)
+    return getattr(current, "__module__", None) == __name__ and (
+        getattr(current, "__qualname__", None) == _Deferred.__qualname__
+    )
+
+
+def _on_dask_dataframe(module: Any) -> None:
     from dask.dataframe.extensions import register_dataframe_accessor
 
-    register_dataframe_accessor("cosim")(_Deferred)
+    if not _registered(module.DataFrame):
+        register_dataframe_accessor("cosim")(_Deferred)
 
 
 def _on_pandas_or_cudf(module: Any) -> None:
-    module.api.extensions.register_dataframe_accessor("cosim")(_Deferred)
+    if not _registered(module.DataFrame):
+        module.api.extensions.register_dataframe_accessor("cosim")(_Deferred)
 
 
 # Each runs now if its module is already imported, else right after the user imports it:

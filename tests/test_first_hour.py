@@ -354,6 +354,11 @@ def test_import_and_cli_help_load_no_heavy_module() -> None:
         # unpickling a task imports it): the accessor must not import it back.
         "import dask_cosim.search_partition; import pandas as pd; import dask.dataframe as dd",
         "import dask_cosim.clustered_partition; import dask.dataframe as dd; import pandas as pd",
+        # Loaded again (a notebook's autoreload): pandas and dask warned of an accessor
+        # "overriding a preexisting attribute".
+        "import pandas as pd; import dask.dataframe as dd; import dask_cosim, importlib, "
+        "warnings; warnings.filterwarnings('error', 'registration of accessor'); "
+        "importlib.reload(dask_cosim)",
     ],
 )
 def test_accessor_registered_whatever_the_import_order(imports: str) -> None:
