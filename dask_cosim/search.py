@@ -69,10 +69,15 @@ def check_column(frame: Any, column: Any, argument: str = "on") -> backends.Vect
     return backends.column_spec(frame, column)
 
 
-def _budget(opts: sg.Options, build: sg.Builder, op: str, on: str, threshold: Any) -> Budget:
+def _budget(
+    opts: sg.Options, build: sg.Builder, op: str, on: str, threshold: Any, sides: int
+) -> Budget:
     """What each task of the threshold search ``op`` may hold (an eager frame's error
-    advises no more partitions: it has none)."""
-    return Budget(opts.max_result_bytes, op, on, threshold, eager=not build.lazy)
+    advises no more partitions: it has none, nor a frame of ``sides`` blocks as many as
+    ``cosim.search.max-blocks`` allows)."""
+    capped = build.lazy and sides >= opts.max_blocks
+    return Budget(opts.max_result_bytes, op, on, threshold, eager=not build.lazy,
+                  blocks=sides if capped else None)  # fmt: skip
 
 
 def _check_dims(spec_a: backends.VectorSpec, what_a: str, dim_b: int | None, what_b: str) -> None:
@@ -217,10 +222,13 @@ def join(
     exact = score_dtype == np.float64
     build = sg.Builder(dask.is_dask_collection(left) or dask.is_dask_collection(right))
     rsides = sg.sides(build, right, right_on, opts, rcols, frame="right")
-    budget = None if k is not None else _budget(opts, build, "join", on, threshold)
     cut = sg.pieces(build, left, opts, lambda n: n * len(rsides))
+    lsides = sg.sides(build, left, on, opts, lcols, cut=cut, frame="left")
+    # More partitions of either frame help (fewer pairs per merge, per pair task).
+    blocks = min(len(lsides), len(rsides))
+    budget = None if k is not None else _budget(opts, build, "join", on, threshold, blocks)
     outs = []
-    for i, lside in enumerate(sg.sides(build, left, on, opts, lcols, cut=cut, frame="left")):
+    for i, lside in enumerate(lsides):
         if k is not None:
             pair = build(sp.join_pair_topk)
             pieces = [pair(lside, r, k, threshold, opts.tile_bytes, opts.precision) for r in rsides]
@@ -266,7 +274,7 @@ def neighbors(
     cut = sg.pieces(build, df, opts, sg.pairs_of)
     sides = sg.sides(build, df, on, opts, cols, cut=cut)
     n = len(sides)
-    budget = None if k is not None else _budget(opts, build, "neighbors", on, threshold)
+    budget = None if k is not None else _budget(opts, build, "neighbors", on, threshold, n)
     pieces: list[list[Any]] = [[] for _ in range(n)]
     for i in range(n):
         for j in range(i, n):
@@ -338,7 +346,7 @@ def dedup(
     sides = sg.sides(build, df, on, opts, cols, frames, cut)
     lengths = [build(len)(f) for f in frames] if len(frames) > len(sides) else None
     like = sg.meta_of(df)
-    budget = _budget(opts, build, "dedup", on, threshold_value)
+    budget = _budget(opts, build, "dedup", on, threshold_value, len(sides))
     if return_removed:
         meta = sp.result_meta(like.index, like.index, sp.score_dtype(spec), False, dtypes)
         pair = functools.partial(build(sd.earlier_matches), precision=opts.precision,
@@ -398,7 +406,7 @@ def groups(df: Any, on: str, threshold: float, *, name: Hashable = "group") -> A
     frames = build.cut(build.partitions(df), cut)
     sides = sg.sides(build, df, on, opts, frames=frames, cut=cut)
     n = len(sides)
-    budget = _budget(opts, build, "groups", on, threshold_value)
+    budget = _budget(opts, build, "groups", on, threshold_value, n)
     edge = functools.partial(build(sd.earlier_matches), precision=opts.precision, edges=True,
                              budget=budget)  # fmt: skip
     edges = [

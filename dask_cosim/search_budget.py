@@ -78,6 +78,13 @@ MORE_PARTITIONS = (
     "split the frame into more partitions (fewer pairs per task; a side is cut into at "
     "most cosim.search.max-blocks blocks)"
 )
+# The same, where the frame's sides are as many as cosim.search.max-blocks allows already:
+# more partitions would be searched in as many blocks, each holding more of them.
+MORE_BLOCKS = (
+    "raise cosim.search.max-blocks (the frame is searched in {blocks} blocks, the most it "
+    "allows now, so more partitions alone make no smaller tasks; the pair tasks grow as "
+    "the square of the blocks)"
+)
 # How a clustered search's task holding the pairs gathered into a partition of the
 # frame gets fewer.
 MORE_FRAME_PARTITIONS = (
@@ -97,7 +104,9 @@ class Budget:
     checked it ("auto" or bytes, part of the graph's keys); ``op``, ``column``,
     ``threshold`` and ``method`` ("exact" or "clustered") name the search in the error,
     and ``method`` picks the share of memory "auto" takes; ``eager``: the frame is one
-    (pandas, cudf), which no advice to split into more partitions fits."""
+    (pandas, cudf), which no advice to split into more partitions fits; ``blocks``: the
+    sides a dask frame is searched in where they are ``cosim.search.max-blocks`` already
+    (advice of more partitions would not help: :data:`MORE_BLOCKS`), else None."""
 
     setting: int | str
     op: str
@@ -105,6 +114,7 @@ class Budget:
     threshold: float | None
     method: str = "exact"
     eager: bool = False
+    blocks: int | None = None
 
     def allowed(self) -> tuple[int, str]:
         """The bytes one task may hold here, and where that number comes from."""
@@ -140,6 +150,8 @@ class Budget:
             fewer = MORE_PARTITIONS
         if self.eager and fewer in (MORE_PARTITIONS, MORE_FRAME_PARTITIONS):
             fewer = AS_DASK_FRAME
+        elif self.blocks is not None and fewer == MORE_PARTITIONS:
+            fewer = MORE_BLOCKS.format(blocks=self.blocks)
         if fewer is not None:
             fixes.append(fewer)
         fixes.append("set a larger cosim.search.max-result-bytes where the workers have the memory")

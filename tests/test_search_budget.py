@@ -66,6 +66,23 @@ def test_a_task_past_its_budget_names_the_cause(op: str, npartitions: int | None
     assert ("dask_cosim.from_pandas(df, npartitions=8)" in message) == (npartitions is None)
 
 
+def test_at_the_most_blocks_the_advice_is_more_blocks() -> None:
+    """A frame searched in as many blocks as cosim.search.max-blocks allows gets no
+    smaller tasks from more partitions (they are joined into as many blocks): the error
+    said to split it into more partitions; it says to raise max-blocks."""
+    budget = {"cosim.search.max-result-bytes": 300 * PAIR_BYTES}
+    for op in ("neighbors", "join"):
+        with dask.config.set({**budget, "cosim.search.max-blocks": 4}):
+            with pytest.raises(ResultTooLargeError) as caught:
+                _compute(_search(_frame(4), op))
+        message = str(caught.value)
+        assert "raise cosim.search.max-blocks (the frame is searched in 4 blocks" in message
+        assert "more partitions" in message and "split the frame" not in message
+        with dask.config.set({**budget, "cosim.search.max-blocks": 8}):
+            with pytest.raises(ResultTooLargeError, match="split the frame into more partitions"):
+                _compute(_search(_frame(4), op))
+
+
 class Started(Callback):
     """The tasks the local scheduler started, with their dependencies."""
 
