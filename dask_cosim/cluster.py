@@ -251,8 +251,9 @@ _WORKERS_JOIN = 60.0  # seconds
 
 
 # What a CPU worker needs (docs/clusters.md, "Memory"): about 0.35 GiB once torch and
-# pyarrow are loaded, near 1 GiB at its peak on a partition of our readers' size.
-SHORT_MEMORY = 2**30
+# pyarrow are loaded, near 1 GiB at its peak on a partition of our readers' size; 1.25 GiB
+# workers paused there, and 1 GiB ones were killed in a clustered search's shuffle.
+SHORT_MEMORY = 3 * 2**29  # 1.5 GiB
 
 
 def _warn_if_memory_is_short(memory_limit: Any, threads_per_worker: int) -> None:

@@ -240,16 +240,18 @@ def test_local_cluster_argument_errors(kwargs: dict, error: type, message: str) 
 
 
 def test_a_memory_limit_too_small_for_a_worker_is_named() -> None:
-    """Below 1 GiB a worker is paused and restarted until the task fails (KilledWorker):
+    """Below 1.5 GiB a worker is paused and restarted until the task fails (KilledWorker):
     a warning says so before the cluster starts (here an argument error then stops it)."""
-    for limit in ("400MB", 300_000_000):
-        with pytest.warns(UserWarning, match=r"gives each worker \d+\.\d+ MiB: a worker holds"):
+    for limit in ("400MB", 300_000_000, "1GiB"):
+        with pytest.warns(UserWarning, match=r"gives each worker \d+\.\d+ [MG]iB: a worker holds"):
             with pytest.raises(ValueError, match="host="):
                 dask_cosim.local_cluster(memory_limit=limit, host="0.0.0.0")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         with pytest.raises(ValueError, match="host="):
             dask_cosim.local_cluster(memory_limit="2GiB", host="0.0.0.0")
+        with pytest.raises(ValueError, match="host="):
+            dask_cosim.local_cluster(memory_limit="1.5GiB", host="0.0.0.0")
 
 
 def test_gpus_true_without_a_gpu() -> None:
