@@ -122,8 +122,8 @@ def kept_pairs(
         )  # fmt: skip
         parts.append((i, j, s))
     probes = _probe_pairs(
-        keep, prep, members, sides, key, threshold, tile_bytes=tile_bytes,
-        precision=precision, most=most,
+        prep, members, sides, key, threshold, tile_bytes=tile_bytes, precision=precision,
+        most=most,
     )  # fmt: skip
     if keep == "rows":
         later = torch.unique(torch.cat([j for _, j, _ in parts] + [probes[1]]))
@@ -138,7 +138,6 @@ _MIN_BLOCK, _MAX_BLOCK = 256, 1024
 
 
 def _probe_pairs(
-    keep: str,
     prep: sk.Prepared,
     members: int,
     sides: int,
@@ -149,17 +148,20 @@ def _probe_pairs(
     precision: str,
     most: int | None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The PROBE x (MEMBER or SIDE) pairs of :func:`block_pairs`, reduced to what ``keep``
-    keeps: "rows" one pair per later row (any), "best" each later row's best (highest
-    float64 score, ties to the earlier row by ``key``).  Searched whole within ``most``
-    candidates, else by blocks of rows (256 to 1,024 a side), each block's pairs reduced
-    with those kept before the next."""
+    """The PROBE x (MEMBER or SIDE) pairs of :func:`block_pairs`, reduced to each later
+    row's best (highest float64 score, ties to the earlier row by ``key``), which serves
+    "rows" too (one pair a row it drops).  Searched whole within ``most`` candidates,
+    else by blocks of rows (256 to 1,024 a side), each block's pairs reduced with those
+    kept before the next."""
+    from dask_cosim.search_reduced import best
+
     limit = None if most is None else PairLimit(most)
     try:
-        return _reduced(keep, *block_pairs(
+        a, b, score = block_pairs(
             prep, members, sides, key, threshold, tile_bytes=tile_bytes,
             precision=precision, limit=limit, member_pairs=False,
-        ), key)  # fmt: skip
+        )  # fmt: skip
+        return best(a, b, score, rank=key[a])
     except TooManyPairs as stop:
         size = max(_MIN_BLOCK, min(_MAX_BLOCK, math.isqrt(max(stop.most, 0) // 4)))
     device = prep.unit.device
@@ -177,29 +179,10 @@ def _probe_pairs(
                 prep.take(at), 0, min(r + size, reach) - r, key[at], threshold,
                 tile_bytes=tile_bytes, precision=precision, member_pairs=False,
             )  # fmt: skip
-            kept = list(_reduced(
-                keep, torch.cat([kept[0], at[a]]), torch.cat([kept[1], at[b]]),
-                torch.cat([kept[2], score]), key,
-            ))  # fmt: skip
+            a = torch.cat([kept[0], at[a]])
+            kept = list(best(a, torch.cat([kept[1], at[b]]), torch.cat([kept[2], score]),
+                             rank=key[a]))  # fmt: skip
     return kept[0], kept[1], kept[2]
-
-
-def _reduced(
-    keep: str, a: torch.Tensor, b: torch.Tensor, score: torch.Tensor, key: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Of the pairs (``a`` earlier by ``key``, ``b`` later, ``score``) one per ``b``:
-    "rows" any, "best" the highest score, then the earliest ``a`` by ``key``."""
-    if len(b) == 0:
-        return a, b, score
-    order = torch.argsort(key[a], stable=True)
-    if keep == "best":
-        order = order[torch.argsort(score[order], descending=True, stable=True)]
-    order = order[torch.argsort(b[order], stable=True)]
-    sb = b[order]
-    first = torch.ones(len(sb), dtype=torch.bool, device=sb.device)
-    first[1:] = sb[1:] != sb[:-1]
-    take = order[first]
-    return a[take], b[take], score[take]
 
 
 def rows(prep: sk.Prepared, start: int, stop: int) -> sk.Prepared:

@@ -220,17 +220,27 @@ class _Kept:
 
 
 def best(
-    i: torch.Tensor, j: torch.Tensor, s: torch.Tensor
+    i: torch.Tensor, j: torch.Tensor, s: torch.Tensor, rank: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Of the pairs (``i``, ``j``, score ``s``), each right row's best: the highest
     score, then the earliest left row of that score (dedup's removed rows' match), as
-    (i, j, s) in the order of j."""
+    (i, j, s) in the order of j.  ``rank``: each pair's left row's place in frame order
+    where ``i`` is not it (rows of a clustered block: one pair kept of pairs that tie
+    on both)."""
     if not len(j):
         return i, j, s
     lo = int(j.min())
-    top, first = _best_in_range(i, j - lo, s, int(j.max()) + 1 - lo)
-    held = torch.nonzero(first != _NONE).flatten()
-    return first[held], held + lo, top[held]
+    at, n = j - lo, int(j.max()) + 1 - lo
+    top, first = _best_in_range(i if rank is None else rank, at, s, n)
+    if rank is None:
+        held = torch.nonzero(first != _NONE).flatten()
+        return first[held], held + lo, top[held]
+    # The first pair of each right row that holds its best score and rank.
+    hit = torch.nonzero((s == top[at]) & (rank == first[at])).flatten()
+    pick = torch.full((n,), _NONE, dtype=torch.int64, device=hit.device)
+    pick = pick.scatter_reduce(0, at[hit], hit, "amin")
+    pick = pick[pick != _NONE]
+    return i[pick], j[pick], s[pick]
 
 
 _NONE = torch.iinfo(torch.int64).max

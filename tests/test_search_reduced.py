@@ -208,3 +208,26 @@ def test_merged_forests_connect_what_their_edges_connect() -> None:
         touched[ends[:m].ravel()] = True
         assert len(merged) == touched.sum() - len(set(want[touched].tolist()))
         assert (merged[:, 0] < merged[:, 1]).all()
+
+
+def test_best_by_rank_keeps_the_highest_score_then_the_earliest_rank() -> None:
+    """``best`` with ``rank`` (a clustered block's rows, whose positions are not frame
+    order): each right row's pair of highest score, then lowest rank, one of those that
+    tie on both; against a sort."""
+    import torch
+
+    rng = np.random.default_rng(6)
+    for _ in range(30):
+        e = int(rng.integers(1, 60))
+        i = torch.from_numpy(rng.integers(0, 20, size=e))
+        j = torch.from_numpy(rng.integers(0, 15, size=e))
+        s = torch.from_numpy(rng.choice([0.9, 0.95, 1.0], size=e))
+        row_rank = torch.from_numpy(rng.permutation(100)[:20])
+        rank = row_rank[i]
+        gi, gj, gs = search_reduced.best(i, j, s, rank=rank)
+        order = np.lexsort((rank.numpy(), -s.numpy(), j.numpy()))
+        first = np.r_[True, np.diff(j.numpy()[order]) != 0]
+        want = order[first]
+        assert gj.tolist() == j.numpy()[want].tolist()
+        assert gs.tolist() == s.numpy()[want].tolist()
+        assert row_rank[gi].tolist() == rank.numpy()[want].tolist()
