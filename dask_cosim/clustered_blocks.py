@@ -7,8 +7,6 @@ the all-pairs kernels and decides them in float64, as the all-pairs search does.
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from dask_cosim import search_kernels as sk
@@ -133,10 +131,6 @@ def kept_pairs(
     return a, b, score
 
 
-# Rows on a side of a block of the PROBE search past its budget (as search_reduced's).
-_MIN_BLOCK, _MAX_BLOCK = 256, 1024
-
-
 def _probe_pairs(
     prep: sk.Prepared,
     members: int,
@@ -153,7 +147,7 @@ def _probe_pairs(
     "rows" too (one pair a row it drops).  Searched whole within ``most`` candidates,
     else by blocks of rows (256 to 1,024 a side), each block's pairs reduced with those
     kept before the next."""
-    from dask_cosim.search_reduced import best
+    from dask_cosim.search_reduced import best, block_size
 
     limit = None if most is None else PairLimit(most)
     try:
@@ -163,7 +157,7 @@ def _probe_pairs(
         )  # fmt: skip
         return best(a, b, score, rank=key[a])
     except TooManyPairs as stop:
-        size = max(_MIN_BLOCK, min(_MAX_BLOCK, math.isqrt(max(stop.most, 0) // 4)))
+        size = block_size(stop.most)
     device = prep.unit.device
     reach, n = members + sides, len(prep)
     kept = [torch.zeros(0, dtype=torch.int64, device=device)] * 2

@@ -28,7 +28,7 @@ import torch
 from dask_cosim import search_kernels as sk
 from dask_cosim._search_sweep import PairLimit, TooManyPairs
 
-__all__ = ["KEEPS", "best", "by_blocks", "found", "labels", "spanning"]
+__all__ = ["KEEPS", "best", "block_size", "by_blocks", "found", "labels", "spanning"]
 
 KEEPS = ("rows", "best", "forest")
 
@@ -36,6 +36,12 @@ KEEPS = ("rows", "best", "forest")
 # the least a block's fixed costs outweigh its work; the most keeps what a block finds
 # before its rows can be skipped small (rows of one vector: every pair a match).
 _MIN_BLOCK, _MAX_BLOCK = 256, 1024
+
+
+def block_size(most: int) -> int:
+    """Rows on a side of a block searched past a budget of ``most`` pairs: 256 to 1,024,
+    no block pair holding more than max(256 x 256, ``most`` / 4) pairs."""
+    return max(_MIN_BLOCK, min(_MAX_BLOCK, math.isqrt(max(most, 0) // 4)))
 
 
 def found(
@@ -100,7 +106,7 @@ def by_blocks(
     searched again, nor a block pair whose rows "forest" has found connected already."""
     device = r.unit.device
     nq, nr = len(q), len(r)
-    size = max(_MIN_BLOCK, min(_MAX_BLOCK, math.isqrt(max(most, 0) // 4)))
+    size = block_size(most)
     kept = _Kept(keep, nq, nr, upper, device)
     exact_scores = keep == "best" or precision != "fp32"
     for c in range(0, nr, size):
