@@ -26,7 +26,7 @@ from dask_cosim import search_partition as sp
 from dask_cosim import search_results as sr
 from dask_cosim.io import scattered
 from dask_cosim.io.convert import active_client, futures_of, held_where_it_is, objects_kept
-from dask_cosim.search_budget import Budget, check_total, check_tree
+from dask_cosim.search_budget import Budget, check_total, check_tree, counted
 
 __all__ = [
     "Builder", "Options", "block_bounds", "holds_data", "meta_of", "pairs_of", "pieces", "sides",
@@ -187,16 +187,22 @@ class Builder:
         than one task may hold; for :meth:`tree`'s ``after``, so that the items of a
         merge move to one worker only once their total fits.  Each pair task, within
         the budget alone, cannot know what the merge will receive.  It adds a task per
-        item (its length, run where the item is) and this one; None without a budget
+        item (its length, run where the item is, recorded in the merge's running total:
+        :func:`~dask_cosim.search_budget.counted`) and this one; None without a budget
         (a k-search's merges keep k a row), or for a single item (no merge, and its
         pair task checked itself).  ``tree``: (split_every, the rows of each side) for
         merges that reduce their edges to a forest (:func:`check_tree`)."""
         if budget is None or len(items) < 2:
             return None
-        counts = [self(len)(item) for item in items]
         if tree is not None:
+            counts = [self(len)(item) for item in items]
             return self(check_tree)(budget, where, tree[0], tree[1], *counts)
-        return self(check_total)(budget, where, *counts)
+        if not self.lazy:
+            return check_total(budget, where, *map(len, items))
+        ledger = f"cosim-merge-check-{tokenize(budget)}-{tokenize(where, [i.key for i in items])}"
+        count = self(counted)
+        counts = [count(item, budget, where, ledger, i, len(items)) for i, item in enumerate(items)]
+        return self(check_total)(budget, where, *counts, ledger=ledger, dask_key_name=ledger)
 
     def collect(self, outs: list[Any], meta: Any, divisions: Any = None) -> Any:
         if not self.lazy:

@@ -5,6 +5,7 @@ memory; searches within the budget are unchanged."""
 from __future__ import annotations
 
 import re
+import time
 from typing import Any
 
 import dask
@@ -15,6 +16,7 @@ from dask.core import get_dependencies
 from dask.utils import format_bytes, key_split
 from distributed import Client, LocalCluster, get_task_stream
 
+from dask_cosim import search_budget
 from dask_cosim.errors import ResultTooLargeError
 from dask_cosim.search_budget import AUTO_SHARE, PAIR_BYTES, Budget
 from tests.helpers import search_frame, search_vectors, to_dask
@@ -101,8 +103,10 @@ PAIR_TASKS = ("pair_threshold", "earlier_matches")
 @pytest.mark.parametrize(
     ("op", "where"),
     [
-        ("neighbors", r"the merge of output partition [012] \(the pairs of its [234] pair tasks\)"),
-        ("join", r"the merge of output partition \d \(the pairs of its 4 pair tasks\)"),
+        ("neighbors", r"the merge of output partition [012] \(the pairs of (\d of )?its "
+                      r"[234] pair tasks(, finished before the rest)?\)"),
+        ("join", r"the merge of output partition \d \(the pairs of (\d of )?its 4 pair "
+                 r"tasks(, finished before the rest)?\)"),
         ("groups", r"a merge of groups' edges \(the edges of at most 8 tasks\)"),
     ],
 )  # fmt: skip
@@ -125,6 +129,53 @@ def test_the_pieces_of_a_merge_past_the_budget_never_meet(op: str, where: str) -
     assert f"more than one task may hold, {format_bytes(most * PAIR_BYTES)}" in message
     assert ("more partitions" in message) == (op != "groups")
     assert _merges(started.deps) == []
+
+
+@pytest.mark.parametrize("op", ["neighbors", "join"])
+def test_a_threshold_far_too_low_stops_at_the_first_pair_tasks(op: str) -> None:
+    """The same 4 partitions, a budget of 700 pairs: any two pair tasks of an output
+    partition find more (300 to 625 each). Each merge keeps a running total of its
+    tasks' pairs as they finish, and the search stops there, not once all 10 (16) pair
+    tasks have found theirs: on workers that memory fills first, dask pauses them, and
+    the last check never ran (40,000 x 16 rows at threshold 0.7 on two 1.5 GiB workers,
+    spilling or not: the search hung)."""
+    with dask.config.set({"cosim.search.max-result-bytes": 700 * PAIR_BYTES}):
+        result = _search(_frame(4), op)
+    before = dict(search_budget._LEDGERS)
+    with Started() as started, pytest.raises(ResultTooLargeError) as caught:
+        result.compute(scheduler="sync")
+    assert re.search(r"the merge of output partition \d \(the pairs of 2 of its 4 pair tasks, "
+                     r"finished before the rest\) found [\d,]+ pairs", str(caught.value))  # fmt: skip
+    ran = [k for k in started.deps if key_split(k) in PAIR_TASKS]
+    assert len(ran) == 2, ran
+    # The search's running totals are dropped with the error, as with the last check.
+    assert search_budget._LEDGERS == before
+
+
+def test_on_a_cluster_the_running_totals_live_and_die_with_the_search(loop: object) -> None:
+    """On distributed the running totals are the scheduler's task metadata, under the
+    key of the merge's last check, which the scheduler forgets with that task: after a
+    search that stopped, and after one within the budget (computed twice, each pair
+    task counted once), nothing is left."""
+
+    def ledgers(dask_scheduler: Any) -> list[str]:
+        return [k for k in dask_scheduler.task_metadata if "cosim-merge-check" in str(k)]
+
+    with dask.config.set({"cosim.search.max-result-bytes": 700 * PAIR_BYTES}):
+        stopped = _search(_frame(4), "neighbors")
+    with dask.config.set({"cosim.search.max-result-bytes": ROWS * ROWS * PAIR_BYTES}):
+        within = _search(_frame(4), "neighbors")
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, loop=loop,
+                      dashboard_address=None) as cluster, Client(cluster) as client:  # fmt: skip
+        with pytest.raises(ResultTooLargeError, match=r"the merge of output partition \d"):
+            stopped.compute()
+        first, again = within.compute(), within.compute()
+        pd.testing.assert_frame_equal(first, again)
+        assert len(first) == ROWS * (ROWS - 1) // 2
+        deadline = time.monotonic() + 10  # the scheduler forgets the keys soon after
+        while client.run_on_scheduler(ledgers) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert client.run_on_scheduler(ledgers) == []
 
 
 def test_groups_merges_reduce_their_edges_to_a_forest() -> None:
