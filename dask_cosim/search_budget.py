@@ -189,9 +189,9 @@ def check_total(budget: Budget, where: str, *counts: int, ledger: str | None = N
 def counted(item: Any, budget: Budget, where: str, ledger: str, index: int, tasks: int) -> int:
     """The pairs of ``item``, the ``index``-th of the ``tasks`` pair tasks a merge
     receives, recorded in the merge's running total, ``ledger`` (the key of its
-    :func:`check_total` task, "<the search>-<the merge>"); ``budget``'s error, naming ``where``, once the pairs of
-    those recorded so far are more than one task may hold.  On a distributed worker the
-    total is kept in the scheduler's task metadata under ``ledger``, which the scheduler
+    :func:`check_total` task, "<the search>-<the merge>"); ``budget``'s error, naming
+    ``where``, once the pairs of those recorded so far are more than one task may hold.
+    On a distributed worker the total is kept in the scheduler's task metadata under ``ledger``, which the scheduler
     forgets with that task; elsewhere in this process.  Each task's count replaces what
     it recorded before (a task run twice, or the graph computed again, counts once), so
     the total never exceeds what :func:`check_total` sums: it raises only where that
