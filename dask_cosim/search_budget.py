@@ -191,14 +191,14 @@ def counted(item: Any, budget: Budget, where: str, ledger: str, index: int, task
     receives, recorded in the merge's running total, ``ledger`` (the key of its
     :func:`check_total` task, "<the search>-<the merge>"); ``budget``'s error, naming
     ``where``, once the pairs of those recorded so far are more than one task may hold.
-    On a distributed worker the total is kept in the scheduler's task metadata under ``ledger``, which the scheduler
-    forgets with that task; elsewhere in this process.  Each task's count replaces what
-    it recorded before (a task run twice, or the graph computed again, counts once), so
-    the total never exceeds what :func:`check_total` sums: it raises only where that
-    would, and sooner.  A task within its share of the budget (1 / ``tasks`` of it)
-    records nothing: tasks within theirs alone never exceed it, and a search well within
-    its budget then makes no call to the scheduler (two a task made 32 partitions of
-    20,000 rows 1.4 times slower to search)."""
+    On a distributed worker the total is kept in the scheduler's task metadata under
+    ``ledger``, which the scheduler forgets with that task; elsewhere in this process.
+    Each task's count replaces what it recorded before (a task run twice, or the graph
+    computed again, counts once), so the total never exceeds what :func:`check_total`
+    sums: it raises only where that would, and sooner.  A task within its share of the
+    budget (1 / ``tasks`` of it) records nothing: tasks within theirs alone never exceed
+    it, and a search well within its budget then makes no call to the scheduler (two a
+    task made 32 partitions of 20,000 rows 1.4 times slower to search)."""
     count = len(item)
     most = budget.most_pairs()
     if count * tasks <= most:
