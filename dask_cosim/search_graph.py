@@ -25,7 +25,13 @@ from dask_cosim import backends
 from dask_cosim import search_partition as sp
 from dask_cosim import search_results as sr
 from dask_cosim.io import scattered
-from dask_cosim.io.convert import active_client, futures_of, held_where_it_is, objects_kept
+from dask_cosim.io.convert import (
+    active_client,
+    futures_of,
+    held_where_it_is,
+    objects_kept,
+    vectors_as_arrow,
+)  # fmt: skip
 from dask_cosim.search_budget import Budget, check_total, check_tree, counted
 
 __all__ = [
@@ -281,8 +287,11 @@ def sides(
         parts, columns = frames, keep
     elif lazy and not alike:
         parts, columns = build.cut(build.partitions(df), cut), keep
-    else:
+    elif lazy:
         parts, columns = build.cut(build.partitions(df[keep]), cut), None
+    else:  # an eager frame, hashed (and sent to the workers) as one key: no object cells
+        projected = df[keep] if on in payload else vectors_as_arrow(df[keep], on)
+        parts, columns = build.partitions(projected), None
     concat = functools.partial(sr.concat_frames, columns=columns)
     blocks = [
         parts[a] if b == a + 1 else build(concat)(*parts[a:b])

@@ -117,6 +117,39 @@ def test_eager_inputs_are_named_by_their_contents() -> None:
     assert queries <= same
 
 
+def _objects(seed: int, n: int = 40) -> pd.DataFrame:
+    """``_frame(seed)`` with its vectors as numpy arrays in an object column (a row null)."""
+    x = np.random.default_rng(seed).standard_normal((n, 8)).astype(np.float32)
+    pdf = pd.DataFrame({"emb": as_column(x, "object_numpy"), "id": np.arange(n)})
+    pdf.loc[3, "emb"] = None
+    return pdf
+
+
+def test_an_eager_side_of_numpy_cells_travels_as_arrow() -> None:
+    """A join's pandas side whose vectors are numpy arrays in an object column goes into
+    the graph (and to the workers) as the Arrow column from_pandas makes: hashing and
+    pickling an object column cell by cell took 4 s to build a join against 100,000 x 64
+    rows, 16.7 s under a client. The same result; carried as a column of the result, the
+    vectors stay what they were; rows that cannot be stacked are left for the search to
+    name."""
+    left = _dask(_frame())
+    right = _objects(1)
+    expected = _frame().cosim.join(right, "emb", k=2)
+    graph = dict(left.cosim.join(right, "emb", k=2).__dask_graph__())
+    (key,) = [k for k in graph if isinstance(k, str) and k.startswith("cosim-frame-")]
+    frame = dask.get(graph, key)
+    assert isinstance(frame["emb"].dtype, pd.ArrowDtype)
+    got = left.cosim.join(right, "emb", k=2).compute(scheduler="sync")
+    pd.testing.assert_frame_equal(got.reset_index(drop=True), expected.reset_index(drop=True))
+    carried = left.cosim.join(right, "emb", k=2, right_columns=["emb"]).compute(scheduler="sync")
+    assert carried["right_emb"].dtype == object
+    assert isinstance(carried["right_emb"].dropna().iloc[0], np.ndarray)
+    ragged = right.copy()
+    ragged.at[5, "emb"] = np.zeros(3, dtype=np.float32)
+    with pytest.raises(ValueError, match="row 5"):
+        left.cosim.join(ragged, "emb", k=2).compute(scheduler="sync")
+
+
 @pytest.mark.parametrize("option", [{"cosim.eps": 1e-3}, {"cosim.search.tile-bytes.cpu": "1MiB"}])
 def test_options_change_the_keys(option: dict[str, Any]) -> None:
     def call() -> Any:
