@@ -31,7 +31,7 @@ from dask_cosim.io.convert import (
     held_where_it_is,
     objects_kept,
     vectors_as_arrow,
-)  # fmt: skip
+)
 from dask_cosim.search_budget import Budget, check_total, check_tree, counted
 
 __all__ = [
@@ -287,11 +287,13 @@ def sides(
         parts, columns = frames, keep
     elif lazy and not alike:
         parts, columns = build.cut(build.partitions(df), cut), keep
-    elif lazy:
-        parts, columns = build.cut(build.partitions(df[keep]), cut), None
-    else:  # an eager frame, hashed (and sent to the workers) as one key: no object cells
-        projected = df[keep] if on in payload else vectors_as_arrow(df[keep], on)
-        parts, columns = build.partitions(projected), None
+    else:
+        projected = df[keep]
+        if build.lazy and not lazy and on not in payload:
+            # An eager frame in a graph is hashed, and sent to the workers, as one key:
+            # an object column's cells one by one.
+            projected = vectors_as_arrow(projected, on)
+        parts, columns = build.cut(build.partitions(projected), cut), None
     concat = functools.partial(sr.concat_frames, columns=columns)
     blocks = [
         parts[a] if b == a + 1 else build(concat)(*parts[a:b])
