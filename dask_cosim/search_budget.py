@@ -198,7 +198,10 @@ def counted(item: Any, budget: Budget, where: str, ledger: str, index: int, task
     sums: it raises only where that would, and sooner.  A task within its share of the
     budget (1 / ``tasks`` of it) records nothing: tasks within theirs alone never exceed
     it, and a search well within its budget then makes no call to the scheduler (two a
-    task made 32 partitions of 20,000 rows 1.4 times slower to search)."""
+    task made 32 partitions of 20,000 rows 1.4 times slower to search).  A task that
+    finishes after its search was cancelled (or stopped) records after the scheduler
+    forgot the merge: its count stays behind, a few numbers, until that search runs
+    again."""
     count = len(item)
     most = budget.most_pairs()
     if count * tasks <= most:
@@ -221,7 +224,8 @@ def counted(item: Any, budget: Budget, where: str, ledger: str, index: int, task
 
 # Running totals of the merges computed in this process (local schedulers): ledger ->
 # {pair task: pairs}, the oldest dropped past MOST_LEDGERS (those of searches stopped by
-# another error stay behind; a total dropped early only counts less).
+# another error stay behind, and so does the count of a task that finished after its
+# search stopped; a total dropped early only counts less).
 _LEDGERS: OrderedDict[str, dict[int, int]] = OrderedDict()
 MOST_LEDGERS = 10_000
 _LOCK = threading.Lock()
