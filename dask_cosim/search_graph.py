@@ -110,10 +110,15 @@ class Builder:
         depend on a task that holds its futures: the graph of ``to_delayed()`` names
         them without holding them, so a search whose input frame was dropped before it
         was computed would find them released ("lost dependencies").  RuntimeError where
-        the client that scattered them has closed: they are gone."""
+        the client that scattered them has closed: they are gone.  The partitions are
+        those of ``obj`` optimised (projections and filters pushed into its reads) but
+        not fused, as dask computes a frame beside other collections: their keys are
+        then the frame's own, and a step before the search (an embedding model after a
+        Parquet read) runs once for both, where the fused read-and-model task of
+        ``to_delayed()`` matched no key and ran it again."""
         if not dask.is_dask_collection(obj):
             return [self.value(obj, "cosim-frame", backends.data_token)]
-        parts = list(obj.to_delayed())
+        parts = list(obj.optimize(fuse=False).to_delayed(optimize_graph=False))
         futures = futures_of(obj)
         if not futures:
             return parts

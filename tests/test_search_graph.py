@@ -254,6 +254,31 @@ def test_a_step_before_the_search_is_shared_with_what_is_computed_beside_it() ->
     assert len(calls) == 3
 
 
+def test_a_step_after_a_parquet_read_is_shared_too(tmp_path: Path) -> None:
+    """The same over a Parquet read (embeddings written, or written beside their
+    dedup): the search held its frame's graph as dask optimises it alone, the read and
+    the model fused into one task, while computed with the frame they are tasks of
+    their own, so no key matched and the model ran twice a partition."""
+    x = np.random.default_rng(2).standard_normal((300, 8)).astype(np.float32)
+    pdf = pd.DataFrame({"id": np.arange(300), "emb": vectors_to_arrow(x)})
+    dask_cosim.to_parquet(dd.from_pandas(pdf, npartitions=3), tmp_path / "d")
+    calls = []
+
+    def embed(part: pd.DataFrame) -> pd.DataFrame:  # stands for a model
+        calls.append(len(part))
+        return part.assign(h=1)
+
+    df = dask_cosim.read_parquet(tmp_path / "d").map_partitions(embed)
+    for search in (lambda: df.cosim.dedup("emb", 0.9), lambda: df.cosim.neighbors("emb", k=2)):
+        calls.clear()
+        got, frame = dask.compute(search(), df, scheduler="sync")
+        assert len(calls) == 3 and len(frame) == 300
+        pd.testing.assert_frame_equal(got, search().compute(scheduler="sync"))
+    calls.clear()
+    dask.compute(df.to_parquet(tmp_path / "out", compute=False), df.cosim.dedup("emb", 0.9))
+    assert len(calls) == 3
+
+
 def test_which_frames_a_projection_reads_again_alike(tmp_path: Path) -> None:
     """A read under row-wise steps is read again, narrower, for the search's vectors;
     anything else gives them from the rows it computes once."""
