@@ -209,7 +209,8 @@ def counted(item: Any, budget: Budget, where: str, ledger: str, index: int, task
     recorded = _record(ledger, index, count)
     total = sum(recorded.values())
     if total > most:
-        # The search stops: its other merges' totals (named alike) go too.
+        # The search stops: its other merges' totals go too (those of any search with
+        # an equal budget, named alike: a total dropped early only counts less).
         search = ledger.rsplit("-", 1)[0]
         with _LOCK:
             for name in [name for name in _LEDGERS if name.rsplit("-", 1)[0] == search]:
