@@ -11,6 +11,7 @@ import torch
 
 from dask_cosim import search_kernels as sk
 from dask_cosim._search_sweep import PairLimit, TooManyPairs, chunks, compact
+from dask_cosim.search_reduced import best, block_size
 
 __all__ = ["MEMBER", "PROBE", "SIDE", "block_pairs", "kept_pairs", "rows"]
 
@@ -147,8 +148,6 @@ def _probe_pairs(
     "rows" too (one pair a row it drops).  Searched whole within ``most`` candidates,
     else by blocks of rows (256 to 1,024 a side), each block's pairs reduced with those
     kept before the next."""
-    from dask_cosim.search_reduced import best, block_size
-
     limit = None if most is None else PairLimit(most)
     try:
         a, b, score = block_pairs(
